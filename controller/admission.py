@@ -1,0 +1,112 @@
+"""Admitting a bag: validate, check that some VM type can run it, expand it into
+jobs, persist bag and jobs in one transaction, and hand it to the scheduler.
+
+Shared by the HTTP API and `spotbag simulate`, so both accept exactly the same bags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
+from controller.errors import InvalidBag, NoVmTypeFits
+from controller.planner import CatalogType, why_unplaceable
+from controller.scheduler import Scheduler, capacity_of, shape_of
+from controller.store import Store
+from drivers.base import VmType
+
+
+@dataclass(frozen=True)
+class Expanded:
+    bag: Bag
+    points: list[dict[str, Any]]
+    params_json: list[str]
+
+
+def expand(data: Any, catalog: Sequence[VmType], max_jobs: int) -> Expanded:
+    """Validate and expand a decoded spec (CPU-bound: run it off the event loop)."""
+    try:
+        bag = parse_bag(data, max_jobs=max_jobs)
+    except BagSpecError as exc:
+        raise InvalidBag(str(exc), detail={"errors": [p.__dict__ for p in exc.problems]}) from None
+    check_fits(bag, catalog)
+    points = list(bag.points())
+    params_json = [json.dumps(p, separators=(",", ":")) for p in points]
+    return Expanded(bag, points, params_json)
+
+
+def check_fits(bag: Bag, catalog: Sequence[VmType]) -> None:
+    """Raise unless some allowed VM type can hold one job of the bag."""
+    resources = bag.spec.resources
+    known = {t.name for t in catalog}
+    for i, name in enumerate(resources.vm_types or ()):
+        if name not in known:
+            problem = FieldProblem(
+                f"resources.vm_types[{i}]",
+                f"unknown VM type {name!r}; known: {', '.join(sorted(known))}",
+            )
+            raise InvalidBag(
+                f"{problem.field}: {problem.message}", detail={"errors": [problem.__dict__]}
+            )
+    view = [CatalogType(t.name, t.zone, capacity_of(t), t.spot_price_per_hour) for t in catalog]
+    reason = why_unplaceable(shape_of(bag.spec), resources.vm_types, resources.regions, view)
+    if reason is not None:
+        raise NoVmTypeFits(
+            f"resources: {reason}",
+            detail={
+                "needed": {
+                    "cpus": resources.cpus,
+                    "gpus": resources.gpus,
+                    "memory_gb": resources.memory_gb,
+                },
+                "available": [
+                    {
+                        "name": t.name,
+                        "cpus": t.cpus,
+                        "gpus": t.gpus,
+                        "memory_gb": t.memory_gb,
+                        "zone": t.zone,
+                    }
+                    for t in catalog
+                ],
+            },
+        )
+
+
+async def admit(
+    data: Any,
+    *,
+    store: Store,
+    scheduler: Scheduler,
+    catalog: Sequence[VmType],
+    bag_id: str,
+    now: float,
+    max_jobs: int,
+    idempotency_key: str | None = None,
+    offload: bool = True,
+) -> tuple[dict[str, Any], bool]:
+    """Admit a bag; returns (bag row, created). A repeated idempotency key returns the
+    earlier bag and admits nothing."""
+    if offload:
+        expanded = await asyncio.to_thread(expand, data, catalog, max_jobs)
+    else:
+        expanded = expand(data, catalog, max_jobs)
+    spec = expanded.bag.spec
+    row = {
+        "id": bag_id,
+        "account": spec.account,
+        "name": spec.name,
+        # Explicit points live in the jobs table; the stored spec stays small.
+        "spec": spec.model_dump_json(exclude={"points"}),
+        "state": "active",
+        "job_count": expanded.bag.job_count,
+        "created_at": now,
+    }
+    bag_row, created = await store.create_bag(row, expanded.params_json, idempotency_key)
+    if created:
+        scheduler.bag_admitted(bag_id, spec.model_copy(update={"points": None}), expanded.points)
+    return bag_row, created

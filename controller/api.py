@@ -1,0 +1,541 @@
+"""The HTTP API (aiohttp, JSON, under /v1): thin handlers over the store and scheduler.
+
+Every route is declared once in `ROUTES`, which builds both the router and the
+OpenAPI document (controller/openapi.py), so the two cannot drift apart.
+Middlewares turn every error into `{"error": {"code", "message", "detail"}}`
+with a fitting status, check the bearer token, and count requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from controller.admission import admit
+from controller.errors import ApiError, Conflict, InvalidBag, NotFound, Unauthorized
+from controller.ids import BAG_ID
+from controller.metrics import CONTENT_TYPE
+from controller.models import BagState, JobState
+from controller.store import split_job_id
+from controller.summary import bag_view, fleet_view, job_view
+from drivers.base import VmState
+
+if TYPE_CHECKING:
+    from controller.daemon import Controller
+
+log = logging.getLogger("spotbag.api")
+
+CONTROLLER = web.AppKey("controller", Any)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # "path" or "query"
+    description: str
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    auth: bool = True
+    params: tuple[Param, ...] = ()
+    body: str | None = None  # component schema name of the JSON request body
+    responses: dict[int, tuple[str, str | None]] = field(
+        default_factory=dict
+    )  # status -> (text, schema)
+
+
+def _controller(request: web.Request) -> Controller:
+    return request.app[CONTROLLER]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
+
+
+def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(
+            f"query parameter {name}: {raw!r} is not an integer", code="invalid_query"
+        ) from None
+    if not low <= value <= high:
+        raise ApiError(
+            f"query parameter {name}: must be between {low} and {high}", code="invalid_query"
+        )
+    return value
+
+
+def _enum_query(request: web.Request, name: str, allowed: list[str]) -> str | None:
+    value = request.query.get(name)
+    if value is not None and value not in allowed:
+        raise ApiError(
+            f"query parameter {name}: {value!r} is not one of {', '.join(allowed)}",
+            code="invalid_query",
+        )
+    return value
+
+
+def _bag_id(request: web.Request) -> str:
+    bag_id = request.match_info["bag_id"]
+    if not BAG_ID.match(bag_id):
+        raise NotFound(f"bag {bag_id!r} does not exist (bag ids look like b3f9a0c21d7)")
+    return bag_id
+
+
+def _job_key(request: web.Request) -> tuple[str, int]:
+    job_id = request.match_info["job_id"]
+    key = split_job_id(job_id)
+    if key is None or not BAG_ID.match(key[0]):
+        raise NotFound(f"job {job_id!r} does not exist (job ids look like b3f9a0c21d7-42)")
+    return key
+
+
+# --- handlers ------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    c = _controller(request)
+    return _json({"ok": True, "driver": c.driver.name, "schema_version": c.store.schema_version})
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    from controller.openapi import build_openapi
+
+    return _json(build_openapi(ROUTES))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = _controller(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def create_bag(request: web.Request) -> web.Response:
+    c = _controller(request)
+    try:
+        data = await request.json()
+    except json.JSONDecodeError as exc:
+        raise InvalidBag(
+            f"(body): not valid JSON ({exc})",
+            detail={"errors": [{"field": "(body)", "message": str(exc)}]},
+        ) from None
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 1 <= len(key) <= 200:
+        raise ApiError("header Idempotency-Key: must be 1 to 200 characters", code="invalid_header")
+    bag, created = await admit(
+        data,
+        store=c.store,
+        scheduler=c.scheduler,
+        catalog=c.catalog,
+        bag_id=c.ids.new_bag_id(),
+        now=c.clock.now(),
+        max_jobs=c.config.api.max_jobs_per_bag,
+        idempotency_key=key,
+    )
+    view = bag_view(await c.store.get_bag(bag["id"]), c.clock.now())
+    return _json(view, status=201 if created else 200)
+
+
+async def list_bags(request: web.Request) -> web.Response:
+    c = _controller(request)
+    state = _enum_query(request, "state", [s.value for s in BagState])
+    limit = _int_query(request, "limit", 50, 1, 1000)
+    offset = _int_query(request, "offset", 0, 0, 10**9)
+    bags = await c.store.list_bags(
+        state=state, account=request.query.get("account"), limit=limit, offset=offset
+    )
+    now = c.clock.now()
+    views = [bag_view(b, now) for b in bags]
+    for view in views:
+        del view["spec"]
+    return _json({"bags": views, "limit": limit, "offset": offset})
+
+
+async def get_bag(request: web.Request) -> web.Response:
+    c = _controller(request)
+    bag_id = _bag_id(request)
+    bag = await c.store.get_bag(bag_id)
+    if bag is None:
+        raise NotFound(f"bag {bag_id} does not exist")
+    return _json(bag_view(bag, c.clock.now()))
+
+
+async def cancel_bag(request: web.Request) -> web.Response:
+    c = _controller(request)
+    bag_id = _bag_id(request)
+    bag = await c.store.get_bag(bag_id)
+    if bag is None:
+        raise NotFound(f"bag {bag_id} does not exist")
+    if bag["state"] != BagState.ACTIVE:
+        raise Conflict(
+            f"bag {bag_id} already finished ({bag['state']})", detail={"state": bag["state"]}
+        )
+    await c.store.request_cancel(bag_id, c.clock.now())
+    c.scheduler.cancel_requested(bag_id)
+    return _json(bag_view(await c.store.get_bag(bag_id), c.clock.now()), status=202)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    c = _controller(request)
+    bag_id = _bag_id(request)
+    state = _enum_query(request, "state", [s.value for s in JobState])
+    limit = _int_query(request, "limit", 100, 1, 1000)
+    after = _int_query(request, "after", -1, -1, 10**12)
+    if await c.store.get_bag(bag_id) is None:
+        raise NotFound(f"bag {bag_id} does not exist")
+    jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit)
+    views = [job_view(j) for j in jobs]
+    next_after = jobs[-1]["idx"] if len(jobs) == limit else None
+    return _json({"jobs": views, "next_after": next_after})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    c = _controller(request)
+    bag_id, idx = _job_key(request)
+    job = await c.store.get_job(bag_id, idx)
+    if job is None:
+        raise NotFound(f"job {bag_id}-{idx} does not exist")
+    return _json(job_view(job))
+
+
+async def get_job_log(request: web.Request) -> web.Response:
+    c = _controller(request)
+    bag_id, idx = _job_key(request)
+    number = request.query.get("attempt")
+    attempt_number = _int_query(request, "attempt", 0, 1, 10**6) if number is not None else None
+    offset = _int_query(request, "offset", 0, 0, 10**15)
+    limit = _int_query(request, "limit", 1 << 20, 1, 16 << 20)
+    attempt = await c.store.get_attempt(bag_id, idx, attempt_number)
+    if attempt is None:
+        which = f"attempt {attempt_number}" if attempt_number else "any attempt"
+        raise NotFound(f"job {bag_id}-{idx} has no {which} (it may not have started yet)")
+    if not attempt["log_path"]:
+        raise NotFound(f"the {c.executor.name} executor keeps no log for job {bag_id}-{idx}")
+    data, size = await asyncio.to_thread(_read_log, Path(attempt["log_path"]), offset, limit)
+    return web.Response(
+        body=data,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={
+            "X-Spotbag-Attempt": str(attempt["number"]),
+            "X-Spotbag-Attempt-State": attempt["state"],
+            "X-Spotbag-Log-Size": str(size),
+            "X-Spotbag-Next-Offset": str(offset + len(data)),
+        },
+    )
+
+
+def _read_log(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(min(offset, size))
+            return f.read(limit), size
+    except FileNotFoundError:
+        return b"", 0
+
+
+async def list_vms(request: web.Request) -> web.Response:
+    c = _controller(request)
+    state = _enum_query(request, "state", [s.value for s in VmState])
+    limit = _int_query(request, "limit", 200, 1, 10_000)
+    states = [state] if state else None
+    if state is None and request.query.get("all") not in ("1", "true"):
+        states = [VmState.PENDING.value, VmState.RUNNING.value]
+    vms = await c.store.list_vms(states=states, limit=limit)
+    live = c.scheduler.vms
+    for vm in vms:
+        run = live.get(vm["id"])
+        vm["jobs"] = len(run.attempts) if run is not None else 0
+        vm["terminating"] = bool(run and run.terminating)
+    fleet = fleet_view(await c.store.vm_usage(c.clock.now()))
+    return _json({"vms": vms, "usage": fleet})
+
+
+async def preempt_vm(request: web.Request) -> web.Response:
+    c = _controller(request)
+    vm_id = request.match_info["vm_id"]
+    inject = getattr(c.driver, "inject_preemption", None)
+    if inject is None:
+        raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
+    vm = c.scheduler.vms.get(vm_id)
+    if vm is None or not vm.provider_id:
+        raise NotFound(f"VM {vm_id} is not alive")
+    if not inject(vm.provider_id, "preempted: injected through the API"):
+        raise Conflict(f"VM {vm_id} is not alive")
+    return _json({"id": vm_id, "preempted": True}, status=202)
+
+
+# --- the route table ---------------------------------------------------------------
+
+_ERR = "Error"
+BAG_PATH = Param("bag_id", "path", "Bag id, e.g. b3f9a0c21d7.", required=True)
+JOB_PATH = Param("job_id", "path", "Job id: <bag id>-<index>, e.g. b3f9a0c21d7-42.", required=True)
+_INT = {"type": "integer"}
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET",
+        "/healthz",
+        healthz,
+        "Liveness check (no token needed).",
+        auth=False,
+        responses={200: ("The daemon is up.", "Health")},
+    ),
+    Route(
+        "GET",
+        "/openapi.json",
+        openapi_document,
+        "This OpenAPI document.",
+        auth=False,
+        responses={200: ("OpenAPI 3.1 document.", None)},
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        metrics,
+        "Prometheus metrics in the text format.",
+        auth=False,
+        responses={200: ("Metrics.", None)},
+    ),
+    Route(
+        "POST",
+        "/v1/bags",
+        create_bag,
+        "Submit a bag of jobs.",
+        body="BagSpec",
+        params=(
+            Param(
+                "Idempotency-Key",
+                "header",
+                "Repeat a submission safely: the same key returns the bag created the first time.",
+            ),
+        ),
+        responses={
+            201: ("The bag was admitted; all its jobs are queued.", "Bag"),
+            200: ("A bag with this Idempotency-Key exists already.", "Bag"),
+            400: ("The spec is malformed; the message names the field.", _ERR),
+            413: ("The request body is too large.", _ERR),
+            422: ("No allowed VM type can run one job of the bag.", _ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/bags",
+        list_bags,
+        "List bags, newest first.",
+        params=(
+            Param(
+                "state", "query", "Only bags in this state.", {"enum": [s.value for s in BagState]}
+            ),
+            Param("account", "query", "Only bags of this account."),
+            Param("limit", "query", "At most this many (1-1000, default 50).", _INT),
+            Param("offset", "query", "Skip this many.", _INT),
+        ),
+        responses={200: ("Bags.", "BagList")},
+    ),
+    Route(
+        "GET",
+        "/v1/bags/{bag_id}",
+        get_bag,
+        "A bag: job counts per state, progress, usage and cost.",
+        params=(BAG_PATH,),
+        responses={200: ("The bag.", "Bag"), 404: ("No such bag.", _ERR)},
+    ),
+    Route(
+        "POST",
+        "/v1/bags/{bag_id}/cancel",
+        cancel_bag,
+        "Cancel a bag: queued jobs are cancelled, running ones stopped.",
+        params=(BAG_PATH,),
+        responses={
+            202: ("Cancellation under way.", "Bag"),
+            404: ("No such bag.", _ERR),
+            409: ("The bag already finished.", _ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/bags/{bag_id}/jobs",
+        list_jobs,
+        "A bag's jobs in index order, optionally by state.",
+        params=(
+            BAG_PATH,
+            Param(
+                "state", "query", "Only jobs in this state.", {"enum": [s.value for s in JobState]}
+            ),
+            Param("after", "query", "Only jobs with a larger index (pagination).", _INT),
+            Param("limit", "query", "At most this many (1-1000, default 100).", _INT),
+        ),
+        responses={
+            200: ("Jobs; next_after is the cursor for the next page.", "JobList"),
+            404: ("No such bag.", _ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job_id}",
+        get_job,
+        "A job with its attempts, VMs, exit codes and log paths.",
+        params=(JOB_PATH,),
+        responses={200: ("The job.", "Job"), 404: ("No such job.", _ERR)},
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job_id}/log",
+        get_job_log,
+        "The output of a job's attempt (latest by default).",
+        params=(
+            JOB_PATH,
+            Param("attempt", "query", "Attempt number (default: the latest).", _INT),
+            Param("offset", "query", "Start at this byte (to follow a growing log).", _INT),
+            Param("limit", "query", "At most this many bytes (default 1 MiB).", _INT),
+        ),
+        responses={
+            200: ("Log text; X-Spotbag-Next-Offset gives the next offset.", None),
+            404: ("No such job, attempt or log.", _ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/vms",
+        list_vms,
+        "VMs (live ones unless state or all=true) and fleet usage.",
+        params=(
+            Param(
+                "state", "query", "Only VMs in this state.", {"enum": [s.value for s in VmState]}
+            ),
+            Param("all", "query", "true: include ended VMs.", {"type": "boolean"}),
+            Param("limit", "query", "At most this many (default 200).", _INT),
+        ),
+        responses={200: ("VMs and usage totals.", "VmList")},
+    ),
+    Route(
+        "POST",
+        "/v1/vms/{vm_id}/preempt",
+        preempt_vm,
+        "Preempt a VM now (fault injection; local driver only).",
+        params=(Param("vm_id", "path", "VM id (vm-...).", required=True),),
+        responses={
+            202: ("The VM was preempted.", None),
+            404: ("No such live VM.", _ERR),
+            409: ("The driver cannot inject preemptions.", _ERR),
+        },
+    ),
+)
+
+
+# --- middlewares and the app ----------------------------------------------------------
+
+
+def _error_response(error: ApiError) -> web.Response:
+    return _json(error.body(), status=error.status)
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return _error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason
+        if exc.status == 404:
+            message = f"no route {request.method} {request.path}"
+        elif exc.status == 413:
+            message = f"request body too large: {exc.text}"
+        return _error_response(
+            ApiError(message, status=exc.status, code=_HTTP_CODES.get(exc.status, "http_error"))
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error_response(
+            ApiError("internal error; see the daemon log", status=500, code="internal_error")
+        )
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info.route.resource
+    return info.canonical if info is not None else "unmatched"
+
+
+def auth_middleware(token: str, open_paths: set[str]) -> Callable:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if _route_name(request) not in open_paths:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                problem = "missing" if not given else "wrong"
+                error = Unauthorized(
+                    f"{problem} bearer token: send 'Authorization: Bearer <token>' "
+                    "(see api.token / SPOTBAG_TOKEN / STATE_DIR/token)"
+                )
+                response = _error_response(error)
+                response.headers["WWW-Authenticate"] = 'Bearer realm="spotbag"'
+                return response
+        return await handler(request)
+
+    return check
+
+
+def counting_middleware(controller: Controller) -> Callable:
+    @web.middleware
+    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        controller.metrics.http_requests.labels(
+            route=_route_name(request), status=str(response.status)
+        ).inc()
+        return response
+
+    return count
+
+
+def build_app(controller: Controller) -> web.Application:
+    open_paths = {r.path for r in ROUTES if not r.auth}
+    app = web.Application(
+        client_max_size=int(controller.config.api.max_body_mb * 1024 * 1024),
+        middlewares=[
+            counting_middleware(controller),
+            error_middleware,
+            auth_middleware(controller.token, open_paths),
+        ],
+    )
+    app[CONTROLLER] = controller
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)
+    return app

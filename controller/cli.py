@@ -1,0 +1,474 @@
+"""The `spotbag` command.
+
+`serve` runs the daemon; `simulate` runs a bag on a virtual clock; `config`
+prints or checks configuration; every other command talks to a daemon over
+HTTP (--url / SPOTBAG_URL, --token / SPOTBAG_TOKEN, or the api.url and token
+files of --state-dir / SPOTBAG_STATE_DIR on this host).
+
+Exit codes: 0 success; 1 the daemon could not be reached or an internal error;
+2 the request was refused (bad input, not found, ...); 3 `watch`/`submit
+--watch` saw the bag end with failed or cancelled jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from controller.client import Client, ClientError
+from controller.config import ConfigError, load_config, render_defaults
+from controller.summary import render_summary
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_UNREACHABLE = 1
+EXIT_REFUSED = 2
+EXIT_BAG_FAILED = 3
+TERMINAL_BAG_STATES = ("succeeded", "failed", "cancelled")
+
+
+def _fail(error: ClientError) -> None:
+    err_console.print(f"[red]error:[/red] {error.message}", highlight=False)
+    for problem in (error.detail or {}).get("errors", [])[1:]:
+        err_console.print(f"       {problem['field']}: {problem['message']}", highlight=False)
+    sys.exit(EXIT_UNREACHABLE if error.status in (0, 500) else EXIT_REFUSED)
+
+
+def _client(ctx: click.Context) -> Client:
+    return ctx.obj["client"]
+
+
+def _call(fn, *args, **kwargs) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        _fail(exc)
+
+
+def load_spec_file(path: str) -> Any:
+    """A bag spec from a YAML or JSON file ('-' reads standard input)."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.endswith(".json") else "YAML"
+        raise click.ClickException(f"{path} is not valid {kind}: {exc}") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url",
+    envvar="SPOTBAG_URL",
+    help="Daemon URL (default: STATE_DIR/api.url, else http://127.0.0.1:8787).",
+)
+@click.option("--token", envvar="SPOTBAG_TOKEN", help="Bearer token (default: STATE_DIR/token).")
+@click.option(
+    "--state-dir",
+    envvar="SPOTBAG_STATE_DIR",
+    type=click.Path(file_okay=False),
+    help="State directory of the daemon (where api.url and token are found).",
+)
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, token: str | None, state_dir: str | None) -> None:
+    """spotbag: run bags of jobs on preemptible (spot) VMs."""
+    ctx.ensure_object(dict)
+    ctx.obj["state_dir"] = state_dir
+    ctx.obj["client"] = Client.discover(url, token, state_dir)
+
+
+# --- the daemon -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="SPOTBAG_CONFIG",
+    help="TOML configuration file (default: built-in defaults).",
+)
+@click.option("--host", help="Override api.host.")
+@click.option("--port", type=int, help="Override api.port (0: any free port).")
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+@click.pass_context
+def serve(
+    ctx: click.Context, config_path: str | None, host: str | None, port: int | None, log_level: str
+) -> None:
+    """Run the controller daemon (stops cleanly on SIGTERM / Ctrl-C)."""
+    from controller.daemon import StateDirBusy
+    from controller.daemon import serve as serve_forever
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        config = load_config(
+            config_path, state_dir=ctx.obj["state_dir"], **{"api.host": host, "api.port": port}
+        )
+        asyncio.run(serve_forever(config))
+    except (ConfigError, StateDirBusy) as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot start: {exc}") from None
+
+
+# --- bags ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--watch", "watch_after", is_flag=True, help="Show live progress until the bag finishes."
+)
+@click.option("--idempotency-key", help="Submitting again with the same key returns the first bag.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the bag id.")
+@click.pass_context
+def submit(
+    ctx: click.Context, spec_file: str, watch_after: bool, idempotency_key: str | None, quiet: bool
+) -> None:
+    """Submit the bag in SPEC_FILE (YAML or JSON).
+
+    Jobs run in the current directory unless the spec sets workdir.
+    """
+    spec = load_spec_file(spec_file)
+    if isinstance(spec, dict) and "workdir" not in spec:
+        spec["workdir"] = os.getcwd()
+    bag = _call(_client(ctx).submit, spec, idempotency_key)
+    if quiet:
+        click.echo(bag["id"])
+    else:
+        console.print(
+            f"submitted bag [bold]{bag['id']}[/bold] ({bag['job_count']:,} jobs)", highlight=False
+        )
+    if watch_after:
+        ctx.invoke(watch, bag_id=bag["id"])
+
+
+def _table(*columns: str, keep: int = 1) -> Table:
+    """A borderless table whose first `keep` columns (ids) never wrap or shrink."""
+    table = Table(box=None)
+    for i, name in enumerate(columns):
+        table.add_column(name, no_wrap=i < keep, min_width=len(name) if i >= keep else None)
+    return table
+
+
+def _bag_table(bags: list[dict[str, Any]]) -> Table:
+    table = _table(
+        "bag",
+        "name",
+        "state",
+        "done",
+        "succeeded",
+        "failed",
+        "running",
+        "queued",
+        "preempted",
+        "spot cost",
+    )
+    for bag in bags:
+        c = bag["counts"]
+        table.add_row(
+            bag["id"],
+            bag["name"],
+            bag["state"],
+            f"{100 * bag['progress']:.0f}%",
+            f"{c['succeeded']:,}",
+            f"{c['failed']:,}",
+            f"{c['running']:,}",
+            f"{c['queued'] + c['held']:,}",
+            f"{bag['usage']['preemptions']:,}",
+            f"${bag['usage']['spot_cost_usd']:.4f}",
+        )
+    return table
+
+
+@cli.command()
+@click.argument("bag_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.option("--state", help="Without BAG_ID: only bags in this state.")
+@click.pass_context
+def status(ctx: click.Context, bag_id: str | None, as_json: bool, state: str | None) -> None:
+    """Show one bag (counts, progress, usage, cost) or list recent bags."""
+    client = _client(ctx)
+    if bag_id is None:
+        bags = _call(client.bags, state)
+        if as_json:
+            click.echo(json.dumps(bags, indent=2))
+        elif not bags:
+            console.print("no bags")
+        else:
+            console.print(_bag_table(bags))
+        return
+    bag = _call(client.bag, bag_id)
+    if as_json:
+        click.echo(json.dumps(bag, indent=2))
+    else:
+        click.echo(render_summary(bag))
+
+
+@cli.command()
+@click.argument("bag_id")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between updates.")
+@click.pass_context
+def watch(ctx: click.Context, bag_id: str, interval: float) -> None:
+    """Show a live progress bar until BAG_ID finishes, then its summary."""
+    client = _client(ctx)
+    bag = _call(client.bag, bag_id)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[detail]}"),
+    )
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task(bag_id, total=bag["job_count"], detail="")
+            while True:
+                c, u = bag["counts"], bag["usage"]
+                done = c["succeeded"] + c["failed"] + c["cancelled"]
+                detail = (
+                    f"running {c['running']}  queued {c['queued'] + c['held']}  "
+                    f"failed {c['failed']}  preemptions {u['preemptions']}"
+                )
+                progress.update(task, completed=done, detail=detail)
+                if bag["state"] in TERMINAL_BAG_STATES:
+                    break
+                time.sleep(interval)
+                bag = _call(client.bag, bag_id)
+    except KeyboardInterrupt:
+        err_console.print(f"stopped watching; the bag goes on (spotbag watch {bag_id})")
+        sys.exit(130)
+    vms = _call(client.vms, True)
+    click.echo(render_summary(bag, vms["usage"]))
+    if bag["state"] != "succeeded":
+        sys.exit(EXIT_BAG_FAILED)
+
+
+@cli.command()
+@click.argument("bag_id")
+@click.pass_context
+def cancel(ctx: click.Context, bag_id: str) -> None:
+    """Cancel BAG_ID: queued jobs are cancelled and running ones stopped."""
+    bag = _call(_client(ctx).cancel, bag_id)
+    console.print(
+        f"cancelling bag {bag['id']}: {bag['counts']['running']} running jobs are being stopped",
+        highlight=False,
+    )
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("bag_id")
+@click.option("--state", help="Only jobs in this state (queued, running, succeeded, failed, ...).")
+@click.option("--limit", default=50, show_default=True, help="At most this many jobs (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.pass_context
+def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json: bool) -> None:
+    """List the jobs of BAG_ID."""
+    client = _client(ctx)
+    rows: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page_size = 1000 if limit == 0 else min(1000, limit - len(rows))
+        page = _call(client.jobs, bag_id, state, after, page_size)
+        rows += page["jobs"]
+        after = page["next_after"]
+        if after is None or (limit and len(rows) >= limit):
+            break
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = _table("job", "state", "attempts", "exit", "runtime", "params", "reason")
+    for job in rows:
+        runtime = f"{job['runtime_s']:.1f} s" if job["runtime_s"] is not None else ""
+        exit_code = "" if job["exit_code"] is None else str(job["exit_code"])
+        table.add_row(
+            job["id"],
+            job["state"],
+            str(job["attempts"]),
+            exit_code,
+            runtime,
+            json.dumps(job["params"]),
+            job["reason"],
+        )
+    console.print(table)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--attempt", type=int, help="Attempt number (default: the latest).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the attempt ends.")
+@click.pass_context
+def logs(ctx: click.Context, job_id: str, attempt: int | None, follow: bool) -> None:
+    """Print the output of JOB_ID's latest (or given) attempt."""
+    client = _client(ctx)
+    offset = 0
+    while True:
+        data, headers = _call(client.log, job_id, attempt, offset)
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        offset = int(headers.get("X-Spotbag-Next-Offset", offset + len(data)))
+        live = headers.get("X-Spotbag-Attempt-State") in ("starting", "running")
+        if not follow or (not live and not data):
+            break
+        attempt = int(headers["X-Spotbag-Attempt"])
+        if not data:
+            time.sleep(0.5)
+
+
+# --- VMs ----------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--all", "include_ended", is_flag=True, help="Include VMs that have ended.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.pass_context
+def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
+    """List VMs and the fleet's VM-hours and cost."""
+    data = _call(_client(ctx).vms, include_ended)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = _table("vm", "type", "state", "jobs", "launched", "reason", keep=2)
+    for vm in data["vms"]:
+        launched = time.strftime("%H:%M:%S", time.localtime(vm["requested_at"]))
+        table.add_row(
+            vm["id"],
+            vm["vm_type"],
+            vm["state"] + (" (terminating)" if vm["terminating"] else ""),
+            str(vm["jobs"]),
+            launched,
+            vm["reason"],
+        )
+    console.print(table)
+    total = data["usage"]["total"]
+    console.print(
+        f"{total['vms']} VMs, {total['preemptions']} preempted, {total['vm_hours']:.3f} VM-hours: "
+        f"spot ${total['spot_cost_usd']:.4f} vs on-demand ${total['on_demand_cost_usd']:.4f}",
+        highlight=False,
+    )
+
+
+@cli.command()
+@click.argument("vm_id")
+@click.pass_context
+def preempt(ctx: click.Context, vm_id: str) -> None:
+    """Preempt VM_ID now (fault injection; local driver only)."""
+    _call(_client(ctx).preempt, vm_id)
+    console.print(f"preempted {vm_id}")
+
+
+# --- offline commands ---------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="TOML configuration (VM types, max_vms, preemption model, [simulation]).",
+)
+@click.option(
+    "--seed", type=int, help="Random seed (default: simulation.seed); same seed, same run."
+)
+@click.option(
+    "--keep",
+    "keep_dir",
+    type=click.Path(file_okay=False),
+    help="Keep the simulated database in this directory.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the bag and fleet views as JSON.")
+def simulate(
+    spec_file: str, config_path: str | None, seed: int | None, keep_dir: str | None, as_json: bool
+) -> None:
+    """Run SPEC_FILE on a virtual clock with the real scheduler and print the summary."""
+    from controller.errors import ApiError
+    from controller.simulation import SimulationStalled
+    from controller.simulation import simulate as run_simulation
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    spec = load_spec_file(spec_file)
+    try:
+        result = asyncio.run(
+            run_simulation(spec, config, seed=seed, state_dir=Path(keep_dir) if keep_dir else None)
+        )
+    except ApiError as exc:
+        _fail(ClientError(exc.status, exc.code, exc.message, exc.detail))
+    except SimulationStalled as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "bag": result.bag,
+                    "fleet": result.fleet,
+                    "ticks": result.ticks,
+                    "wall_s": result.wall_s,
+                },
+                indent=2,
+            )
+        )
+        return
+    click.echo(render_summary(result.bag, result.fleet))
+    click.echo(
+        f"  simulated   {result.ticks:,} scheduler passes in {result.wall_s:.2f} s of real time"
+    )
+
+
+@cli.group()
+def config() -> None:
+    """Show or check configuration."""
+
+
+@config.command("defaults")
+def config_defaults() -> None:
+    """Print every setting with its default and documentation (TOML)."""
+    click.echo(render_defaults(), nl=False)
+
+
+@config.command("check")
+@click.argument("path", type=click.Path(dir_okay=False))
+def config_check(path: str) -> None:
+    """Validate a configuration file."""
+    try:
+        loaded = load_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(
+        f"{path}: ok ({len(loaded.vm_types)} VM types, driver {loaded.driver.name})",
+        highlight=False,
+    )
+
+
+def main() -> None:
+    cli(obj={})
+
+
+if __name__ == "__main__":
+    main()

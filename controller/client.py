@@ -1,0 +1,151 @@
+"""A small synchronous client of the spotbag HTTP API (used by the CLI).
+
+Where to connect and with which token: explicit arguments, else SPOTBAG_URL /
+SPOTBAG_TOKEN, else the files a daemon on this host writes into its state
+directory (api.url, token), else http://127.0.0.1:8787.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8787"
+
+
+class ClientError(Exception):
+    """The API answered with an error (status, code, message) or could not be reached (status 0)."""
+
+    def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail or {}
+
+
+def default_state_dir() -> Path:
+    for candidate in (os.environ.get("SPOTBAG_STATE_DIR"), os.environ.get("STATE_DIRECTORY")):
+        if candidate:
+            return Path(candidate.split(":")[0]).expanduser()
+    return Path.home() / ".local" / "state" / "spotbag"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass
+class Client:
+    url: str
+    token: str
+    timeout_s: float = 60.0
+
+    @classmethod
+    def discover(
+        cls,
+        url: str | None = None,
+        token: str | None = None,
+        state_dir: str | os.PathLike | None = None,
+    ) -> Client:
+        state = Path(state_dir).expanduser() if state_dir else default_state_dir()
+        url = url or os.environ.get("SPOTBAG_URL") or _read(state / "api.url") or DEFAULT_URL
+        token = token or os.environ.get("SPOTBAG_TOKEN") or _read(state / "token")
+        return cls(url.rstrip("/"), token)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        raw: bool = False,
+    ) -> Any:
+        url = self.url + path
+        if query:
+            url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        data = None
+        all_headers = {"Accept": "application/json", **(headers or {})}
+        if self.token:
+            all_headers["Authorization"] = f"Bearer {self.token}"
+        if body is not None:
+            data = json.dumps(body).encode()
+            all_headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, method=method, headers=all_headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                payload = response.read()
+                if raw:
+                    return payload, dict(response.headers)
+                return json.loads(payload) if payload else None
+        except urllib.error.HTTPError as exc:
+            payload = exc.read()
+            try:
+                error = json.loads(payload)["error"]
+                raise ClientError(
+                    exc.code, error["code"], error["message"], error.get("detail")
+                ) from None
+            except (ValueError, KeyError, TypeError):
+                raise ClientError(
+                    exc.code, "http_error", f"HTTP {exc.code}: {payload[:200]!r}"
+                ) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ClientError(
+                0,
+                "unreachable",
+                f"cannot reach the spotbag daemon at {self.url} ({reason}); "
+                "is it running (spotbag serve)? Set --url or SPOTBAG_URL.",
+            ) from None
+
+    # --- the API, one method per route ----------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self.request("GET", "/healthz")
+
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self.request("POST", "/v1/bags", body=spec, headers=headers)
+
+    def bags(self, state: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/bags", query={"state": state, "limit": limit})["bags"]
+
+    def bag(self, bag_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/bags/{bag_id}")
+
+    def cancel(self, bag_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/bags/{bag_id}/cancel")
+
+    def jobs(
+        self, bag_id: str, state: str | None = None, after: int | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        return self.request(
+            "GET", f"/v1/bags/{bag_id}/jobs", query={"state": state, "after": after, "limit": limit}
+        )
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/jobs/{job_id}")
+
+    def log(
+        self, job_id: str, attempt: int | None = None, offset: int = 0
+    ) -> tuple[bytes, dict[str, str]]:
+        return self.request(
+            "GET", f"/v1/jobs/{job_id}/log", query={"attempt": attempt, "offset": offset}, raw=True
+        )
+
+    def vms(self, include_ended: bool = False) -> dict[str, Any]:
+        return self.request("GET", "/v1/vms", query={"all": "true" if include_ended else None})
+
+    def preempt(self, vm_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/vms/{vm_id}/preempt")

@@ -1,0 +1,285 @@
+"""Daemon configuration: TOML on disk, every setting with a default and a description.
+
+The models below are the single source of the documentation: `spotbag config
+defaults` renders them as a commented TOML file (deploy/spotbag.toml is that
+output, and a test keeps it so). Unknown keys are errors, so a typo never
+silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from drivers.base import VmType
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that cannot be used; the message says where and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ApiConfig(_Section):
+    host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
+    port: int = Field(
+        8787,
+        ge=0,
+        le=65535,
+        description="TCP port of the HTTP API; 0 picks a free port. The URL actually "
+        "served is written to STATE_DIR/api.url.",
+    )
+    token: str = Field(
+        "",
+        description="Bearer token every /v1 request must carry. Empty: use the "
+        "SPOTBAG_TOKEN environment variable, else generate a random token into "
+        "STATE_DIR/token (mode 0600).",
+    )
+    max_body_mb: float = Field(64.0, gt=0, description="Largest request body accepted, in MB.")
+    max_jobs_per_bag: int = Field(
+        1_000_000, ge=1, description="Largest number of jobs (parameter points) in one bag."
+    )
+
+
+class SchedulerConfig(_Section):
+    max_vms: int = Field(4, ge=1, description="Most VMs alive (pending or running) at once.")
+    idle_timeout_s: float = Field(
+        60.0, ge=0, description="A VM with no job for this long is terminated."
+    )
+    poll_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="Longest wait between two scheduling passes; submissions, job ends "
+        "and VM changes wake the scheduler earlier.",
+    )
+    describe_interval_s: float = Field(
+        30.0, gt=0, description="How often VMs are re-described for drivers that push no events."
+    )
+    launch_backoff_s: float = Field(
+        10.0,
+        ge=0,
+        description="After a failed launch, wait this long before that VM type is tried again.",
+    )
+    launch_backoff_max_s: float = Field(
+        300.0, ge=0, description="The launch back-off doubles per failure up to this."
+    )
+    max_concurrent_calls: int = Field(
+        16, ge=1, description="Most driver/executor calls in flight at once."
+    )
+
+
+class DriverConfig(_Section):
+    name: str = Field("local", description="Which cloud runs the VMs: local (this host) or sim.")
+    boot_delay_s: float = Field(
+        0.5, ge=0, description="Local driver: seconds from launch until a VM can run jobs."
+    )
+    time_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Local driver: how much faster than real time VM lifetimes pass; "
+        "1440 turns a 24 h preemption model into one real minute.",
+    )
+    seed: int | None = Field(
+        None, description="Seed for sampled VM lifetimes; unset: a different run every time."
+    )
+
+
+class PreemptionConfig(_Section):
+    model: str = Field(
+        "none", description="VM lifetime model for the local and sim drivers: none or exponential."
+    )
+    mttf_h: float = Field(24.0, gt=0, description="Mean time to preemption, in model hours.")
+    max_lifetime_h: float | None = Field(
+        None,
+        gt=0,
+        description="Hard deadline on a VM's life in model hours (Google: 24); unset: none.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in ("none", "exponential"):
+            raise ValueError(f"unknown model {value!r}; known: none, exponential")
+        return value
+
+
+class ExecutorConfig(_Section):
+    kill_grace_s: float = Field(
+        5.0,
+        ge=0,
+        description="Local executor: seconds between SIGTERM and SIGKILL when a job is "
+        "cancelled or the daemon stops.",
+    )
+
+
+class SimulationConfig(_Section):
+    tick_s: float = Field(
+        1.0,
+        gt=0,
+        description="spotbag simulate: the scheduler acts at most once per this many "
+        "simulated seconds (events in between are handled together).",
+    )
+    boot_delay_s: float = Field(
+        60.0, ge=0, description="spotbag simulate: VM boot time in seconds."
+    )
+    seed: int = Field(
+        0, description="spotbag simulate: default seed (runs are deterministic per seed)."
+    )
+    start_at: float = Field(
+        1_767_225_600.0, description="spotbag simulate: epoch seconds the virtual clock starts at."
+    )
+
+
+class VmTypeConfig(_Section):
+    name: str = Field(min_length=1, description="Name jobs may ask for in resources.vm_types.")
+    cpus: int = Field(ge=1, description="vCPUs.")
+    memory_gb: float = Field(gt=0, description="Memory in GB.")
+    gpus: int = Field(0, ge=0, description="GPUs.")
+    spot_price_per_hour: float = Field(ge=0, description="Spot price, USD per hour.")
+    on_demand_price_per_hour: float = Field(ge=0, description="On-demand price, USD per hour.")
+    zone: str = Field("", description="Zone or region label.")
+
+    def to_vm_type(self) -> VmType:
+        return VmType(**self.model_dump())
+
+
+DEFAULT_VM_TYPES = (
+    VmTypeConfig(
+        name="local-2",
+        cpus=2,
+        memory_gb=4.0,
+        spot_price_per_hour=0.021,
+        on_demand_price_per_hour=0.0832,
+        zone="local",
+    ),
+    VmTypeConfig(
+        name="local-8",
+        cpus=8,
+        memory_gb=32.0,
+        spot_price_per_hour=0.11,
+        on_demand_price_per_hour=0.384,
+        zone="local",
+    ),
+)
+
+
+class Config(_Section):
+    state_dir: str = Field(
+        "",
+        description="Where the database, logs and checkpoints live. Empty: "
+        "$SPOTBAG_STATE_DIR, else systemd's $STATE_DIRECTORY, else ~/.local/state/spotbag.",
+    )
+    api: ApiConfig = ApiConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    driver: DriverConfig = DriverConfig()
+    preemption: PreemptionConfig = PreemptionConfig()
+    executor: ExecutorConfig = ExecutorConfig()
+    simulation: SimulationConfig = SimulationConfig()
+    vm_types: tuple[VmTypeConfig, ...] = Field(
+        DEFAULT_VM_TYPES, min_length=1, description="The VM types the local and sim drivers offer."
+    )
+
+    @field_validator("vm_types")
+    @classmethod
+    def _unique_names(cls, value: tuple[VmTypeConfig, ...]) -> tuple[VmTypeConfig, ...]:
+        names = [t.name for t in value]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate VM type names: {', '.join(duplicates)}")
+        return value
+
+    def resolved_state_dir(self) -> Path:
+        for candidate in (
+            self.state_dir,
+            os.environ.get("SPOTBAG_STATE_DIR", ""),
+            os.environ.get("STATE_DIRECTORY", "").split(":")[0],
+        ):
+            if candidate:
+                return Path(candidate).expanduser()
+        return Path.home() / ".local" / "state" / "spotbag"
+
+    def catalog(self) -> list[VmType]:
+        return [t.to_vm_type() for t in self.vm_types]
+
+
+def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> Config:
+    """Read a TOML config (or the defaults when `path` is None) and apply overrides.
+
+    `overrides` are dotted keys (`state_dir`, `api.port`, ...) whose None values
+    are ignored, so CLI options can be passed straight through.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"config {source}: {problems}") from None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _render_section(model: type[_Section], values: _Section, lines: list[str]) -> None:
+    for name, field in model.model_fields.items():
+        value = getattr(values, name)
+        if isinstance(value, _Section | tuple):
+            continue
+        lines += [f"# {line}" for line in textwrap.wrap(field.description, 86)]
+        if value is None:
+            lines.append(f"# {name} =")
+        else:
+            lines.append(f"{name} = {_toml_value(value)}")
+
+
+def render_defaults() -> str:
+    """The default configuration as commented TOML (the documentation of every setting)."""
+    defaults = Config()
+    lines = [
+        "# spotbag configuration. Every setting is shown with its default value;",
+        "# delete what you do not change. Generated by `spotbag config defaults`.",
+        "",
+    ]
+    _render_section(Config, defaults, lines)
+    for name in Config.model_fields:
+        value = getattr(defaults, name)
+        if isinstance(value, _Section):
+            lines += ["", f"[{name}]"]
+            _render_section(type(value), value, lines)
+    lines += ["", f"# {Config.model_fields['vm_types'].description}"]
+    for vm_type in defaults.vm_types:
+        lines += ["[[vm_types]]"]
+        _render_section(VmTypeConfig, vm_type, lines)
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

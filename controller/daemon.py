@@ -1,0 +1,196 @@
+"""The daemon: wires store, driver, executor, scheduler and HTTP API, and runs them.
+
+`serve(config)` holds an exclusive lock on the state directory (two daemons on
+one database would corrupt each other's view), recovers the scheduler from the
+store, serves the API, writes STATE_DIR/api.url once listening, and on SIGTERM
+or SIGINT stops cleanly: no new requests, running local jobs stopped and
+recorded as lost (they run again on the next start), database closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from controller.api import build_app
+from controller.clock import RealClock
+from controller.config import Config
+from controller.executors.local import LocalExecutor
+from controller.ids import RandomIds
+from controller.metrics import Metrics
+from controller.scheduler import Scheduler
+from controller.store import Store
+from controller.wiring import make_driver
+
+log = logging.getLogger("spotbag.daemon")
+
+# Drivers whose VMs are this process's bookkeeping: they end when the daemon ends.
+EPHEMERAL_DRIVERS = {"local", "sim"}
+
+
+class StateDirBusy(RuntimeError):
+    pass
+
+
+class Controller:
+    """Everything one running daemon holds; the API handlers reach it through the app."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state_dir = config.resolved_state_dir()
+        self.clock = RealClock()
+        self.ids = RandomIds()
+        self.catalog = config.catalog()
+        self.metrics = Metrics()
+        self.store = Store(self.state_dir / "spotbag.db")
+        self.token = ""
+        self.controller_id = ""
+        self.driver: Any = None
+        self.executor: Any = None
+        self.scheduler: Scheduler | None = None  # type: ignore[assignment]
+        self._loop_task: asyncio.Task | None = None
+        self._lock_file: Any = None
+
+    async def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_state_dir()
+        await self.store.open()
+        self.controller_id = await self.store.meta_value(
+            "controller_id", lambda: secrets.token_hex(6)
+        )
+        self.token = self._resolve_token()
+        seed = self.config.driver.seed
+        rng = np.random.default_rng(seed)
+        self.driver = make_driver(
+            self.config,
+            name=self.config.driver.name,
+            now=self.clock.now,
+            call_at=self.clock.call_at,
+            rng=rng,
+            boot_delay_s=self.config.driver.boot_delay_s,
+            time_scale=self.config.driver.time_scale,
+        )
+        self.executor = LocalExecutor(
+            self.state_dir,
+            controller_id=self.controller_id,
+            now=self.clock.now,
+            kill_grace_s=self.config.executor.kill_grace_s,
+        )
+        self.scheduler = Scheduler(
+            store=self.store,
+            driver=self.driver,
+            executor=self.executor,
+            clock=self.clock,
+            ids=self.ids,
+            settings=self.config.scheduler,
+            catalog=self.catalog,
+            controller_id=self.controller_id,
+            metrics=self.metrics,
+        )
+        self.metrics.watch(self.scheduler.gauges)
+        await self.scheduler.recover()
+        pushes = self.driver.name in EPHEMERAL_DRIVERS
+        self._loop_task = asyncio.create_task(
+            self.scheduler.run(describe=not pushes), name="scheduler"
+        )
+
+    async def stop(self) -> None:
+        if self.scheduler is not None and self._loop_task is not None:
+            self.scheduler.stop()
+            await self._loop_task
+            await self.scheduler.shutdown(
+                vms_die_with_controller=self.driver.name in EPHEMERAL_DRIVERS
+            )
+        await self.store.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _lock_state_dir(self) -> None:
+        path = self.state_dir / "lock"
+        lock_file = path.open("a+")
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            holder = lock_file.read().strip() or "?"
+            lock_file.close()
+            raise StateDirBusy(
+                f"another spotbag daemon (pid {holder}) is using {self.state_dir}"
+            ) from None
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(str(os.getpid()))
+        lock_file.flush()
+        self._lock_file = lock_file
+
+    def _resolve_token(self) -> str:
+        token = self.config.api.token or os.environ.get("SPOTBAG_TOKEN", "")
+        token_file = self.state_dir / "token"
+        if not token:
+            if token_file.exists():
+                token = token_file.read_text().strip()
+            if not token:
+                token = secrets.token_urlsafe(24)
+        # Clients on this host find the token here (readable by the daemon's user only).
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        return token
+
+
+def write_url_file(state_dir: Path, url: str) -> None:
+    tmp = state_dir / "api.url.tmp"
+    tmp.write_text(url + "\n")
+    tmp.replace(state_dir / "api.url")
+
+
+async def serve(
+    config: Config, *, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
+) -> None:
+    """Run the daemon until SIGTERM/SIGINT (or `stop` is set)."""
+    controller = Controller(config)
+    try:
+        await controller.start()
+    except BaseException:
+        await controller.stop()
+        raise
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(build_app(controller), access_log=None, handle_signals=False)
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, config.api.host, config.api.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+        write_url_file(controller.state_dir, url)
+        log.info(
+            "spotbag serving %s (driver %s, state %s)",
+            url,
+            controller.driver.name,
+            controller.state_dir,
+        )
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await runner.cleanup()
+        await controller.stop()
+        with contextlib.suppress(FileNotFoundError):
+            (controller.state_dir / "api.url").unlink()
+        log.info("stopped")

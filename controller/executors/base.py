@@ -1,0 +1,80 @@
+"""The Executor protocol: start, cancel and watch attempts of jobs on VMs.
+
+An executor reports what happens to attempts as `AttemptEvent`s pushed to its
+subscribers. It never decides retries or states: the scheduler does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from controller.bagspec import ParamValue, SimulationHints
+
+
+class Outcome(StrEnum):
+    EXITED = "exited"  # the program ended by itself; exit_code says how
+    TIMED_OUT = "timed_out"  # killed after max_runtime_s
+    KILLED = "killed"  # killed on request (cancel, VM lost, shutdown)
+    START_FAILED = "start_failed"  # could not be started at all
+
+
+@dataclass(frozen=True)
+class AttemptEvent:
+    attempt_id: str
+    at: float  # epoch seconds
+    outcome: Outcome
+    exit_code: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    """Everything an executor needs to run one attempt of one job."""
+
+    attempt_id: str  # "<job id>.<number>"
+    bag_id: str
+    job_id: str
+    number: int
+    vm_id: str
+    command: str  # rendered, placeholders filled
+    params: Mapping[str, ParamValue]
+    env: Mapping[str, str]  # the bag's extra variables
+    workdir: str | None
+    max_runtime_s: float
+    estimated_runtime_s: float | None = None
+    simulation: SimulationHints | None = None
+
+
+AttemptListener = Callable[[AttemptEvent], None]
+
+
+class ExecutorError(Exception):
+    """An attempt could not be started; the message says why."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def subscribe(self, listener: AttemptListener) -> None: ...
+
+    def log_path(self, bag_id: str, job_id: str, number: int) -> str:
+        """Where the attempt's output goes ("" when it keeps none)."""
+
+    async def start(self, spec: AttemptSpec) -> None:
+        """Start the attempt; raise ExecutorError if it cannot start."""
+
+    async def cancel(self, attempt_id: str) -> None:
+        """Stop the attempt; its end is reported as an event (Outcome.KILLED)."""
+
+    async def vm_lost(self, vm_id: str) -> None:
+        """The VM is gone: its attempts are dead (the local executor kills them)."""
+
+    async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
+        """After a controller restart: which of these attempts are still running and
+        watched again. The rest are lost (and must not be left running)."""
+
+    async def shutdown(self) -> None:
+        """Stop every attempt (the controller is stopping)."""

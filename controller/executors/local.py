@@ -1,0 +1,215 @@
+"""The local executor: each attempt is a real subprocess on this host.
+
+The command runs under /bin/sh in a new session (its own process group), with
+stdout and stderr appended to a log file under the state directory, the
+SPOTBAG_* variables set, and the daemon's own SPOTBAG_* variables (the API
+token among them) removed. Stopping an attempt signals its whole process group:
+SIGTERM, then SIGKILL after `kill_grace_s`. A VM preemption kills at once.
+
+Every process carries SPOTBAG_RUN_KEY=<controller id>:<attempt id>. After a
+crash of the daemon its jobs are orphans; `recover()` finds them by that key in
+/proc and kills their process groups, so a lost attempt never keeps running
+beside its retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller.bagspec import job_environment
+from controller.executors.base import (
+    AttemptEvent,
+    AttemptListener,
+    AttemptSpec,
+    ExecutorError,
+    Outcome,
+)
+
+RUN_KEY = "SPOTBAG_RUN_KEY"
+
+
+@dataclass
+class _Running:
+    spec: AttemptSpec
+    process: asyncio.subprocess.Process
+    watcher: asyncio.Task | None = None
+    stop_reason: str = ""  # set when we stopped it on purpose
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        controller_id: str,
+        now: Callable[[], float],
+        kill_grace_s: float = 5.0,
+    ) -> None:
+        self._logs = state_dir / "logs"
+        self._checkpoints = state_dir / "checkpoints"
+        self._controller_id = controller_id
+        self._now = now
+        self._grace_s = kill_grace_s
+        self._running: dict[str, _Running] = {}
+        self._listeners: list[AttemptListener] = []
+        self._base_env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+
+    def subscribe(self, listener: AttemptListener) -> None:
+        self._listeners.append(listener)
+
+    def log_path(self, bag_id: str, job_id: str, number: int) -> str:
+        return str(self._logs / bag_id / f"{job_id}.{number}.log")
+
+    def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
+        return self._checkpoints / bag_id / job_id
+
+    async def start(self, spec: AttemptSpec) -> None:
+        log_path = Path(self.log_path(spec.bag_id, spec.job_id, spec.number))
+        checkpoint_dir = self.checkpoint_dir(spec.bag_id, spec.job_id)
+        env = dict(self._base_env)
+        env.update(
+            job_environment(
+                bag_id=spec.bag_id,
+                job_id=spec.job_id,
+                attempt=spec.number,
+                checkpoint_dir=str(checkpoint_dir),
+                params=spec.params,
+                extra=spec.env,
+            )
+        )
+        env[RUN_KEY] = f"{self._controller_id}:{spec.attempt_id}"
+        try:
+            await asyncio.to_thread(_prepare_dirs, log_path.parent, checkpoint_dir)
+            log = await asyncio.to_thread(open, log_path, "ab")
+        except OSError as exc:
+            raise ExecutorError(f"cannot prepare log/checkpoint directories: {exc}") from exc
+        try:
+            process = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                spec.command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=spec.workdir or None,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ExecutorError(f"cannot start /bin/sh in workdir {spec.workdir!r}: {exc}") from exc
+        finally:
+            log.close()
+        running = _Running(spec, process)
+        self._running[spec.attempt_id] = running
+        running.watcher = asyncio.create_task(self._watch(running), name=f"watch {spec.attempt_id}")
+
+    async def _watch(self, running: _Running) -> None:
+        spec, process = running.spec, running.process
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), timeout=spec.max_runtime_s)
+        except TimeoutError:
+            timed_out = True
+            await self._stop(running, "timed out", grace_s=self._grace_s)
+            await process.wait()
+        self._running.pop(spec.attempt_id, None)
+        code = process.returncode
+        if running.stop_reason and not timed_out:
+            event = AttemptEvent(
+                spec.attempt_id, self._now(), Outcome.KILLED, code, running.stop_reason
+            )
+        elif timed_out:
+            event = AttemptEvent(
+                spec.attempt_id,
+                self._now(),
+                Outcome.TIMED_OUT,
+                code,
+                f"exceeded max_runtime_s={spec.max_runtime_s:g}",
+            )
+        else:
+            detail = f"killed by signal {signal.Signals(-code).name}" if code < 0 else ""
+            event = AttemptEvent(
+                spec.attempt_id,
+                self._now(),
+                Outcome.EXITED,
+                128 - code if code < 0 else code,
+                detail,
+            )
+        for listener in self._listeners:
+            listener(event)
+
+    async def _stop(self, running: _Running, reason: str, *, grace_s: float) -> None:
+        running.stop_reason = running.stop_reason or reason
+        pgid = running.process.pid
+        if grace_s > 0:
+            _signal_group(pgid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(running.process.wait()), timeout=grace_s)
+        # SIGKILL the group even when the leader is gone: its children may linger.
+        _signal_group(pgid, signal.SIGKILL)
+
+    async def cancel(self, attempt_id: str) -> None:
+        running = self._running.get(attempt_id)
+        if running is not None:
+            await self._stop(running, "cancelled", grace_s=self._grace_s)
+
+    async def vm_lost(self, vm_id: str) -> None:
+        for running in [r for r in self._running.values() if r.spec.vm_id == vm_id]:
+            await self._stop(running, "VM lost", grace_s=0)
+
+    async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
+        """Kill every process left over from an earlier run of this controller."""
+        await asyncio.to_thread(kill_orphans, self._controller_id)
+        return set()
+
+    async def shutdown(self) -> None:
+        running = list(self._running.values())
+        await asyncio.gather(
+            *(self._stop(r, "controller stopping", grace_s=self._grace_s) for r in running)
+        )
+        watchers = [r.watcher for r in running if r.watcher is not None]
+        if watchers:
+            await asyncio.gather(*watchers, return_exceptions=True)
+
+    def running_pids(self) -> dict[str, int]:
+        return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
+
+
+def _prepare_dirs(*paths: Path) -> None:
+    for path in paths:
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_orphans(controller_id: str, proc: Path = Path("/proc")) -> list[int]:
+    """SIGKILL the process groups of processes started by this controller (found by
+    their SPOTBAG_RUN_KEY). Returns the process ids that carried the key."""
+    marker = f"{RUN_KEY}={controller_id}:".encode()
+    me = os.getpid()
+    found: list[int] = []
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(var.startswith(marker) for var in environ.split(b"\0")):
+            pid = int(entry.name)
+            found.append(pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+    return found

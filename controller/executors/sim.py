@@ -1,0 +1,112 @@
+"""The sim executor: attempts that take a declared time on the virtual clock.
+
+An attempt's runtime is the bag's `simulation.runtime_s`, else its
+`estimated_runtime_s`, else `max_runtime_s`; with `simulation.runtime_cv` > 0
+it is lognormal with that mean and coefficient of variation. An attempt fails
+with `simulation.failure_probability`. Runtimes beyond max_runtime_s time out.
+Draws come from one seeded generator in start order, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from controller.executors.base import AttemptEvent, AttemptListener, AttemptSpec, Outcome
+
+
+class SimExecutor:
+    name = "sim"
+
+    def __init__(
+        self,
+        *,
+        now: Callable[[], float],
+        call_at: Callable[[float, Callable[[], None]], Any],
+        rng: np.random.Generator,
+    ) -> None:
+        self._now = now
+        self._call_at = call_at
+        self._rng = rng
+        self._timers: dict[str, tuple[str, Any]] = {}  # attempt id -> (vm id, timer)
+        self._by_vm: dict[str, dict[str, None]] = {}  # vm id -> its attempt ids (ordered)
+        self._normals: list[float] = []  # standard normal draws, taken in blocks (fast)
+        self._listeners: list[AttemptListener] = []
+
+    def subscribe(self, listener: AttemptListener) -> None:
+        self._listeners.append(listener)
+
+    def log_path(self, bag_id: str, job_id: str, number: int) -> str:
+        return ""
+
+    def _runtime_s(self, spec: AttemptSpec) -> float:
+        hints = spec.simulation
+        mean = (hints.runtime_s if hints and hints.runtime_s else None) or spec.estimated_runtime_s
+        mean = mean or spec.max_runtime_s
+        cv = hints.runtime_cv if hints else 0.0
+        if cv <= 0:
+            return mean
+        sigma2 = math.log1p(cv * cv)
+        if not self._normals:
+            self._normals = self._rng.standard_normal(4096).tolist()[::-1]
+        z = self._normals.pop()
+        return math.exp(math.log(mean) - sigma2 / 2 + math.sqrt(sigma2) * z)
+
+    async def start(self, spec: AttemptSpec) -> None:
+        runtime_s = self._runtime_s(spec)
+        hints = spec.simulation
+        fails = bool(
+            hints and hints.failure_probability and self._rng.random() < hints.failure_probability
+        )
+        if runtime_s > spec.max_runtime_s:
+            end = AttemptEvent(
+                spec.attempt_id,
+                0.0,
+                Outcome.TIMED_OUT,
+                None,
+                f"exceeded max_runtime_s={spec.max_runtime_s:g}",
+            )
+            runtime_s = spec.max_runtime_s
+        elif fails:
+            end = AttemptEvent(spec.attempt_id, 0.0, Outcome.EXITED, hints.failure_exit_code)
+        else:
+            end = AttemptEvent(spec.attempt_id, 0.0, Outcome.EXITED, 0)
+        timer = self._call_at(self._now() + runtime_s, lambda: self._finish(end))
+        self._timers[spec.attempt_id] = (spec.vm_id, timer)
+        self._by_vm.setdefault(spec.vm_id, {})[spec.attempt_id] = None
+
+    def _forget(self, attempt_id: str) -> Any:
+        vm_id, timer = self._timers.pop(attempt_id)
+        self._by_vm[vm_id].pop(attempt_id, None)
+        return timer
+
+    def _finish(self, end: AttemptEvent) -> None:
+        self._forget(end.attempt_id)
+        self._emit(
+            AttemptEvent(end.attempt_id, self._now(), end.outcome, end.exit_code, end.detail)
+        )
+
+    def _emit(self, event: AttemptEvent) -> None:
+        for listener in self._listeners:
+            listener(event)
+
+    async def cancel(self, attempt_id: str) -> None:
+        if attempt_id in self._timers:
+            self._forget(attempt_id).cancel()
+            self._emit(AttemptEvent(attempt_id, self._now(), Outcome.KILLED, None, "cancelled"))
+
+    async def vm_lost(self, vm_id: str) -> None:
+        for attempt_id in list(self._by_vm.pop(vm_id, {})):
+            self._timers.pop(attempt_id)[1].cancel()
+
+    async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
+        return set()
+
+    async def shutdown(self) -> None:
+        for _, timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self._by_vm.clear()

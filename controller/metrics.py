@@ -1,0 +1,88 @@
+"""Prometheus metrics (text format at /metrics) through prometheus_client.
+
+Counters and the scheduler-pass histogram are updated as things happen; the
+gauges (open jobs by state, live VMs by state) are read from the scheduler's
+memory when scraped. Each daemon has its own registry, so several can share a
+process (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# The *_created series double the output and tell nothing a process start time does not.
+disable_created_metrics()
+
+
+class _GaugeCollector(Collector):
+    def __init__(self, read: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        values = self._read()
+        jobs = GaugeMetricFamily("spotbag_jobs", "Open jobs by state.", labels=["state"])
+        for state, n in values.get("jobs", {}).items():
+            jobs.add_metric([state], n)
+        yield jobs
+        vms = GaugeMetricFamily(
+            "spotbag_vms", "Live VMs by state (idle VMs are also running).", labels=["state"]
+        )
+        for state, n in values.get("vms", {}).items():
+            vms.add_metric([state], n)
+        yield vms
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.preemptions = Counter(
+            "spotbag_preemptions",
+            "VMs preempted (or lost) under the controller.",
+            registry=self.registry,
+        )
+        self.attempts = Counter(
+            "spotbag_attempts", "Attempts ended, by final state.", ["state"], registry=self.registry
+        )
+        self.jobs_finished = Counter(
+            "spotbag_jobs_finished",
+            "Jobs finished, by final state.",
+            ["state"],
+            registry=self.registry,
+        )
+        self.vm_launches = Counter(
+            "spotbag_vm_launches",
+            "VM launch calls, by type and result.",
+            ["vm_type", "result"],
+            registry=self.registry,
+        )
+        self.tick_seconds = Histogram(
+            "spotbag_scheduler_loop_seconds",
+            "Duration of one scheduler pass.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "spotbag_http_requests",
+            "HTTP requests, by route and status.",
+            ["route", "status"],
+            registry=self.registry,
+        )
+
+    def watch(self, read: Callable[[], dict[str, dict[str, int]]]) -> None:
+        """Report the gauges returned by `read()` on every scrape."""
+        self.registry.register(_GaugeCollector(read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

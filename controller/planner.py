@@ -1,0 +1,238 @@
+"""The planner: a pure function from what the scheduler knows to what it should do.
+
+`plan(snapshot)` packs queued jobs onto running VMs, decides how many VMs of
+which type to launch for the rest, and which idle VMs to terminate. It reads
+no clock and touches nothing; the scheduler executes the actions.
+
+Packing is first-come first-served over bags (oldest bag first) and best-fit
+over VMs (the fullest VM that still fits is filled first, so idle VMs drain
+and can be released). Pending VMs count as capacity already on its way, so a
+burst of submissions does not launch twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from drivers.base import VmState
+from policies.packing import PricedType, Shape, cheapest_type, copies_that_fit, zone_allowed
+
+
+@dataclass(frozen=True)
+class DemandGroup:
+    """The queued jobs of one bag (all jobs of a bag have one shape)."""
+
+    bag_id: str
+    shape: Shape
+    queued: int
+    vm_types: tuple[str, ...] | None = None  # allowed types; None = any
+    regions: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class VmView:
+    vm_id: str
+    vm_type: str
+    zone: str
+    state: VmState  # PENDING or RUNNING
+    capacity: Shape
+    free: Shape
+    running_attempts: int
+    idle_since: float | None  # when it last became empty (None while busy or pending)
+
+
+@dataclass(frozen=True)
+class CatalogType:
+    name: str
+    zone: str
+    capacity: Shape
+    spot_price_per_hour: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    demand: Sequence[DemandGroup]  # oldest bag first
+    vms: Sequence[VmView]  # pending VMs, and running VMs with free capacity
+    catalog: Sequence[CatalogType]
+    alive_vms: int  # pending + running, including VMs not listed in `vms`
+    max_vms: int
+    idle_timeout_s: float
+    blocked_until: Mapping[str, float] = field(default_factory=dict)  # type -> launch back-off end
+
+
+@dataclass(frozen=True)
+class Place:
+    """Start `count` queued jobs of `bag_id` on `vm_id`."""
+
+    vm_id: str
+    bag_id: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch `count` VMs of `vm_type` (for the queued jobs of `bag_id`)."""
+
+    vm_type: str
+    count: int
+    bag_id: str
+
+
+@dataclass(frozen=True)
+class Terminate:
+    vm_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    """Queued jobs of a bag that no VM type in the catalog can hold."""
+
+    bag_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    places: list[Place]
+    launches: list[Launch]
+    terminations: list[Terminate]
+    unplaceable: list[Unplaceable]
+    next_wake_at: float | None  # when the plan may change with nothing else happening
+
+
+def _eligible(group: DemandGroup, vm_type: str, zone: str) -> bool:
+    if group.vm_types is not None and vm_type not in group.vm_types:
+        return False
+    return zone_allowed(zone, group.regions)
+
+
+def _pack(
+    group: DemandGroup,
+    remaining: int,
+    free: dict[str, Shape],
+    vms: Sequence[VmView],
+    gpu_demand: bool,
+    places: list[Place] | None,
+) -> int:
+    """Put up to `remaining` jobs of `group` on the VMs' free capacity (best fit first).
+
+    Appends Place actions when `places` is given (running VMs); otherwise only
+    reserves the capacity (pending VMs). Returns how many jobs are left.
+    """
+    candidates = [
+        vm
+        for vm in vms
+        if _eligible(group, vm.vm_type, vm.zone)
+        # Keep GPU VMs for GPU jobs while any are waiting.
+        and not (gpu_demand and group.shape.gpus == 0 and vm.capacity.gpus > 0)
+    ]
+    candidates.sort(key=lambda vm: (free[vm.vm_id].cpus, free[vm.vm_id].memory_gb, vm.vm_id))
+    for vm in candidates:
+        if remaining == 0:
+            break
+        n = min(remaining, copies_that_fit(group.shape, free[vm.vm_id]))
+        if n == 0:
+            continue
+        free[vm.vm_id] = free[vm.vm_id].minus(group.shape, n)
+        remaining -= n
+        if places is not None:
+            places.append(Place(vm.vm_id, group.bag_id, n))
+    return remaining
+
+
+def plan(snapshot: Snapshot) -> Plan:
+    now = snapshot.now
+    running = [vm for vm in snapshot.vms if vm.state is VmState.RUNNING]
+    pending = [vm for vm in snapshot.vms if vm.state is VmState.PENDING]
+    free = {vm.vm_id: vm.free for vm in snapshot.vms}
+    gpu_demand = any(g.shape.gpus > 0 and g.queued > 0 for g in snapshot.demand)
+
+    places: list[Place] = []
+    leftover: dict[str, int] = {}
+    for group in snapshot.demand:
+        if group.queued > 0:
+            leftover[group.bag_id] = _pack(group, group.queued, free, running, gpu_demand, places)
+    for group in snapshot.demand:
+        if leftover.get(group.bag_id):
+            leftover[group.bag_id] = _pack(
+                group, leftover[group.bag_id], free, pending, gpu_demand, None
+            )
+
+    launches, unplaceable, backoff_wake = _launches(snapshot, leftover)
+
+    used = {p.vm_id for p in places}
+    terminations: list[Terminate] = []
+    wake: list[float] = [backoff_wake] if backoff_wake is not None else []
+    for vm in running:
+        if vm.running_attempts or vm.vm_id in used or vm.idle_since is None:
+            continue
+        deadline = vm.idle_since + snapshot.idle_timeout_s
+        if deadline <= now:
+            terminations.append(Terminate(vm.vm_id, f"idle for {now - vm.idle_since:.0f} s"))
+        else:
+            wake.append(deadline)
+    return Plan(places, launches, terminations, unplaceable, min(wake) if wake else None)
+
+
+def _launches(
+    snapshot: Snapshot, leftover: dict[str, int]
+) -> tuple[list[Launch], list[Unplaceable], float | None]:
+    budget = snapshot.max_vms - snapshot.alive_vms
+    launches: list[Launch] = []
+    unplaceable: list[Unplaceable] = []
+    blocked_wake: float | None = None
+    now = snapshot.now
+    for group in snapshot.demand:
+        remaining = leftover.get(group.bag_id, 0)
+        if remaining == 0:
+            continue
+        fitting = [
+            PricedType(t.name, t.capacity, t.spot_price_per_hour)
+            for t in snapshot.catalog
+            if _eligible(group, t.name, t.zone)
+        ]
+        problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
+        if problem is not None:
+            unplaceable.append(Unplaceable(group.bag_id, problem))
+            continue
+        open_types = [t for t in fitting if snapshot.blocked_until.get(t.name, 0.0) <= now]
+        choice = cheapest_type(group.shape, open_types)
+        if choice is None:
+            until = min(snapshot.blocked_until[t.name] for t in fitting)
+            blocked_wake = until if blocked_wake is None else min(blocked_wake, until)
+            continue
+        if budget <= 0:
+            continue
+        vm_type, slots = choice
+        count = min(budget, math.ceil(remaining / slots))
+        budget -= count
+        launches.append(Launch(vm_type.name, count, group.bag_id))
+    return launches, unplaceable, blocked_wake
+
+
+def why_unplaceable(
+    shape: Shape,
+    vm_types: Sequence[str] | None,
+    regions: Sequence[str] | None,
+    catalog: Sequence[CatalogType],
+) -> str | None:
+    """Why no allowed VM type can hold a job of `shape`, or None when one can."""
+    allowed = [
+        t
+        for t in catalog
+        if (vm_types is None or t.name in vm_types) and zone_allowed(t.zone, regions)
+    ]
+    if not allowed:
+        return "no VM type is allowed by resources.vm_types / resources.regions"
+    if any(copies_that_fit(shape, t.capacity) for t in allowed):
+        return None
+    largest = max(allowed, key=lambda t: (t.capacity.cpus, t.capacity.memory_gb, t.capacity.gpus))
+    return (
+        f"no VM type fits cpus={shape.cpus}, gpus={shape.gpus}, memory_gb={shape.memory_gb:g}; "
+        f"the largest allowed is {largest.name} with cpus={largest.capacity.cpus}, "
+        f"gpus={largest.capacity.gpus}, memory_gb={largest.capacity.memory_gb:g}"
+    )

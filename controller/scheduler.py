@@ -1,0 +1,1026 @@
+"""The scheduler: observe -> plan -> execute -> record, one pass at a time.
+
+It keeps the open part of the world in memory (active bags and their queues,
+open jobs, live attempts and VMs), mirrors every change to the store, and is
+the only writer of job, attempt and VM state. Each pass (`tick`):
+
+1. takes commands (bags admitted, cancellations) and events (VM status from
+   the driver, attempt ends from the executor), oldest event first;
+2. asks the pure planner what to do;
+3. records the intents (attempts STARTING, VMs PENDING) in one transaction
+   *before* acting, so a crash never leaves an unrecorded VM or process;
+4. starts attempts, launches and terminates VMs, and records the results.
+
+The daemon runs `run()`, which ticks when woken by an event or a submission
+and at least every `poll_interval_s`; the simulator calls `tick()` itself
+while it moves a virtual clock. `recover()` rebuilds memory from the store
+after a restart: attempts the executor cannot re-adopt are marked LOST (not
+counted against max_attempts) and their jobs queued again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from controller.bagspec import BagSpec, render_command
+from controller.config import SchedulerConfig
+from controller.executors.base import AttemptEvent, AttemptSpec, Executor, ExecutorError, Outcome
+from controller.metrics import Metrics
+from controller.models import AttemptState, BagState, JobState, check_transition
+from controller.planner import CatalogType, DemandGroup, Plan, Snapshot, Terminate, VmView, plan
+from controller.store import Store, WriteBatch, job_id_of
+from drivers.base import Driver, DriverError, LaunchRequest, VmState, VmStatus, VmType
+from policies.cost import vm_share
+from policies.packing import Shape
+
+log = logging.getLogger("spotbag.scheduler")
+
+T = TypeVar("T")
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class IdSource(Protocol):
+    def new_vm_token(self) -> str: ...
+
+
+def shape_of(spec: BagSpec) -> Shape:
+    r = spec.resources
+    return Shape(r.cpus, r.gpus, r.memory_gb)
+
+
+def capacity_of(vm_type: VmType) -> Shape:
+    return Shape(vm_type.cpus, vm_type.gpus, vm_type.memory_gb)
+
+
+@dataclass
+class BagRun:
+    id: str
+    spec: BagSpec
+    shape: Shape
+    queue: deque[int]  # job indexes waiting for a slot, next first
+    open_jobs: int  # jobs not yet finished
+    failed_jobs: int
+    cancel_requested: bool = False
+    live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
+
+    @property
+    def done(self) -> bool:
+        return self.open_jobs == 0 and self.live_attempts == 0
+
+
+@dataclass
+class JobRun:
+    bag_id: str
+    idx: int
+    params: dict[str, Any]
+    state: JobState
+    attempts: int = 0  # attempts made, LOST ones included (numbers them)
+    counted: int = 0  # attempts that count toward max_attempts
+    vm_id: str | None = None
+    started_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = job_id_of(self.bag_id, self.idx)
+
+
+@dataclass
+class AttemptRun:
+    bag_id: str
+    idx: int
+    number: int
+    vm_id: str
+    state: AttemptState
+    started_at: float
+    log_path: str
+    shape: Shape
+    cancelling: bool = False
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = f"{job_id_of(self.bag_id, self.idx)}.{self.number}"
+
+
+@dataclass
+class VmRun:
+    id: str  # the launch token
+    vm_type: VmType
+    state: VmState
+    requested_at: float
+    spot: bool = True
+    zone: str = ""
+    provider_id: str = ""
+    reason: str = ""
+    running_at: float | None = None
+    ended_at: float | None = None
+    free: Shape = field(default_factory=lambda: Shape(0, 0, 0.0))
+    attempts: dict[str, None] = field(default_factory=dict)  # ordered set of attempt ids
+    idle_since: float | None = None
+    terminating: bool = False
+    capacity: Shape = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.capacity = capacity_of(self.vm_type)
+
+    def row(self, driver: str) -> dict[str, Any]:
+        t = self.vm_type
+        return {
+            "id": self.id,
+            "provider_id": self.provider_id,
+            "driver": driver,
+            "vm_type": t.name,
+            "zone": self.zone,
+            "spot": int(self.spot),
+            "state": str(self.state),
+            "reason": self.reason,
+            "cpus": t.cpus,
+            "gpus": t.gpus,
+            "memory_gb": t.memory_gb,
+            "spot_price_per_hour": t.spot_price_per_hour,
+            "on_demand_price_per_hour": t.on_demand_price_per_hour,
+            "requested_at": self.requested_at,
+            "running_at": self.running_at,
+            "ended_at": self.ended_at,
+        }
+
+
+@dataclass(frozen=True)
+class _Admit:
+    bag_id: str
+    spec: BagSpec
+    params: Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    bag_id: str
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        driver: Driver,
+        executor: Executor,
+        clock: Clock,
+        ids: IdSource,
+        settings: SchedulerConfig,
+        catalog: Sequence[VmType],
+        controller_id: str,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.store = store
+        self.driver = driver
+        self.executor = executor
+        self.clock = clock
+        self.ids = ids
+        self.settings = settings
+        self.controller_id = controller_id
+        self.metrics = metrics
+        self.catalog = {t.name: t for t in catalog}
+        self._catalog_view = [
+            CatalogType(t.name, t.zone, capacity_of(t), t.spot_price_per_hour) for t in catalog
+        ]
+        self.bags: dict[str, BagRun] = {}
+        self.jobs: dict[tuple[str, int], JobRun] = {}
+        self.attempts: dict[str, AttemptRun] = {}
+        self.vms: dict[str, VmRun] = {}  # live VMs only (pending, running, terminating)
+        self._pending: dict[str, None] = {}  # VMs not yet running
+        self._roomy: dict[str, None] = {}  # running VMs with some free capacity
+        self._idle: dict[str, None] = {}  # running VMs with no attempt
+        self._by_provider_id: dict[str, str] = {}
+        self._backoff: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
+        self._inbox: list[VmStatus | AttemptEvent] = []
+        self._commands: list[_Admit | _Cancel] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._last_describe = 0.0
+        self.ticks = 0
+        driver.subscribe(self._on_vm_status)
+        executor.subscribe(self._on_attempt_event)
+
+    # --- inputs ------------------------------------------------------------------
+
+    def _on_vm_status(self, status: VmStatus) -> None:
+        self._inbox.append(status)
+        self._wake.set()
+
+    def _on_attempt_event(self, event: AttemptEvent) -> None:
+        self._inbox.append(event)
+        self._wake.set()
+
+    def bag_admitted(self, bag_id: str, spec: BagSpec, params: Sequence[dict[str, Any]]) -> None:
+        """A bag was written to the store; schedule its jobs from the next pass on."""
+        self._commands.append(_Admit(bag_id, spec, params))
+        self._wake.set()
+
+    def cancel_requested(self, bag_id: str) -> None:
+        self._commands.append(_Cancel(bag_id))
+        self._wake.set()
+
+    def has_inputs(self) -> bool:
+        """True when events or commands wait for the next pass."""
+        return bool(self._inbox or self._commands)
+
+    def has_work(self) -> bool:
+        """True while anything is open: bags, VMs, or unprocessed inputs."""
+        return bool(self.bags or self.vms or self._inbox or self._commands)
+
+    # --- recovery -------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Rebuild memory from the store after a (re)start and reconcile with reality."""
+        now = self.clock.now()
+        state = await self.store.load_active()
+        batch = WriteBatch()
+        owned = {s.token: s for s in await self.driver.list_owned()}
+        for row in state["vms"]:
+            vm_type = self.catalog.get(row["vm_type"]) or VmType(
+                row["vm_type"],
+                row["cpus"],
+                row["memory_gb"],
+                row["gpus"],
+                row["spot_price_per_hour"],
+                row["on_demand_price_per_hour"],
+                row["zone"],
+            )
+            vm = VmRun(
+                id=row["id"],
+                vm_type=vm_type,
+                state=VmState(row["state"]),
+                requested_at=row["requested_at"],
+                spot=bool(row["spot"]),
+                zone=row["zone"],
+                provider_id=row["provider_id"],
+                running_at=row["running_at"],
+                free=capacity_of(vm_type),
+            )
+            self._track_vm(vm)
+            status = owned.pop(vm.id, None)
+            if status is None:
+                self._end_vm(
+                    vm, VmState.TERMINATED, now, "not found after controller restart", batch
+                )
+            elif status.state is not vm.state:
+                self._inbox.append(status)
+        for status in owned.values():
+            log.warning(
+                "terminating VM %s (token %s): owned by this controller but not in the store",
+                status.vm_id,
+                status.token,
+            )
+            await self._call(self.driver.terminate([status.vm_id]))
+
+        for bag in state["bags"]:
+            spec = BagSpec.model_validate_json(bag["spec"])
+            counts = bag["counts"]
+            self.bags[bag["id"]] = BagRun(
+                id=bag["id"],
+                spec=spec,
+                shape=shape_of(spec),
+                queue=deque(),
+                open_jobs=sum(counts.get(s, 0) for s in ("queued", "held", "running")),
+                failed_jobs=counts.get("failed", 0),
+                cancel_requested=bag["cancel_requested_at"] is not None,
+            )
+        for row in state["jobs"]:
+            job = JobRun(
+                bag_id=row["bag_id"],
+                idx=row["idx"],
+                params=json.loads(row["params"]),
+                state=JobState(row["state"]),
+                attempts=row["attempts"],
+                counted=row["counted_attempts"],
+                vm_id=row["vm_id"],
+                started_at=row["started_at"],
+            )
+            self.jobs[(job.bag_id, job.idx)] = job
+            if job.state is JobState.QUEUED:
+                self.bags[job.bag_id].queue.append(job.idx)
+
+        attempt_ids = [
+            f"{job_id_of(a['bag_id'], a['idx'])}.{a['number']}" for a in state["attempts"]
+        ]
+        adopted = await self.executor.recover(attempt_ids)
+        for row, attempt_id in zip(state["attempts"], attempt_ids, strict=True):
+            bag = self.bags[row["bag_id"]]  # a live attempt keeps its bag active
+            attempt = AttemptRun(
+                bag_id=row["bag_id"],
+                idx=row["idx"],
+                number=row["number"],
+                vm_id=row["vm_id"],
+                state=AttemptState(row["state"]),
+                started_at=row["started_at"],
+                log_path=row["log_path"],
+                shape=bag.shape,
+            )
+            self.attempts[attempt_id] = attempt
+            bag.live_attempts += 1
+            vm = self.vms.get(attempt.vm_id)
+            if attempt_id in adopted and vm is not None:
+                vm.attempts[attempt_id] = None
+                vm.free = vm.free.minus(bag.shape)
+                self._refresh_vm_sets(vm)
+                continue
+            self._finish_attempt(
+                attempt,
+                AttemptState.LOST,
+                now,
+                None,
+                "the controller restarted while it ran",
+                batch,
+            )
+        for bag in list(self.bags.values()):
+            if bag.cancel_requested:
+                self._commands.append(_Cancel(bag.id))
+            elif bag.done:
+                self._finish_bag(bag, now, batch)
+        await self.store.apply(batch)
+        log.info(
+            "recovered %d active bags, %d open jobs, %d live VMs, %d adopted attempts",
+            len(self.bags),
+            len(self.jobs),
+            len(self.vms),
+            len(adopted),
+        )
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self, *, describe: bool) -> None:
+        """Tick until `stop()`; `describe` polls the driver for drivers that push no events."""
+        while not self._stopping:
+            next_at: float | None = None
+            try:
+                if describe:
+                    await self._describe_if_due()
+                next_at = await self.tick()
+            except Exception:
+                log.exception("scheduler pass failed; retrying")
+                await asyncio.sleep(min(5.0, self.settings.poll_interval_s))
+            timeout = self.settings.poll_interval_s
+            if next_at is not None:
+                timeout = max(0.0, min(timeout, next_at - self.clock.now()))
+            if not self._wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def shutdown(self, *, vms_die_with_controller: bool) -> None:
+        """Stop every attempt and record it LOST (it is queued again on the next start);
+        record the VMs gone when they do not outlive the controller (local driver)."""
+        await self.executor.shutdown()
+        self._inbox.clear()
+        now = self.clock.now()
+        batch = WriteBatch()
+        for attempt in list(self.attempts.values()):
+            self._finish_attempt(
+                attempt, AttemptState.LOST, now, None, "the controller stopped", batch
+            )
+        if vms_die_with_controller:
+            for vm in list(self.vms.values()):
+                self._end_vm(vm, VmState.TERMINATED, now, "the controller stopped", batch)
+        await self.store.apply(batch)
+
+    async def _describe_if_due(self) -> None:
+        now = self.clock.now()
+        if now - self._last_describe < self.settings.describe_interval_s:
+            return
+        self._last_describe = now
+        ids = [vm.provider_id for vm in self.vms.values() if vm.provider_id]
+        if not ids:
+            return
+        statuses = await self.driver.describe(ids)
+        for provider_id in ids:
+            status = statuses.get(provider_id)
+            vm = self.vms.get(self._by_provider_id.get(provider_id, ""))
+            if vm is None:
+                continue
+            if status is None:  # vanished (e.g. deleted on preemption)
+                status = VmStatus(
+                    provider_id,
+                    vm.id,
+                    vm.vm_type.name,
+                    VmState.PREEMPTED,
+                    vm.zone,
+                    "VM vanished",
+                    vm.requested_at,
+                    now,
+                )
+            if status.state is not vm.state:
+                self._inbox.append(status)
+
+    async def tick(self) -> float | None:
+        """One scheduling pass; returns when the scheduler next wants to run (or None)."""
+        started = time.perf_counter()
+        self.ticks += 1
+        now = self.clock.now()
+        batch = WriteBatch()
+        cancels = self._run_commands(batch, now)
+        await self._handle_events(batch)
+        decision = plan(self._snapshot(now))
+        starts, launches = self._record_plan(decision, batch, now)
+        await self.store.apply(batch)
+
+        batch = WriteBatch()
+        await self._execute(starts, launches, cancels, decision.terminations, batch)
+        await self.store.apply(batch)
+        if self.metrics is not None:
+            self.metrics.tick_seconds.observe(time.perf_counter() - started)
+        return decision.next_wake_at
+
+    # --- commands and events ------------------------------------------------------
+
+    def _run_commands(self, batch: WriteBatch, now: float) -> list[str]:
+        cancels: list[str] = []
+        commands, self._commands = self._commands, []
+        for command in commands:
+            if isinstance(command, _Admit):
+                self._admit(command, batch, now)
+            else:
+                cancels += self._cancel_bag(command.bag_id, batch, now)
+        return cancels
+
+    def _admit(self, command: _Admit, batch: WriteBatch, now: float) -> None:
+        bag = BagRun(
+            id=command.bag_id,
+            spec=command.spec,
+            shape=shape_of(command.spec),
+            queue=deque(range(len(command.params))),
+            open_jobs=len(command.params),
+            failed_jobs=0,
+        )
+        self.bags[bag.id] = bag
+        for idx, params in enumerate(command.params):
+            self.jobs[(bag.id, idx)] = JobRun(bag.id, idx, params, JobState.QUEUED)
+
+    def _cancel_bag(self, bag_id: str, batch: WriteBatch, now: float) -> list[str]:
+        bag = self.bags.get(bag_id)
+        if bag is None:
+            return []
+        bag.cancel_requested = True
+        queued, bag.queue = bag.queue, deque()
+        for idx in queued:
+            self._job_to(
+                self.jobs[(bag_id, idx)], JobState.CANCELLED, now, batch, "cancelled by user"
+            )
+        cancels = []
+        for attempt in list(self.attempts.values()):
+            if attempt.bag_id == bag_id and not attempt.cancelling:
+                attempt.cancelling = True
+                cancels.append(attempt.id)
+                self._job_to(
+                    self.jobs[(bag_id, attempt.idx)],
+                    JobState.CANCELLED,
+                    now,
+                    batch,
+                    "cancelled by user",
+                )
+        return cancels
+
+    async def _handle_events(self, batch: WriteBatch) -> None:
+        events, self._inbox = self._inbox, []
+        events.sort(key=lambda e: e.changed_at if isinstance(e, VmStatus) else e.at)
+        for event in events:
+            if isinstance(event, VmStatus):
+                await self._on_status(event, batch)
+            else:
+                self._on_attempt_end(event, batch)
+
+    async def _on_status(self, status: VmStatus, batch: WriteBatch) -> None:
+        vm = self.vms.get(status.token)
+        if vm is None or status.state is vm.state:
+            return
+        at = status.changed_at
+        if status.vm_id and not vm.provider_id:
+            self._set_provider_id(vm, status.vm_id)
+        if status.state is VmState.RUNNING and vm.state is VmState.PENDING:
+            self._vm_to(vm, VmState.RUNNING, at, "", batch)
+            vm.running_at = at
+            vm.idle_since = at
+            self._refresh_vm_sets(vm)
+            batch.vm(vm.row(self.driver.name))
+            return
+        if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
+            if vm.attempts:
+                await self._call(self.executor.vm_lost(vm.id))
+            self._end_vm(vm, status.state, at, status.reason, batch)
+
+    def _on_attempt_end(self, event: AttemptEvent, batch: WriteBatch) -> None:
+        attempt = self.attempts.get(event.attempt_id)
+        if attempt is None:
+            return  # already finished (its VM died first, or a duplicate report)
+        job = self.jobs.get((attempt.bag_id, attempt.idx))
+        bag = self.bags[attempt.bag_id]
+        at = event.at
+        if attempt.cancelling or job is None or job.state is not JobState.RUNNING:
+            self._finish_attempt(
+                attempt, AttemptState.CANCELLED, at, event.exit_code, "cancelled", batch
+            )
+            return
+        code = event.exit_code
+        if event.outcome is Outcome.EXITED and code == 0:
+            self._finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, "", batch)
+            return
+        if event.outcome is Outcome.TIMED_OUT:
+            reason = event.detail or "timed out"
+            retry = False
+        elif event.outcome is Outcome.START_FAILED:
+            reason = f"could not start: {event.detail}"
+            retry = True
+        else:
+            reason = f"exited with code {code}" + (f" ({event.detail})" if event.detail else "")
+            retry = code in bag.spec.retryable_exit_codes
+        self._finish_attempt(attempt, AttemptState.FAILED, at, code, reason, batch, retry=retry)
+
+    # --- state changes (the only places that change job/attempt/VM state) --------
+
+    def _finish_attempt(
+        self,
+        attempt: AttemptRun,
+        state: AttemptState,
+        at: float,
+        exit_code: int | None,
+        reason: str,
+        batch: WriteBatch,
+        *,
+        retry: bool = True,
+    ) -> None:
+        """End an attempt and move its job on: success, retry, or failure.
+
+        PREEMPTED and (with `retry`) FAILED attempts queue the job again while it
+        has attempts left; LOST attempts always do and are not counted.
+        """
+        check_transition("attempt", attempt.state, state)
+        del self.attempts[attempt.id]
+        bag = self.bags[attempt.bag_id]
+        bag.live_attempts -= 1
+        vm = self.vms.get(attempt.vm_id)
+        if vm is not None and attempt.id in vm.attempts:
+            del vm.attempts[attempt.id]
+            vm.free = vm.free.plus(attempt.shape)
+            if not vm.attempts and vm.state is VmState.RUNNING:
+                vm.idle_since = at
+            self._refresh_vm_sets(vm)
+        attempt.state = state
+        batch.attempt(
+            attempt.bag_id,
+            attempt.idx,
+            attempt.number,
+            attempt.vm_id,
+            state,
+            attempt.started_at,
+            at,
+            exit_code,
+            reason,
+            attempt.log_path,
+        )
+        self._record_usage(attempt, vm, state, at, batch)
+        if self.metrics is not None:
+            self.metrics.attempts.labels(state=str(state)).inc()
+
+        job = self.jobs.get((attempt.bag_id, attempt.idx))
+        if job is None or job.state is not JobState.RUNNING:
+            if bag.done:  # the job was cancelled meanwhile; this was the bag's last process
+                self._finish_bag(bag, at, batch)
+            return
+        if state in AttemptState.counted():
+            job.counted += 1
+        job.exit_code = exit_code
+        if state is AttemptState.SUCCEEDED:
+            self._job_to(job, JobState.SUCCEEDED, at, batch, "", runtime_s=at - attempt.started_at)
+        elif state is AttemptState.LOST or (
+            retry
+            and state in (AttemptState.PREEMPTED, AttemptState.FAILED)
+            and job.counted < bag.spec.max_attempts
+        ):
+            self._job_to(
+                job, JobState.QUEUED, at, batch, f"attempt {attempt.number} {state}: {reason}"
+            )
+        else:
+            if retry and job.counted >= bag.spec.max_attempts:
+                reason = f"{reason}; gave up after max_attempts={bag.spec.max_attempts}"
+            self._job_to(job, JobState.FAILED, at, batch, reason)
+
+    def _record_usage(
+        self,
+        attempt: AttemptRun,
+        vm: VmRun | None,
+        state: AttemptState,
+        at: float,
+        batch: WriteBatch,
+    ) -> None:
+        if vm is None:
+            return
+        elapsed_s = max(0.0, at - attempt.started_at)
+        vm_s = elapsed_s * vm_share(attempt.shape, vm.capacity)
+        batch.usage(
+            attempt.bag_id,
+            preempted=state is AttemptState.PREEMPTED,
+            attempt_s=elapsed_s,
+            vm_s=vm_s,
+            spot_cost_usd=vm_s * vm.vm_type.spot_price_per_hour / 3600.0,
+            on_demand_cost_usd=vm_s * vm.vm_type.on_demand_price_per_hour / 3600.0,
+        )
+
+    def _job_to(
+        self,
+        job: JobRun,
+        state: JobState,
+        at: float,
+        batch: WriteBatch,
+        reason: str,
+        *,
+        runtime_s: float | None = None,
+    ) -> None:
+        bag = self.bags[job.bag_id]
+        if state is JobState.QUEUED and bag.cancel_requested:
+            state, reason = JobState.CANCELLED, "cancelled by user"
+        check_transition("job", job.state, state)
+        batch.job_state_change(job.bag_id, job.state, state)
+        batch.transition(at, "job", job.id, job.state, state, reason)
+        job.state = state
+        job.reason = reason
+        ended_at = at if state in JobState.terminal() else None
+        batch.job(
+            job.bag_id,
+            job.idx,
+            state,
+            job.attempts,
+            job.counted,
+            job.exit_code,
+            reason,
+            job.vm_id,
+            job.started_at,
+            ended_at,
+            runtime_s,
+        )
+        if state is JobState.QUEUED:
+            bag.queue.appendleft(job.idx)  # retries go first: the bag's tail finishes sooner
+        elif state in JobState.terminal():
+            del self.jobs[(job.bag_id, job.idx)]
+            bag.open_jobs -= 1
+            if state is JobState.FAILED:
+                bag.failed_jobs += 1
+            if self.metrics is not None:
+                self.metrics.jobs_finished.labels(state=str(state)).inc()
+            if bag.done:
+                self._finish_bag(bag, at, batch)
+
+    def _finish_bag(self, bag: BagRun, at: float, batch: WriteBatch) -> None:
+        if bag.cancel_requested:
+            state = BagState.CANCELLED
+        elif bag.failed_jobs:
+            state = BagState.FAILED
+        else:
+            state = BagState.SUCCEEDED
+        batch.bag_finished(bag.id, state, at)
+        batch.transition(at, "bag", bag.id, BagState.ACTIVE, state, "")
+        del self.bags[bag.id]
+        log.info("bag %s finished: %s", bag.id, state)
+
+    def _vm_to(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
+        check_transition("vm", vm.state, state)
+        batch.transition(at, "vm", vm.id, vm.state, state, reason)
+        vm.state = state
+
+    def _end_vm(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
+        """A VM is gone: its attempts are preempted (retried) and it leaves memory."""
+        for attempt_id in list(vm.attempts):
+            attempt = self.attempts[attempt_id]
+            why = f"VM {vm.id} {state}" + (f": {reason}" if reason else "")
+            self._finish_attempt(attempt, AttemptState.PREEMPTED, at, None, why, batch)
+        self._vm_to(vm, state, at, reason, batch)
+        vm.reason = reason
+        vm.ended_at = at
+        if vm.running_at is not None:
+            vm.running_at = min(vm.running_at, at)
+        batch.vm(vm.row(self.driver.name))
+        self._untrack_vm(vm)
+        if self.metrics is not None and state is VmState.PREEMPTED:
+            self.metrics.preemptions.inc()
+
+    # --- VM bookkeeping ----------------------------------------------------------------
+
+    def _track_vm(self, vm: VmRun) -> None:
+        self.vms[vm.id] = vm
+        if vm.provider_id:
+            self._by_provider_id[vm.provider_id] = vm.id
+        self._refresh_vm_sets(vm)
+
+    def _untrack_vm(self, vm: VmRun) -> None:
+        self.vms.pop(vm.id, None)
+        self._by_provider_id.pop(vm.provider_id, None)
+        for index in (self._pending, self._roomy, self._idle):
+            index.pop(vm.id, None)
+
+    def _set_provider_id(self, vm: VmRun, provider_id: str) -> None:
+        vm.provider_id = provider_id
+        self._by_provider_id[provider_id] = vm.id
+
+    def _refresh_vm_sets(self, vm: VmRun) -> None:
+        """Keep the pending / roomy / idle indexes in step with the VM."""
+        live = vm.id in self.vms
+        pending = live and vm.state is VmState.PENDING
+        usable = live and vm.state is VmState.RUNNING and not vm.terminating
+        for index, member in (
+            (self._pending, pending),
+            (self._roomy, usable and vm.free.cpus > 0 and vm.free.memory_gb > 0),
+            (self._idle, usable and not vm.attempts),
+        ):
+            if member:
+                index[vm.id] = None
+            else:
+                index.pop(vm.id, None)
+
+    # --- planning ------------------------------------------------------------------------
+
+    def _snapshot(self, now: float) -> Snapshot:
+        demand = [
+            DemandGroup(
+                bag.id,
+                bag.shape,
+                len(bag.queue),
+                tuple(bag.spec.resources.vm_types) if bag.spec.resources.vm_types else None,
+                tuple(bag.spec.resources.regions) if bag.spec.resources.regions else None,
+            )
+            for bag in self.bags.values()
+            if bag.queue
+        ]
+        candidates = list(self._pending) + list(self._roomy if demand else self._idle)
+        views = []
+        for vm_id in candidates:
+            vm = self.vms[vm_id]
+            views.append(
+                VmView(
+                    vm.id,
+                    vm.vm_type.name,
+                    vm.zone,
+                    vm.state,
+                    vm.capacity,
+                    vm.free,
+                    len(vm.attempts),
+                    vm.idle_since,
+                )
+            )
+        return Snapshot(
+            now=now,
+            demand=demand,
+            vms=views,
+            catalog=self._catalog_view,
+            alive_vms=len(self.vms),
+            max_vms=self.settings.max_vms,
+            idle_timeout_s=self.settings.idle_timeout_s,
+            blocked_until={t: until for t, (until, _) in self._backoff.items()},
+        )
+
+    def _record_plan(
+        self, decision: Plan, batch: WriteBatch, now: float
+    ) -> tuple[list[AttemptSpec], list[VmRun]]:
+        starts: list[AttemptSpec] = []
+        for place in decision.places:
+            bag = self.bags[place.bag_id]
+            vm = self.vms[place.vm_id]
+            for _ in range(place.count):
+                starts.append(self._new_attempt(bag, vm, bag.queue.popleft(), now, batch))
+            self._refresh_vm_sets(vm)
+        launches: list[VmRun] = []
+        for launch in decision.launches:
+            vm_type = self.catalog[launch.vm_type]
+            for _ in range(launch.count):
+                vm = VmRun(
+                    id=self.ids.new_vm_token(),
+                    vm_type=vm_type,
+                    state=VmState.PENDING,
+                    requested_at=now,
+                    zone=vm_type.zone,
+                    free=capacity_of(vm_type),
+                )
+                self._track_vm(vm)
+                batch.vm(vm.row(self.driver.name))
+                batch.transition(now, "vm", vm.id, "", VmState.PENDING, f"for bag {launch.bag_id}")
+                launches.append(vm)
+        for termination in decision.terminations:
+            vm = self.vms[termination.vm_id]
+            vm.terminating = True
+            vm.reason = termination.reason
+            self._refresh_vm_sets(vm)
+        for problem in decision.unplaceable:
+            bag = self.bags[problem.bag_id]
+            queued, bag.queue = bag.queue, deque()
+            for idx in queued:
+                self._job_to(self.jobs[(bag.id, idx)], JobState.FAILED, now, batch, problem.reason)
+        return starts, launches
+
+    def _new_attempt(
+        self, bag: BagRun, vm: VmRun, idx: int, now: float, batch: WriteBatch
+    ) -> AttemptSpec:
+        job = self.jobs[(bag.id, idx)]
+        job.attempts += 1
+        job.vm_id = vm.id
+        job.started_at = now
+        attempt = AttemptRun(
+            bag.id,
+            idx,
+            job.attempts,
+            vm.id,
+            AttemptState.STARTING,
+            now,
+            self.executor.log_path(bag.id, job.id, job.attempts),
+            bag.shape,
+        )
+        self.attempts[attempt.id] = attempt
+        bag.live_attempts += 1
+        vm.attempts[attempt.id] = None
+        vm.free = vm.free.minus(bag.shape)
+        vm.idle_since = None
+        batch.attempt(
+            bag.id, idx, attempt.number, vm.id, attempt.state, now, None, None, "", attempt.log_path
+        )
+        self._job_to(job, JobState.RUNNING, now, batch, f"attempt {attempt.number} on {vm.id}")
+        spec = bag.spec
+        return AttemptSpec(
+            attempt_id=attempt.id,
+            bag_id=bag.id,
+            job_id=job.id,
+            number=attempt.number,
+            vm_id=vm.id,
+            command=render_command(spec.command, job.params),
+            params=job.params,
+            env=spec.env,
+            workdir=spec.workdir,
+            max_runtime_s=spec.max_runtime_s,
+            estimated_runtime_s=spec.estimated_runtime_s,
+            simulation=spec.simulation,
+        )
+
+    # --- acting ------------------------------------------------------------------------------
+
+    async def _call(self, awaitable: Awaitable[T]) -> T | None:
+        """Await a driver/executor call; log and swallow its failure (the next pass retries)."""
+        try:
+            return await awaitable
+        except Exception:
+            log.exception("driver/executor call failed")
+            return None
+
+    async def _execute(
+        self,
+        starts: list[AttemptSpec],
+        launches: list[VmRun],
+        cancels: list[str],
+        terminations: list[Terminate],
+        batch: WriteBatch,
+    ) -> None:
+        limit = asyncio.Semaphore(self.settings.max_concurrent_calls)
+
+        async def bounded(fn: Callable[[], Awaitable[T]]) -> T:
+            async with limit:
+                return await fn()
+
+        async def run_all(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+            if self.settings.max_concurrent_calls == 1:
+                return [await call() for call in calls]
+            return await asyncio.gather(*(bounded(call) for call in calls))
+
+        async def start(spec: AttemptSpec) -> tuple[AttemptSpec, str | None]:
+            try:
+                await self.executor.start(spec)
+            except ExecutorError as exc:
+                return spec, str(exc)
+            except Exception as exc:
+                log.exception("starting %s failed", spec.attempt_id)
+                return spec, f"internal error: {exc}"
+            return spec, None
+
+        async def launch(vm: VmRun) -> tuple[VmRun, VmStatus | None, Exception | None]:
+            request = LaunchRequest(
+                token=vm.id,
+                vm_type=vm.vm_type,
+                spot=vm.spot,
+                zone=vm.zone,
+                tags={"spotbag-controller": self.controller_id},
+            )
+            try:
+                return vm, await self.driver.launch(request), None
+            except DriverError as exc:
+                return vm, None, exc
+            except Exception as exc:
+                log.exception("launching %s failed", vm.id)
+                return vm, None, exc
+
+        results = await run_all(
+            [
+                *(lambda s=s: start(s) for s in starts),
+                *(lambda v=v: launch(v) for v in launches),
+                *(lambda a=a: self._call(self.executor.cancel(a)) for a in cancels),
+            ]
+        )
+        now = self.clock.now()
+        for spec, error in results[: len(starts)]:
+            attempt = self.attempts.get(spec.attempt_id)
+            if attempt is None or attempt.state is not AttemptState.STARTING:
+                continue
+            if error is None:
+                check_transition("attempt", attempt.state, AttemptState.RUNNING)
+                attempt.state = AttemptState.RUNNING
+                batch.attempt(
+                    attempt.bag_id,
+                    attempt.idx,
+                    attempt.number,
+                    attempt.vm_id,
+                    attempt.state,
+                    attempt.started_at,
+                    None,
+                    None,
+                    "",
+                    attempt.log_path,
+                )
+            else:
+                self._on_attempt_end(
+                    AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, error), batch
+                )
+        for vm, status, error in results[len(starts) : len(starts) + len(launches)]:
+            self._launched(vm, status, error, now, batch)
+        if terminations:
+            await self._terminate([self.vms[t.vm_id] for t in terminations if t.vm_id in self.vms])
+
+    def _launched(
+        self,
+        vm: VmRun,
+        status: VmStatus | None,
+        error: Exception | None,
+        now: float,
+        batch: WriteBatch,
+    ) -> None:
+        if self.metrics is not None:
+            self.metrics.vm_launches.labels(
+                vm_type=vm.vm_type.name, result="ok" if error is None else "error"
+            ).inc()
+        if error is not None:
+            _, last = self._backoff.get(vm.vm_type.name, (0.0, 0.0))
+            delay = min(
+                self.settings.launch_backoff_max_s, max(self.settings.launch_backoff_s, 2 * last)
+            )
+            self._backoff[vm.vm_type.name] = (now + delay, delay)
+            log.warning(
+                "launch of %s (%s) failed: %s; backing off %.0f s",
+                vm.id,
+                vm.vm_type.name,
+                error,
+                delay,
+            )
+            if vm.id in self.vms:
+                self._end_vm(vm, VmState.FAILED, now, f"launch failed: {error}", batch)
+            return
+        self._backoff.pop(vm.vm_type.name, None)
+        if vm.id not in self.vms:
+            return
+        self._set_provider_id(vm, status.vm_id)
+        batch.vm(vm.row(self.driver.name))
+        if status.state is not vm.state:
+            self._inbox.append(status)
+
+    async def _terminate(self, vms: list[VmRun]) -> None:
+        try:
+            await self.driver.terminate([vm.provider_id for vm in vms if vm.provider_id])
+        except Exception:
+            log.exception("terminating %s failed; will retry", [vm.id for vm in vms])
+            for vm in vms:
+                vm.terminating = False
+                self._refresh_vm_sets(vm)
+
+    # --- observability ---------------------------------------------------------------------
+
+    def gauges(self) -> dict[str, dict[str, int]]:
+        """Current counts for /metrics: open jobs by state and live VMs by state."""
+        running_jobs = sum(1 for a in self.attempts.values() if not a.cancelling)
+        pending = len(self._pending)
+        return {
+            "jobs": {
+                "queued": sum(len(b.queue) for b in self.bags.values()),
+                "running": running_jobs,
+            },
+            "vms": {
+                "pending": pending,
+                "running": len(self.vms) - pending,
+                "idle": len(self._idle),
+            },
+        }

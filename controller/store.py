@@ -1,0 +1,797 @@
+"""The store: every SQL statement spotbag runs lives in this module.
+
+SQLite in WAL mode through sqlite-utils. All writes go through one writer
+thread, one transaction per call (the datasette `execute_write_fn` pattern);
+reads run on a small pool of reader threads with their own connections, so the
+event loop never waits on disk. `threaded=False` runs everything inline on one
+connection, which the simulator uses (it has no event loop to protect).
+
+Schema changes are numbered migrations recorded in `PRAGMA user_version` and in
+the `migrations` table; `open()` applies the missing ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlite_utils
+
+T = TypeVar("T")
+
+LIVE_ATTEMPT_STATES = ("starting", "running")
+LIVE_VM_STATES = ("pending", "running")
+OPEN_JOB_STATES = ("queued", "held", "running")
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "initial schema",
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE bags (
+            id TEXT PRIMARY KEY,
+            account TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            job_count INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            finished_at REAL,
+            cancel_requested_at REAL,
+            idempotency_key TEXT UNIQUE,
+            -- usage of ended attempts, kept up to date with every attempt end
+            attempts_ended INTEGER NOT NULL DEFAULT 0,
+            preemptions INTEGER NOT NULL DEFAULT 0,
+            attempt_s REAL NOT NULL DEFAULT 0,
+            preempted_s REAL NOT NULL DEFAULT 0,
+            vm_s REAL NOT NULL DEFAULT 0,
+            spot_cost_usd REAL NOT NULL DEFAULT 0,
+            on_demand_cost_usd REAL NOT NULL DEFAULT 0
+        );
+        CREATE INDEX bags_by_state ON bags(state, created_at);
+        CREATE INDEX bags_by_account ON bags(account, created_at);
+        CREATE TABLE bag_job_counts (
+            bag_id TEXT NOT NULL,
+            state TEXT NOT NULL,
+            n INTEGER NOT NULL,
+            PRIMARY KEY (bag_id, state)
+        ) WITHOUT ROWID;
+        CREATE TABLE jobs (
+            bag_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            params TEXT NOT NULL,
+            state TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            counted_attempts INTEGER NOT NULL DEFAULT 0,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            vm_id TEXT,
+            started_at REAL,
+            ended_at REAL,
+            runtime_s REAL,
+            PRIMARY KEY (bag_id, idx)
+        ) WITHOUT ROWID;
+        CREATE INDEX jobs_by_state ON jobs(bag_id, state, idx);
+        CREATE TABLE attempts (
+            bag_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            number INTEGER NOT NULL,
+            vm_id TEXT NOT NULL,
+            state TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            log_path TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (bag_id, idx, number)
+        ) WITHOUT ROWID;
+        CREATE INDEX attempts_live ON attempts(bag_id) WHERE state IN ('starting', 'running');
+        CREATE TABLE vms (
+            id TEXT PRIMARY KEY,
+            provider_id TEXT NOT NULL DEFAULT '',
+            driver TEXT NOT NULL,
+            vm_type TEXT NOT NULL,
+            zone TEXT NOT NULL DEFAULT '',
+            spot INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            reason TEXT NOT NULL DEFAULT '',
+            cpus INTEGER NOT NULL,
+            gpus INTEGER NOT NULL,
+            memory_gb REAL NOT NULL,
+            spot_price_per_hour REAL NOT NULL,
+            on_demand_price_per_hour REAL NOT NULL,
+            requested_at REAL NOT NULL,
+            running_at REAL,
+            ended_at REAL
+        );
+        CREATE INDEX vms_by_state ON vms(state);
+        CREATE TABLE transitions (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            entity TEXT NOT NULL,
+            entity_id TEXT NOT NULL,
+            from_state TEXT NOT NULL,
+            to_state TEXT NOT NULL,
+            reason TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX transitions_by_entity ON transitions(entity_id);
+        """,
+    ),
+]
+
+
+class StoreClosed(RuntimeError):
+    pass
+
+
+def job_id_of(bag_id: str, idx: int) -> str:
+    return f"{bag_id}-{idx}"
+
+
+def split_job_id(job_id: str) -> tuple[str, int] | None:
+    """(bag_id, idx) of a job id, or None when it is not one."""
+    bag_id, sep, idx = job_id.rpartition("-")
+    if not sep or not idx.isdigit():
+        return None
+    return bag_id, int(idx)
+
+
+@dataclass
+class WriteBatch:
+    """Rows the scheduler changed in one pass, written in one transaction.
+
+    Rows are keyed, so an object changed twice in a pass is written once.
+    """
+
+    jobs: dict[tuple[str, int], tuple] = field(default_factory=dict)
+    attempts: dict[tuple[str, int, int], tuple] = field(default_factory=dict)
+    vms: dict[str, tuple] = field(default_factory=dict)
+    bags: dict[str, tuple] = field(default_factory=dict)
+    transitions: list[tuple] = field(default_factory=list)
+    count_deltas: defaultdict[tuple[str, str], int] = field(
+        default_factory=lambda: defaultdict(int)
+    )
+    usage_deltas: dict[str, list[float]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.attempts or self.vms or self.bags or self.transitions)
+
+    def size(self) -> int:
+        return len(self.jobs) + len(self.attempts) + len(self.vms) + len(self.transitions)
+
+    def merge(self, later: WriteBatch) -> None:
+        """Fold a later batch into this one (later rows win; deltas add up)."""
+        self.jobs.update(later.jobs)
+        self.attempts.update(later.attempts)
+        self.vms.update(later.vms)
+        self.bags.update(later.bags)
+        self.transitions.extend(later.transitions)
+        for key, n in later.count_deltas.items():
+            self.count_deltas[key] += n
+        for bag_id, totals in later.usage_deltas.items():
+            mine = self.usage_deltas.setdefault(bag_id, [0, 0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            for i, value in enumerate(totals):
+                mine[i] += value
+
+    def job(
+        self,
+        bag_id: str,
+        idx: int,
+        state: str,
+        attempts: int,
+        counted: int,
+        exit_code: int | None,
+        reason: str,
+        vm_id: str | None,
+        started_at: float | None,
+        ended_at: float | None,
+        runtime_s: float | None,
+    ) -> None:
+        self.jobs[(bag_id, idx)] = (
+            state,
+            attempts,
+            counted,
+            exit_code,
+            reason,
+            vm_id,
+            started_at,
+            ended_at,
+            runtime_s,
+            bag_id,
+            idx,
+        )
+
+    def job_state_change(self, bag_id: str, from_state: str, to_state: str) -> None:
+        self.count_deltas[(bag_id, from_state)] -= 1
+        self.count_deltas[(bag_id, to_state)] += 1
+
+    def attempt(
+        self,
+        bag_id: str,
+        idx: int,
+        number: int,
+        vm_id: str,
+        state: str,
+        started_at: float,
+        ended_at: float | None,
+        exit_code: int | None,
+        reason: str,
+        log_path: str,
+    ) -> None:
+        self.attempts[(bag_id, idx, number)] = (
+            bag_id,
+            idx,
+            number,
+            vm_id,
+            state,
+            started_at,
+            ended_at,
+            exit_code,
+            reason,
+            log_path,
+        )
+
+    def vm(self, row: dict[str, Any]) -> None:
+        self.vms[row["id"]] = tuple(row[c] for c in VM_COLUMNS)
+
+    def bag_finished(self, bag_id: str, state: str, finished_at: float) -> None:
+        self.bags[bag_id] = (state, finished_at, bag_id)
+
+    def transition(
+        self,
+        at: float,
+        entity: str,
+        entity_id: str,
+        from_state: str,
+        to_state: str,
+        reason: str = "",
+    ) -> None:
+        self.transitions.append((at, entity, entity_id, from_state, to_state, reason))
+
+    def usage(
+        self,
+        bag_id: str,
+        *,
+        preempted: bool,
+        attempt_s: float,
+        vm_s: float,
+        spot_cost_usd: float,
+        on_demand_cost_usd: float,
+    ) -> None:
+        """Add one ended attempt to its bag's running totals."""
+        totals = self.usage_deltas.setdefault(bag_id, [0, 0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        totals[0] += 1
+        totals[1] += int(preempted)
+        totals[2] += attempt_s
+        totals[3] += attempt_s if preempted else 0.0
+        totals[4] += vm_s
+        totals[5] += spot_cost_usd
+        totals[6] += on_demand_cost_usd
+
+
+VM_COLUMNS = (
+    "id",
+    "provider_id",
+    "driver",
+    "vm_type",
+    "zone",
+    "spot",
+    "state",
+    "reason",
+    "cpus",
+    "gpus",
+    "memory_gb",
+    "spot_price_per_hour",
+    "on_demand_price_per_hour",
+    "requested_at",
+    "running_at",
+    "ended_at",
+)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    return conn
+
+
+def _apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
+    if batch.jobs:
+        conn.executemany(
+            "UPDATE jobs SET state=?, attempts=?, counted_attempts=?, exit_code=?, reason=?, "
+            "vm_id=?, started_at=?, ended_at=?, runtime_s=? WHERE bag_id=? AND idx=?",
+            batch.jobs.values(),
+        )
+    if batch.attempts:
+        conn.executemany(
+            "INSERT OR REPLACE INTO attempts (bag_id, idx, number, vm_id, state, started_at, "
+            "ended_at, exit_code, reason, log_path) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            batch.attempts.values(),
+        )
+    if batch.vms:
+        conn.executemany(
+            f"INSERT OR REPLACE INTO vms ({', '.join(VM_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(VM_COLUMNS))})",
+            batch.vms.values(),
+        )
+    deltas = [(b, s, n) for (b, s), n in batch.count_deltas.items() if n]
+    if deltas:
+        conn.executemany(
+            "INSERT INTO bag_job_counts (bag_id, state, n) VALUES (?,?,?) "
+            "ON CONFLICT (bag_id, state) DO UPDATE SET n = n + excluded.n",
+            deltas,
+        )
+    if batch.usage_deltas:
+        conn.executemany(
+            "UPDATE bags SET attempts_ended = attempts_ended + ?, preemptions = preemptions + ?, "
+            "attempt_s = attempt_s + ?, preempted_s = preempted_s + ?, vm_s = vm_s + ?, "
+            "spot_cost_usd = spot_cost_usd + ?, on_demand_cost_usd = on_demand_cost_usd + ? "
+            "WHERE id = ?",
+            [(*totals, bag_id) for bag_id, totals in batch.usage_deltas.items()],
+        )
+    if batch.bags:
+        conn.executemany("UPDATE bags SET state=?, finished_at=? WHERE id=?", batch.bags.values())
+    if batch.transitions:
+        conn.executemany(
+            "INSERT INTO transitions (at, entity, entity_id, from_state, to_state, reason) "
+            "VALUES (?,?,?,?,?,?)",
+            batch.transitions,
+        )
+
+
+def _migrate(conn: sqlite3.Connection) -> int:
+    db = sqlite_utils.Database(conn)
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if "migrations" not in db.table_names():
+        db["migrations"].create(
+            {"version": int, "description": str, "applied_at": float}, pk="version"
+        )
+    for number, (description, ddl) in enumerate(MIGRATIONS, start=1):
+        if number <= version:
+            continue
+        for statement in ddl.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        db["migrations"].insert(
+            {"version": number, "description": description, "applied_at": time.time()}
+        )
+        conn.execute(f"PRAGMA user_version = {number}")
+        version = number
+    return version
+
+
+class _Writer(threading.Thread):
+    """Runs write functions one at a time, each in its own transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(name="spotbag-store-writer", daemon=True)
+        self.conn = conn
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            item = self.jobs.get()
+            if item is None:
+                return
+            fn, args, future, loop = item
+            try:
+                result = _in_transaction(self.conn, fn, args)
+            except BaseException as exc:  # hand every failure back to the caller
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+
+def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _in_transaction(conn: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn, *args)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Sequence | dict = ()) -> list[dict]:
+    cursor = conn.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+class Store:
+    """Async access to the spotbag database at `path`."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        threaded: bool = True,
+        durable: bool = True,
+        group_commit: bool = False,
+        readers: int = 4,
+    ) -> None:
+        """`group_commit` (simulator only: it never acts on the outside world)
+        folds scheduler batches together and writes them before the next read,
+        when they grow large, and on close."""
+        self.path = Path(path)
+        self._group_commit = group_commit
+        self._pending = WriteBatch()
+        self._threaded = threaded
+        self._synchronous = "FULL" if durable else "OFF"
+        self._readers = readers
+        self._conn: sqlite3.Connection | None = None
+        self._writer: _Writer | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+        self._read_conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self.schema_version = 0
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = _connect(self.path)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        self._conn = conn
+        if self._threaded:
+            self._writer = _Writer(conn)
+            self._writer.start()
+            self._pool = ThreadPoolExecutor(
+                self._readers, thread_name_prefix="spotbag-store-reader"
+            )
+        self.schema_version = await self.write(_migrate)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self.flush()
+        if self._writer is not None:
+            self._writer.jobs.put(None)
+            await asyncio.to_thread(self._writer.join)
+            self._writer = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for conn in self._read_conns:
+            conn.close()
+        self._read_conns.clear()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run fn(conn, *args) in one write transaction on the writer thread."""
+        if self._conn is None:
+            raise StoreClosed("store is not open")
+        if self._writer is None:
+            return _in_transaction(self._conn, fn, args)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._writer.jobs.put((fn, args, future, loop))
+        return await future
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run fn(conn, *args) on a reader connection (a consistent WAL snapshot)."""
+        if self._conn is None:
+            raise StoreClosed("store is not open")
+        if self._pending:
+            await self.flush()
+        if self._pool is None:
+            return fn(self._conn, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._read_in_thread, fn, args)
+
+    def _read_in_thread(self, fn: Callable[..., T], args: tuple) -> T:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path)
+            conn.execute("PRAGMA query_only = 1")
+            self._local.conn = conn
+            with self._lock:
+                self._read_conns.append(conn)
+        conn.execute("BEGIN")
+        try:
+            return fn(conn, *args)
+        finally:
+            conn.execute("COMMIT")
+
+    # --- writes ------------------------------------------------------------------
+
+    async def meta_value(self, key: str, default: Callable[[], str]) -> str:
+        """The stored value of `key`, storing default() first if it has none."""
+
+        def get_or_set(conn: sqlite3.Connection) -> str:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                return row[0]
+            value = default()
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+            return value
+
+        return await self.write(get_or_set)
+
+    async def create_bag(
+        self, bag: dict[str, Any], params_json: Iterable[str], idempotency_key: str | None
+    ) -> tuple[dict[str, Any], bool]:
+        """Insert a bag and all its jobs (queued) in one transaction.
+
+        Returns (bag row, created). With an idempotency key that was used
+        before, nothing is written and the earlier bag is returned.
+        """
+
+        def insert(conn: sqlite3.Connection) -> tuple[dict[str, Any], bool]:
+            if idempotency_key is not None:
+                earlier = _rows(
+                    conn, "SELECT * FROM bags WHERE idempotency_key = ?", (idempotency_key,)
+                )
+                if earlier:
+                    return earlier[0], False
+            row = dict(bag, idempotency_key=idempotency_key)
+            columns = ", ".join(row)
+            conn.execute(
+                f"INSERT INTO bags ({columns}) VALUES ({', '.join('?' * len(row))})",
+                tuple(row.values()),
+            )
+            bag_id = row["id"]
+            conn.executemany(
+                "INSERT INTO jobs (bag_id, idx, params, state) VALUES (?, ?, ?, 'queued')",
+                ((bag_id, idx, params) for idx, params in enumerate(params_json)),
+            )
+            conn.execute(
+                "INSERT INTO bag_job_counts (bag_id, state, n) VALUES (?, 'queued', ?)",
+                (bag_id, row["job_count"]),
+            )
+            conn.execute(
+                "INSERT INTO transitions (at, entity, entity_id, from_state, to_state, reason) "
+                "VALUES (?, 'bag', ?, '', 'active', 'submitted')",
+                (row["created_at"], bag_id),
+            )
+            return _rows(conn, "SELECT * FROM bags WHERE id = ?", (bag_id,))[0], True
+
+        return await self.write(insert)
+
+    async def request_cancel(self, bag_id: str, at: float) -> bool:
+        """Mark a bag for cancellation; False if it does not exist."""
+
+        def mark(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE bags SET cancel_requested_at = coalesce(cancel_requested_at, ?) WHERE id = ?",
+                (at, bag_id),
+            )
+            return cursor.rowcount > 0
+
+        return await self.write(mark)
+
+    async def apply(self, batch: WriteBatch) -> None:
+        """Write the scheduler's changes in one transaction (or fold them in, with group commit)."""
+        if not batch:
+            return
+        if not self._group_commit:
+            await self.write(_apply_batch, batch)
+            return
+        self._pending.merge(batch)
+        if self._pending.size() > 200_000:
+            await self.flush()
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, WriteBatch()
+        if pending:
+            await self.write(_apply_batch, pending)
+
+    # --- reads for the scheduler (recovery) ----------------------------------
+
+    async def load_active(self) -> dict[str, list[dict]]:
+        """Everything not finished: active bags, their open jobs, live attempts and VMs."""
+
+        def load(conn: sqlite3.Connection) -> dict[str, list[dict]]:
+            bags = _rows(
+                conn,
+                "SELECT id, account, spec, created_at, cancel_requested_at "
+                "FROM bags WHERE state = 'active' ORDER BY created_at, id",
+            )
+            for bag in bags:
+                bag["counts"] = dict(
+                    conn.execute(
+                        "SELECT state, n FROM bag_job_counts WHERE bag_id = ?", (bag["id"],)
+                    ).fetchall()
+                )
+            return {
+                "bags": bags,
+                "jobs": _rows(
+                    conn,
+                    "SELECT j.bag_id, j.idx, j.params, j.state, j.attempts, j.counted_attempts, "
+                    "j.vm_id, j.started_at FROM jobs j JOIN bags b ON b.id = j.bag_id "
+                    "WHERE b.state = 'active' AND j.state IN ('queued', 'held', 'running') "
+                    "ORDER BY b.created_at, j.bag_id, j.idx",
+                ),
+                "attempts": _rows(
+                    conn, "SELECT * FROM attempts WHERE state IN ('starting', 'running')"
+                ),
+                "vms": _rows(conn, "SELECT * FROM vms WHERE state IN ('pending', 'running')"),
+            }
+
+        return await self.read(load)
+
+    # --- reads for the API and reports ---------------------------------------
+
+    async def get_bag(self, bag_id: str) -> dict[str, Any] | None:
+        """A bag with its job counts per state and its live (running) attempts."""
+
+        def get(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            rows = _rows(conn, "SELECT * FROM bags WHERE id = ?", (bag_id,))
+            if not rows:
+                return None
+            bag = rows[0]
+            bag["counts"] = dict(
+                conn.execute(
+                    "SELECT state, n FROM bag_job_counts WHERE bag_id = ?", (bag_id,)
+                ).fetchall()
+            )
+            bag["live_attempts"] = _rows(
+                conn,
+                "SELECT a.started_at, v.cpus, v.gpus, v.memory_gb, v.spot_price_per_hour, "
+                "v.on_demand_price_per_hour FROM attempts a JOIN vms v ON v.id = a.vm_id "
+                "WHERE a.bag_id = ? AND a.state IN ('starting', 'running')",
+                (bag_id,),
+            )
+            return bag
+
+        return await self.read(get)
+
+    async def list_bags(
+        self, *, state: str | None, account: str | None, limit: int, offset: int
+    ) -> list[dict[str, Any]]:
+        def list_(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            where, params = [], []
+            if state is not None:
+                where.append("state = ?")
+                params.append(state)
+            if account is not None:
+                where.append("account = ?")
+                params.append(account)
+            sql = "SELECT * FROM bags"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            sql += " ORDER BY created_at DESC, id LIMIT ? OFFSET ?"
+            bags = _rows(conn, sql, (*params, limit, offset))
+            for bag in bags:
+                bag["counts"] = dict(
+                    conn.execute(
+                        "SELECT state, n FROM bag_job_counts WHERE bag_id = ?", (bag["id"],)
+                    ).fetchall()
+                )
+            return bags
+
+        return await self.read(list_)
+
+    async def list_jobs(
+        self, bag_id: str, *, state: str | None, after_idx: int, limit: int
+    ) -> list[dict[str, Any]]:
+        def list_(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            if state is None:
+                return _rows(
+                    conn,
+                    "SELECT * FROM jobs WHERE bag_id = ? AND idx > ? ORDER BY idx LIMIT ?",
+                    (bag_id, after_idx, limit),
+                )
+            return _rows(
+                conn,
+                "SELECT * FROM jobs WHERE bag_id = ? AND state = ? AND idx > ? "
+                "ORDER BY idx LIMIT ?",
+                (bag_id, state, after_idx, limit),
+            )
+
+        return await self.read(list_)
+
+    async def get_job(self, bag_id: str, idx: int) -> dict[str, Any] | None:
+        """A job with its attempts and its transition history."""
+
+        def get(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            rows = _rows(conn, "SELECT * FROM jobs WHERE bag_id = ? AND idx = ?", (bag_id, idx))
+            if not rows:
+                return None
+            job = rows[0]
+            job["attempt_list"] = _rows(
+                conn,
+                "SELECT a.*, v.vm_type, v.provider_id FROM attempts a LEFT JOIN vms v ON v.id = a.vm_id "
+                "WHERE a.bag_id = ? AND a.idx = ? ORDER BY a.number",
+                (bag_id, idx),
+            )
+            job["transitions"] = _rows(
+                conn,
+                "SELECT at, from_state, to_state, reason FROM transitions WHERE entity_id = ? ORDER BY id",
+                (job_id_of(bag_id, idx),),
+            )
+            return job
+
+        return await self.read(get)
+
+    async def get_attempt(self, bag_id: str, idx: int, number: int | None) -> dict[str, Any] | None:
+        """One attempt of a job (the latest when `number` is None)."""
+
+        def get(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            if number is None:
+                rows = _rows(
+                    conn,
+                    "SELECT * FROM attempts WHERE bag_id = ? AND idx = ? "
+                    "ORDER BY number DESC LIMIT 1",
+                    (bag_id, idx),
+                )
+            else:
+                rows = _rows(
+                    conn,
+                    "SELECT * FROM attempts WHERE bag_id = ? AND idx = ? AND number = ?",
+                    (bag_id, idx, number),
+                )
+            return rows[0] if rows else None
+
+        return await self.read(get)
+
+    async def list_vms(self, *, states: Sequence[str] | None, limit: int) -> list[dict[str, Any]]:
+        def list_(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            if states:
+                marks = ", ".join("?" * len(states))
+                return _rows(
+                    conn,
+                    f"SELECT * FROM vms WHERE state IN ({marks}) "
+                    "ORDER BY requested_at DESC LIMIT ?",
+                    (*states, limit),
+                )
+            return _rows(conn, "SELECT * FROM vms ORDER BY requested_at DESC LIMIT ?", (limit,))
+
+        return await self.read(list_)
+
+    async def vm_usage(self, now: float) -> list[dict[str, Any]]:
+        """Per VM type: VMs, preemptions, VM-seconds (running time) and their spot and on-demand cost."""
+
+        def usage(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            return _rows(
+                conn,
+                "SELECT vm_type, count(*) AS vms, sum(state = 'preempted') AS preemptions, "
+                "sum(max(0, coalesce(ended_at, :now) - running_at)) AS vm_s, "
+                "sum(max(0, coalesce(ended_at, :now) - running_at) * spot_price_per_hour) / 3600.0 "
+                "AS spot_cost_usd, "
+                "sum(max(0, coalesce(ended_at, :now) - running_at) * on_demand_price_per_hour) / 3600.0 "
+                "AS on_demand_cost_usd "
+                "FROM vms WHERE running_at IS NOT NULL GROUP BY vm_type ORDER BY vm_type",
+                {"now": now},
+            )
+
+        return await self.read(usage)
+
+    async def job_state_counts(self, bag_id: str) -> dict[str, int]:
+        """Counts by state computed from the jobs themselves (to check the maintained counts)."""
+
+        def count(conn: sqlite3.Connection) -> dict[str, int]:
+            return dict(
+                conn.execute(
+                    "SELECT state, count(*) FROM jobs WHERE bag_id = ? GROUP BY state", (bag_id,)
+                ).fetchall()
+            )
+
+        return await self.read(count)
+
+
+def decode_params(text: str) -> dict[str, Any]:
+    return json.loads(text)

@@ -1,0 +1,158 @@
+"""The local driver: "VMs" are bookkeeping slots on this host (the embedded default).
+
+A launched VM boots after `boot_delay_s`, then lives until its sampled lifetime
+ends (PREEMPTED) or the controller terminates it. Lifetimes come from an
+injected sampler in *model hours*; `time_scale` compresses them, so with
+time_scale = 1440 a 24-hour VM life passes in one real minute. Jobs on a local
+VM are real processes run by the local executor; this driver only says when the
+VM lives and dies.
+
+The clock is injected too (`now`, `call_at`): the sim driver is this class on a
+virtual clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from drivers.base import (
+    LaunchRequest,
+    PermanentError,
+    PriceSample,
+    StatusListener,
+    VmState,
+    VmStatus,
+    VmType,
+)
+
+LifetimeSampler = Callable[[VmType], float]  # model hours; inf = never preempted
+
+
+@dataclass
+class _Vm:
+    status: VmStatus
+    timers: list[Any]
+
+
+class LocalDriver:
+    """VMs on a (real or virtual) timeline with sampled preemptions."""
+
+    name = "local"
+    id_prefix = "local"
+
+    def __init__(
+        self,
+        types: Sequence[VmType],
+        *,
+        now: Callable[[], float],
+        call_at: Callable[[float, Callable[[], None]], Any],
+        lifetime_h: LifetimeSampler,
+        boot_delay_s: float = 0.0,
+        time_scale: float = 1.0,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        self._types = {t.name: t for t in types}
+        self._now = now
+        self._call_at = call_at
+        self._lifetime_h = lifetime_h
+        self._boot_delay_s = boot_delay_s
+        self._time_scale = time_scale
+        self._vms: dict[str, _Vm] = {}
+        self._by_token: dict[str, str] = {}
+        self._listeners: list[StatusListener] = []
+        self._ids = itertools.count(1)
+
+    # --- Driver protocol -------------------------------------------------
+
+    def vm_types(self) -> Sequence[VmType]:
+        return list(self._types.values())
+
+    def subscribe(self, listener: StatusListener) -> None:
+        self._listeners.append(listener)
+
+    async def launch(self, req: LaunchRequest) -> VmStatus:
+        existing = self._by_token.get(req.token)
+        if existing is not None:
+            return self._vms[existing].status
+        vm_type = self._types.get(req.vm_type.name)
+        if vm_type is None:
+            raise PermanentError(f"unknown VM type {req.vm_type.name!r}")
+        now = self._now()
+        vm_id = f"{self.id_prefix}-{next(self._ids):06d}"
+        status = VmStatus(
+            vm_id=vm_id,
+            token=req.token,
+            vm_type=vm_type.name,
+            state=VmState.PENDING,
+            zone=req.zone or vm_type.zone,
+            launched_at=now,
+            changed_at=now,
+        )
+        vm = _Vm(status=status, timers=[])
+        self._vms[vm_id] = vm
+        self._by_token[req.token] = vm_id
+        vm.timers.append(self._call_at(now + self._boot_delay_s, lambda: self._boot(vm_id)))
+        lifetime_h = self._lifetime_h(vm_type) if req.spot else float("inf")
+        if lifetime_h != float("inf"):
+            death_at = now + lifetime_h * 3600.0 / self._time_scale
+            reason = f"preempted: sampled lifetime {lifetime_h:.3f} h"
+            vm.timers.append(
+                self._call_at(death_at, lambda: self._end(vm_id, VmState.PREEMPTED, reason))
+            )
+        return status
+
+    async def describe(self, vm_ids: Sequence[str]) -> Mapping[str, VmStatus]:
+        return {i: self._vms[i].status for i in vm_ids if i in self._vms}
+
+    async def list_owned(self) -> Sequence[VmStatus]:
+        live = (VmState.PENDING, VmState.RUNNING)
+        return [vm.status for vm in self._vms.values() if vm.status.state in live]
+
+    async def terminate(self, vm_ids: Sequence[str]) -> None:
+        for vm_id in vm_ids:
+            self._end(vm_id, VmState.TERMINATED, "terminated by the controller")
+
+    async def spot_prices(
+        self, types: Sequence[str], zones: Sequence[str]
+    ) -> Sequence[PriceSample]:
+        now = self._now()
+        return [
+            PriceSample(t.name, t.zone, t.spot_price_per_hour, now)
+            for t in self._types.values()
+            if not types or t.name in types
+        ]
+
+    # --- local-only: fault injection -------------------------------------
+
+    def inject_preemption(self, vm_id: str, reason: str = "preempted: injected") -> bool:
+        """Preempt a live VM now (like AWS FIS's spot interruption). False if not live."""
+        vm = self._vms.get(vm_id)
+        if vm is None or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
+            return False
+        self._end(vm_id, VmState.PREEMPTED, reason)
+        return True
+
+    # --- timeline ----------------------------------------------------------
+
+    def _boot(self, vm_id: str) -> None:
+        vm = self._vms[vm_id]
+        if vm.status.state is VmState.PENDING:
+            self._set(vm, VmState.RUNNING, "")
+
+    def _end(self, vm_id: str, state: VmState, reason: str) -> None:
+        vm = self._vms.get(vm_id)
+        if vm is None or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
+            return
+        for timer in vm.timers:
+            timer.cancel()
+        vm.timers.clear()
+        self._set(vm, state, reason)
+
+    def _set(self, vm: _Vm, state: VmState, reason: str) -> None:
+        vm.status = replace(vm.status, state=state, reason=reason, changed_at=self._now())
+        for listener in self._listeners:
+            listener(vm.status)
