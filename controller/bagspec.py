@@ -151,13 +151,17 @@ def parse_bag(data: Any, *, max_jobs: int = 1_000_000) -> Bag:
     try:
         spec = BagSpec.model_validate(data)
     except ValidationError as exc:
-        raise BagSpecError([_problem(err) for err in exc.errors()]) from None
-    problems: list[FieldProblem] = []
-    axes = _check_parameters(spec, problems)
-    names = list(axes) if axes is not None else _point_names(spec, problems)
-    _check_command(spec.command, names, problems)
-    _check_env(spec, names, problems)
-    _check_limits(spec, problems)
+        problems = [_problem(err) for err in exc.errors()]
+        # Report the other fields' problems too, as far as the raw values allow.
+        bad_fields = {p.field.split(".")[0].split("[")[0] for p in problems}
+        try:
+            raw = BagSpec.model_construct(**{k: v for k, v in data.items() if k not in bad_fields})
+            _check_semantics(raw, problems)
+        except Exception:  # the raw values are too broken to say more
+            pass
+        raise BagSpecError(problems) from None
+    problems = []
+    axes = _check_semantics(spec, problems)
     if problems:
         raise BagSpecError(problems)
     if axes is not None:
@@ -176,6 +180,17 @@ def parse_bag(data: Any, *, max_jobs: int = 1_000_000) -> Bag:
     if _has_format_specs(spec.command):
         _check_rendering(bag)
     return bag
+
+
+def _check_semantics(spec: BagSpec, problems: list[FieldProblem]) -> dict[str, list] | None:
+    """The checks a schema cannot express; returns the resolved parameter axes."""
+    axes = _check_parameters(spec, problems)
+    names = list(axes) if axes is not None else _point_names(spec, problems)
+    if isinstance(spec.command, str):
+        _check_command(spec.command, names, problems)
+    _check_env(spec, names, problems)
+    _check_limits(spec, problems)
+    return axes
 
 
 def _problem(err: Mapping[str, Any]) -> FieldProblem:

@@ -69,6 +69,7 @@ class BagRun:
     spec: BagSpec
     shape: Shape
     queue: deque[int]  # job indexes waiting for a slot, next first
+    fresh: dict[int, dict[str, Any]]  # params of queued jobs that never started (no JobRun yet)
     open_jobs: int  # jobs not yet finished
     failed_jobs: int
     cancel_requested: bool = False
@@ -209,6 +210,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_describe = 0.0
+        self._replan = False  # an action failed: plan again at once, not at the next event
         self.ticks = 0
         driver.subscribe(self._on_vm_status)
         executor.subscribe(self._on_attempt_event)
@@ -246,7 +248,7 @@ class Scheduler:
         """Rebuild memory from the store after a (re)start and reconcile with reality."""
         now = self.clock.now()
         state = await self.store.load_active()
-        batch = WriteBatch()
+        batch = self.store.new_batch()
         owned = {s.token: s for s in await self.driver.list_owned()}
         for row in state["vms"]:
             vm_type = self.catalog.get(row["vm_type"]) or VmType(
@@ -293,11 +295,17 @@ class Scheduler:
                 spec=spec,
                 shape=shape_of(spec),
                 queue=deque(),
+                fresh={},
                 open_jobs=sum(counts.get(s, 0) for s in ("queued", "held", "running")),
                 failed_jobs=counts.get("failed", 0),
                 cancel_requested=bag["cancel_requested_at"] is not None,
             )
         for row in state["jobs"]:
+            if row["state"] == JobState.QUEUED and row["attempts"] == 0:
+                bag = self.bags[row["bag_id"]]
+                bag.fresh[row["idx"]] = json.loads(row["params"])
+                bag.queue.append(row["idx"])
+                continue
             job = JobRun(
                 bag_id=row["bag_id"],
                 idx=row["idx"],
@@ -389,7 +397,7 @@ class Scheduler:
         await self.executor.shutdown()
         self._inbox.clear()
         now = self.clock.now()
-        batch = WriteBatch()
+        batch = self.store.new_batch()
         for attempt in list(self.attempts.values()):
             self._finish_attempt(
                 attempt, AttemptState.LOST, now, None, "the controller stopped", batch
@@ -432,19 +440,20 @@ class Scheduler:
         started = time.perf_counter()
         self.ticks += 1
         now = self.clock.now()
-        batch = WriteBatch()
+        batch = self.store.new_batch()
         cancels = self._run_commands(batch, now)
         await self._handle_events(batch)
         decision = plan(self._snapshot(now))
         starts, launches = self._record_plan(decision, batch, now)
         await self.store.apply(batch)
 
-        batch = WriteBatch()
+        batch = self.store.new_batch()
+        self._replan = False
         await self._execute(starts, launches, cancels, decision.terminations, batch)
         await self.store.apply(batch)
         if self.metrics is not None:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
-        return decision.next_wake_at
+        return now if self._replan else decision.next_wake_at
 
     # --- commands and events ------------------------------------------------------
 
@@ -464,12 +473,20 @@ class Scheduler:
             spec=command.spec,
             shape=shape_of(command.spec),
             queue=deque(range(len(command.params))),
+            fresh=dict(enumerate(command.params)),
             open_jobs=len(command.params),
             failed_jobs=0,
         )
         self.bags[bag.id] = bag
-        for idx, params in enumerate(command.params):
-            self.jobs[(bag.id, idx)] = JobRun(bag.id, idx, params, JobState.QUEUED)
+
+    def _queued_job(self, bag: BagRun, idx: int) -> JobRun:
+        """The job at `idx` of a bag's queue (made on first use: a 100,000-job bag
+        costs no 100,000 objects until its jobs start)."""
+        job = self.jobs.get((bag.id, idx))
+        if job is None:
+            job = JobRun(bag.id, idx, bag.fresh.pop(idx), JobState.QUEUED)
+            self.jobs[(bag.id, idx)] = job
+        return job
 
     def _cancel_bag(self, bag_id: str, batch: WriteBatch, now: float) -> list[str]:
         bag = self.bags.get(bag_id)
@@ -479,7 +496,7 @@ class Scheduler:
         queued, bag.queue = bag.queue, deque()
         for idx in queued:
             self._job_to(
-                self.jobs[(bag_id, idx)], JobState.CANCELLED, now, batch, "cancelled by user"
+                self._queued_job(bag, idx), JobState.CANCELLED, now, batch, "cancelled by user"
             )
         cancels = []
         for attempt in list(self.attempts.values()):
@@ -826,13 +843,15 @@ class Scheduler:
             bag = self.bags[problem.bag_id]
             queued, bag.queue = bag.queue, deque()
             for idx in queued:
-                self._job_to(self.jobs[(bag.id, idx)], JobState.FAILED, now, batch, problem.reason)
+                self._job_to(
+                    self._queued_job(bag, idx), JobState.FAILED, now, batch, problem.reason
+                )
         return starts, launches
 
     def _new_attempt(
         self, bag: BagRun, vm: VmRun, idx: int, now: float, batch: WriteBatch
     ) -> AttemptSpec:
-        job = self.jobs[(bag.id, idx)]
+        job = self._queued_job(bag, idx)
         job.attempts += 1
         job.vm_id = vm.id
         job.started_at = now
@@ -957,6 +976,7 @@ class Scheduler:
                 self._on_attempt_end(
                     AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, error), batch
                 )
+                self._replan = True
         for vm, status, error in results[len(starts) : len(starts) + len(launches)]:
             self._launched(vm, status, error, now, batch)
         if terminations:
@@ -989,6 +1009,7 @@ class Scheduler:
             )
             if vm.id in self.vms:
                 self._end_vm(vm, VmState.FAILED, now, f"launch failed: {error}", batch)
+            self._replan = True
             return
         self._backoff.pop(vm.vm_type.name, None)
         if vm.id not in self.vms:

@@ -87,7 +87,7 @@ async def simulate(
             max_jobs=config.api.max_jobs_per_bag,
             offload=False,
         )
-        await _run(scheduler, clock, config.simulation.tick_s)
+        await run_scheduler(scheduler, clock, config.simulation.tick_s)
         bag = await store.get_bag(bag_row["id"])
         fleet = fleet_view(await store.vm_usage(clock.now()))
         return SimulationResult(
@@ -101,9 +101,11 @@ async def simulate(
         await store.close()
 
 
-async def _run(scheduler: Scheduler, clock: SimClock, tick_s: float) -> None:
-    last_tick = clock.now()
-    while True:
+async def run_scheduler(
+    scheduler: Scheduler, clock: SimClock, tick_s: float, until: float | None = None
+) -> None:
+    """Tick and advance the virtual clock until nothing is open (or the clock reaches `until`)."""
+    while until is None or clock.now() < until:
         wanted = await scheduler.tick()
         last_tick = clock.now()
         if scheduler.has_inputs():
@@ -116,4 +118,5 @@ async def _run(scheduler: Scheduler, clock: SimClock, tick_s: float) -> None:
                 f"nothing left to happen at t={clock.now():.0f} with {len(scheduler.bags)} bags open, "
                 f"{len(scheduler.vms)} VMs alive"
             )
-        clock.advance_to(max(min(candidates), last_tick + tick_s))
+        target = max(min(candidates), last_tick + tick_s)
+        clock.advance_to(target if until is None else min(target, until))

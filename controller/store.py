@@ -583,14 +583,20 @@ class Store:
 
         return await self.write(mark)
 
+    def new_batch(self) -> WriteBatch:
+        """A batch to record changes in: with group commit, the shared pending one."""
+        return self._pending if self._group_commit else WriteBatch()
+
     async def apply(self, batch: WriteBatch) -> None:
-        """Write the scheduler's changes in one transaction (or fold them in, with group commit)."""
+        """Write the scheduler's changes in one transaction (with group commit: once
+        enough have gathered, or before the next read)."""
         if not batch:
             return
         if not self._group_commit:
             await self.write(_apply_batch, batch)
             return
-        self._pending.merge(batch)
+        if batch is not self._pending:
+            self._pending.merge(batch)
         if self._pending.size() > 200_000:
             await self.flush()
 

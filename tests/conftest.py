@@ -1,0 +1,168 @@
+"""Shared fixtures: a real daemon in a subprocess and a client for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.client import Client
+
+REPO = Path(__file__).resolve().parent.parent
+
+FAST_CONFIG = """
+[api]
+host = "127.0.0.1"
+port = 0
+token = "{token}"
+
+[scheduler]
+max_vms = {max_vms}
+idle_timeout_s = 2.0
+poll_interval_s = 0.2
+
+[driver]
+name = "local"
+boot_delay_s = 0.1
+time_scale = {time_scale}
+seed = 7
+
+[preemption]
+model = "{model}"
+mttf_h = {mttf_h}
+
+[executor]
+kill_grace_s = 1.0
+
+[[vm_types]]
+name = "local-2"
+cpus = 2
+memory_gb = 4.0
+spot_price_per_hour = 0.02
+on_demand_price_per_hour = 0.08
+zone = "local"
+
+[[vm_types]]
+name = "local-4"
+cpus = 4
+memory_gb = 8.0
+spot_price_per_hour = 0.05
+on_demand_price_per_hour = 0.17
+zone = "local"
+"""
+
+
+class Daemon:
+    """A `spotbag serve` subprocess on a state directory that outlives restarts."""
+
+    def __init__(self, state_dir: Path, config_path: Path, token: str) -> None:
+        self.state_dir = state_dir
+        self.config_path = config_path
+        self.token = token
+        self.process: subprocess.Popen | None = None
+        self.log_path = state_dir / "daemon.log"
+
+    def start(self, timeout_s: float = 20.0) -> Client:
+        url_file = self.state_dir / "api.url"
+        url_file.unlink(missing_ok=True)
+        log = self.log_path.open("ab")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "controller.cli",
+                "--state-dir",
+                str(self.state_dir),
+                "serve",
+                "--config",
+                str(self.config_path),
+                "--log-level",
+                "debug",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if url_file.exists() and url_file.read_text().strip():
+                return self.client()
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon did not start in {timeout_s} s:\n{self.log()}")
+
+    def client(self, token: str | None = None) -> Client:
+        url = (self.state_dir / "api.url").read_text().strip()
+        return Client(url, self.token if token is None else token, timeout_s=30)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Build daemons: make_daemon(model="exponential", mttf_h=..., time_scale=..., max_vms=...)."""
+    daemons: list[Daemon] = []
+
+    def make(
+        *,
+        model: str = "none",
+        mttf_h: float = 24.0,
+        time_scale: float = 1.0,
+        max_vms: int = 4,
+        token: str = "test-token",
+    ) -> Daemon:
+        state_dir = tmp_path / f"state{len(daemons)}"
+        state_dir.mkdir()
+        config_path = state_dir / "spotbag.toml"
+        config_path.write_text(
+            FAST_CONFIG.format(
+                token=token, model=model, mttf_h=mttf_h, time_scale=time_scale, max_vms=max_vms
+            )
+        )
+        daemon = Daemon(state_dir, config_path, token)
+        daemons.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in daemons:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.stop(signal.SIGKILL)
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout_s: float = 60.0,
+    interval_s: float = 0.1,
+    what: str = "condition",
+) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def wait_for_bag(client: Client, bag_id: str, timeout_s: float = 90.0) -> dict:
+    def finished() -> dict | None:
+        bag = client.bag(bag_id)
+        return bag if bag["state"] != "active" else None
+
+    return wait_until(finished, timeout_s, 0.2, f"bag {bag_id} to finish")  # type: ignore[return-value]

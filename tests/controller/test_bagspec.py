@@ -1,0 +1,138 @@
+"""Bag specs: expansion, rendering, and errors that name the field."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from controller.bagspec import BagSpecError, job_environment, parse_bag, render_command
+
+BASE = {"account": "lab", "command": "prog", "max_runtime_s": 60}
+
+
+def spec(**extra):
+    return {**BASE, **extra}
+
+
+def error_of(data, **kwargs) -> BagSpecError:
+    with pytest.raises(BagSpecError) as caught:
+        parse_bag(data, **kwargs)
+    return caught.value
+
+
+def test_product_of_lists_and_ranges_in_declaration_order():
+    bag = parse_bag(
+        spec(command="prog {a} {b}", parameters={"a": [1, 2], "b": {"range": [0.1, 0.4, 0.1]}})
+    )
+    assert bag.job_count == 6
+    assert list(bag.points()) == [
+        {"a": 1, "b": 0.1},
+        {"a": 1, "b": 0.2},
+        {"a": 1, "b": 0.3},
+        {"a": 2, "b": 0.1},
+        {"a": 2, "b": 0.2},
+        {"a": 2, "b": 0.3},
+    ]
+
+
+def test_ranges_exclude_stop_and_keep_integers():
+    bag = parse_bag(
+        spec(
+            parameters={
+                "i": {"range": [0, 10, 3]},
+                "j": {"range": [5, 0, -2]},
+                "k": {"range": [0, 3]},
+            }
+        )
+    )
+    assert bag.axes == {"i": [0, 3, 6, 9], "j": [5, 3, 1], "k": [0, 1, 2]}
+    assert all(isinstance(v, int) for v in bag.axes["i"])
+
+
+def test_explicit_points_and_the_single_job_bag():
+    points = [{"x": 1, "name": "a"}, {"x": 2, "name": "b b"}]
+    bag = parse_bag(spec(command="prog {name}", points=points))
+    assert bag.job_count == 2 and list(bag.points()) == points
+    single = parse_bag(spec())
+    assert single.job_count == 1 and list(single.points()) == [{}]
+
+
+def test_commands_are_shell_quoted_and_format_specs_apply():
+    assert (
+        render_command(
+            "echo {s} {r:.2f} {flag}", {"s": "a b; rm -rf /", "r": 3.14159, "flag": True}
+        )
+        == "echo 'a b; rm -rf /' 3.14 true"
+    )
+    assert shlex.split(render_command("x {v}", {"v": "$(whoami)"})) == ["x", "$(whoami)"]
+    assert render_command("awk '{{print $1}}' {f}", {"f": "in.txt"}) == "awk '{print $1}' in.txt"
+
+
+def test_environment_of_a_job():
+    env = job_environment(
+        bag_id="b1",
+        job_id="b1-3",
+        attempt=2,
+        checkpoint_dir="/ck",
+        params={"alpha": 0.5, "n": 3},
+        extra={"OMP_NUM_THREADS": "1"},
+    )
+    assert env == {
+        "OMP_NUM_THREADS": "1",
+        "SPOTBAG_BAG_ID": "b1",
+        "SPOTBAG_JOB_ID": "b1-3",
+        "SPOTBAG_ATTEMPT": "2",
+        "SPOTBAG_CHECKPOINT_DIR": "/ck",
+        "SPOTBAG_PARAM_ALPHA": "0.5",
+        "SPOTBAG_PARAM_N": "3",
+    }
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        (spec(max_runtime_s=0), "max_runtime_s", "greater than 0"),
+        (spec(max_runtime_s=True), "max_runtime_s", "valid number"),
+        ({"command": "x", "max_runtime_s": 1}, "account", "missing"),
+        (spec(account="has space"), "account", "pattern"),
+        (spec(resources={"cpus": 1.5}), "resources.cpus", "integer"),
+        (spec(resources={"gpu": 1}), "resources.gpu", "unknown field"),
+        (spec(checkpointable="yes"), "checkpointable", "boolean"),
+        (spec(parameters={"a": []}), "parameters.a", "no values"),
+        (spec(parameters={"a": [1, [2]]}), "parameters.a[1]", "strings, numbers or booleans"),
+        (spec(parameters={"a": {"range": [0, 1, 0]}}), "parameters.a.range", "step must not be 0"),
+        (spec(parameters={"a": {"range": [0, "9"]}}), "parameters.a.range", "finite numbers"),
+        (spec(parameters={"a": {"from": 0}}), "parameters.a", "range"),
+        (spec(parameters={"1a": [1]}), "parameters.1a", "identifier"),
+        (spec(parameters={"a": [1], "A": [2]}), "parameters", "SPOTBAG_PARAM_A"),
+        (spec(parameters={"a": [1]}, points=[{"a": 1}]), "points", "not both"),
+        (spec(points=[{"a": 1}, {"b": 2}]), "points[1]", "points[0] has"),
+        (spec(command="x {b}", parameters={"a": [1]}), "command", "{b} is not a parameter"),
+        (spec(command="x {a!r}", parameters={"a": [1]}), "command", "conversions"),
+        (spec(command="x {a", parameters={"a": [1]}), "command", "placeholder syntax"),
+        (spec(command="x {a:d}", parameters={"a": ["s"]}), "command", "cannot format job 0"),
+        (spec(env={"SPOTBAG_JOB_ID": "x"}), "env.SPOTBAG_JOB_ID", "set by spotbag"),
+        (spec(estimated_runtime_s=100), "estimated_runtime_s", "exceeds max_runtime_s"),
+        (spec(retryable_exit_codes=[0]), "retryable_exit_codes[0]", "1..255"),
+    ],
+)
+def test_errors_name_the_field(data, field, words):
+    error = error_of(data)
+    assert error.problems[0].field == field
+    assert words in error.problems[0].message
+    assert str(error).startswith(f"{field}: ")
+
+
+def test_the_job_limit_is_checked_before_expanding():
+    error = error_of(
+        spec(parameters={"a": {"range": [0, 1000]}, "b": {"range": [0, 1000]}}), max_jobs=999_999
+    )
+    assert error.problems[0].field == "parameters"
+    assert "1,000,000 jobs; at most 999,999" in error.problems[0].message
+
+
+def test_all_problems_are_reported_at_once():
+    error = error_of(spec(max_runtime_s=-1, resources={"cpus": 0}))
+    assert {p.field for p in error.problems} == {"max_runtime_s", "resources.cpus"}
+    assert "(and 1 more)" in str(error)

@@ -1,0 +1,130 @@
+"""The pure planner: packing, launches, limits, back-off and idle release."""
+
+from __future__ import annotations
+
+from controller.planner import (
+    CatalogType,
+    DemandGroup,
+    Launch,
+    Place,
+    Snapshot,
+    Terminate,
+    VmView,
+    plan,
+    why_unplaceable,
+)
+from drivers.base import VmState
+from policies.packing import Shape
+
+SMALL = CatalogType("small", "z1", Shape(2, 0, 4.0), 0.02)
+BIG = CatalogType("big", "z1", Shape(8, 0, 32.0), 0.12)
+GPU = CatalogType("gpu", "z2", Shape(8, 1, 60.0), 0.9)
+ONE = Shape(1, 0, 1.0)
+
+
+def vm(
+    vm_id,
+    *,
+    state=VmState.RUNNING,
+    capacity=SMALL.capacity,
+    free=None,
+    jobs=0,
+    idle_since=None,
+    vm_type="small",
+    zone="z1",
+):
+    return VmView(vm_id, vm_type, zone, state, capacity, free or capacity, jobs, idle_since)
+
+
+def snap(
+    demand=(),
+    vms=(),
+    *,
+    alive=None,
+    max_vms=10,
+    now=1000.0,
+    idle_timeout_s=60.0,
+    blocked=None,
+    catalog=(SMALL, BIG, GPU),
+):
+    return Snapshot(
+        now=now,
+        demand=list(demand),
+        vms=list(vms),
+        catalog=list(catalog),
+        alive_vms=len(vms) if alive is None else alive,
+        max_vms=max_vms,
+        idle_timeout_s=idle_timeout_s,
+        blocked_until=blocked or {},
+    )
+
+
+def test_fills_the_fullest_vm_first_and_launches_for_the_rest():
+    vms = [vm("a", free=Shape(2, 0, 4.0)), vm("b", free=Shape(1, 0, 3.0), jobs=1)]
+    result = plan(snap([DemandGroup("bag1", ONE, 9)], vms))
+    assert result.places == [Place("b", "bag1", 1), Place("a", "bag1", 2)]
+    # 6 jobs left; small holds 2 per VM at $0.01 per slot, cheaper than big's $0.015.
+    assert result.launches == [Launch("small", 3, "bag1")]
+
+
+def test_pending_vms_count_as_capacity_on_the_way():
+    pending = [vm(f"p{i}", state=VmState.PENDING) for i in range(2)]
+    result = plan(snap([DemandGroup("bag1", ONE, 5)], pending))
+    assert result.places == [] and result.launches == [Launch("small", 1, "bag1")]
+
+
+def test_max_vms_caps_launches_oldest_bag_first():
+    demand = [DemandGroup("old", ONE, 6), DemandGroup("new", ONE, 6)]
+    result = plan(snap(demand, [], alive=7, max_vms=10))
+    assert result.launches == [Launch("small", 3, "old")]
+
+
+def test_allowed_types_and_regions_are_respected():
+    group = DemandGroup("bag1", ONE, 2, vm_types=("big",))
+    result = plan(snap([group], [vm("a")]))
+    assert result.places == [] and result.launches == [Launch("big", 1, "bag1")]
+    in_region = DemandGroup("bag2", ONE, 1, regions=("z2",))
+    assert plan(snap([in_region])).launches == [Launch("gpu", 1, "bag2")]
+
+
+def test_gpu_vms_are_kept_for_gpu_jobs_while_any_wait():
+    gpu_vm = vm("g", capacity=GPU.capacity, vm_type="gpu", zone="z2")
+    demand = [DemandGroup("cpu", ONE, 1), DemandGroup("gpu", Shape(1, 1, 8.0), 1)]
+    result = plan(snap(demand, [gpu_vm]))
+    assert result.places == [Place("g", "gpu", 1)]
+    assert result.launches == [Launch("small", 1, "cpu")]
+    # Without GPU demand, CPU jobs may use the GPU VM's spare capacity.
+    assert plan(snap([DemandGroup("cpu", ONE, 1)], [gpu_vm])).places == [Place("g", "cpu", 1)]
+
+
+def test_backed_off_types_are_skipped_until_the_back_off_ends():
+    result = plan(snap([DemandGroup("bag1", ONE, 2)], blocked={"small": 1500.0}))
+    assert result.launches == [Launch("big", 1, "bag1")]
+    only_small = plan(
+        snap([DemandGroup("bag1", ONE, 2)], blocked={"small": 1500.0}, catalog=(SMALL,))
+    )
+    assert only_small.launches == [] and only_small.next_wake_at == 1500.0
+
+
+def test_idle_vms_are_terminated_after_the_timeout():
+    vms = [
+        vm("old", idle_since=900.0),
+        vm("young", idle_since=990.0),
+        vm("busy", jobs=1, free=Shape(1, 0, 3.0)),
+    ]
+    result = plan(snap([], vms, now=1000.0, idle_timeout_s=60.0))
+    assert result.terminations == [Terminate("old", "idle for 100 s")]
+    assert result.next_wake_at == 1050.0
+    # An idle VM that gets work is not terminated.
+    assert plan(snap([DemandGroup("b", ONE, 1)], vms[:1])).terminations == []
+
+
+def test_jobs_no_type_can_hold_are_reported_not_dropped():
+    result = plan(snap([DemandGroup("huge", Shape(16, 0, 8.0), 3)]))
+    assert result.launches == [] and len(result.unplaceable) == 1
+    assert (
+        "cpus=16" in result.unplaceable[0].reason
+        and "largest allowed is gpu" in result.unplaceable[0].reason
+    )
+    assert why_unplaceable(ONE, ("nope",), None, [SMALL]).startswith("no VM type is allowed")
+    assert why_unplaceable(ONE, None, None, [SMALL]) is None

@@ -1,0 +1,129 @@
+"""The store: migrations, WAL, one transaction per write, idempotent submission."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+
+from controller.store import MIGRATIONS, Store, WriteBatch, split_job_id
+
+
+def bag_row(bag_id="b0000000001", n=3, now=100.0):
+    return {
+        "id": bag_id,
+        "account": "a",
+        "name": "",
+        "spec": "{}",
+        "state": "active",
+        "job_count": n,
+        "created_at": now,
+    }
+
+
+async def test_migrations_are_applied_once_and_recorded(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    await store.open()
+    assert store.schema_version == len(MIGRATIONS)
+    await store.close()
+    again = Store(tmp_path / "db.sqlite")
+    await again.open()  # a second open applies nothing new
+    await again.close()
+    with sqlite3.connect(tmp_path / "db.sqlite") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
+        assert conn.execute("SELECT version, description FROM migrations").fetchall() == [
+            (1, "initial schema")
+        ]
+
+
+async def test_writes_run_on_one_thread_and_roll_back_on_error(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    await store.open()
+    threads = set()
+
+    def insert(conn, key):
+        threads.add(threading.get_ident())
+        conn.execute("INSERT INTO meta (key, value) VALUES (?, 'x')", (key,))
+
+    await asyncio.gather(*(store.write(insert, f"k{i}") for i in range(20)))
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+    def half_then_fail(conn):
+        conn.execute("INSERT INTO meta (key, value) VALUES ('half', 'x')")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await store.write(half_then_fail)
+    count = await store.read(lambda conn: conn.execute("SELECT count(*) FROM meta").fetchone()[0])
+    assert count == 20  # 'half' was rolled back
+    await store.close()
+
+
+async def test_create_bag_is_atomic_and_idempotent_by_key(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    await store.open()
+    row, created = await store.create_bag(bag_row(), ['{"i":0}', '{"i":1}', '{"i":2}'], "key-1")
+    assert created and row["job_count"] == 3
+    again, created = await store.create_bag(bag_row("b0000000002"), ['{"i":0}'], "key-1")
+    assert not created and again["id"] == "b0000000001"
+    bag = await store.get_bag("b0000000001")
+    assert bag["counts"] == {"queued": 3}
+    assert [
+        j["params"]
+        for j in await store.list_jobs("b0000000001", state=None, after_idx=-1, limit=10)
+    ] == ['{"i":0}', '{"i":1}', '{"i":2}']
+    assert await store.get_bag("b0000000002") is None
+    # A duplicate bag id fails as a whole: no jobs of it are left behind.
+    with pytest.raises(sqlite3.IntegrityError):
+        await store.create_bag(bag_row(), ['{"i":9}'], None)
+    assert await store.job_state_counts("b0000000001") == {"queued": 3}
+    await store.close()
+
+
+async def test_batches_update_rows_counts_and_usage_together(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    await store.open()
+    await store.create_bag(bag_row(n=2), ["{}", "{}"], None)
+    batch = WriteBatch()
+    batch.job("b0000000001", 0, "succeeded", 1, 1, 0, "", "vm-1", 100.0, 160.0, 60.0)
+    batch.job_state_change("b0000000001", "queued", "succeeded")
+    batch.usage(
+        "b0000000001",
+        preempted=False,
+        attempt_s=60.0,
+        vm_s=30.0,
+        spot_cost_usd=0.1,
+        on_demand_cost_usd=0.4,
+    )
+    batch.transition(160.0, "job", "b0000000001-0", "running", "succeeded")
+    later = WriteBatch()
+    later.usage(
+        "b0000000001",
+        preempted=True,
+        attempt_s=10.0,
+        vm_s=5.0,
+        spot_cost_usd=0.01,
+        on_demand_cost_usd=0.04,
+    )
+    batch.merge(later)
+    await store.apply(batch)
+    bag = await store.get_bag("b0000000001")
+    assert bag["counts"] == {"queued": 1, "succeeded": 1}
+    assert (bag["attempts_ended"], bag["preemptions"], bag["attempt_s"], bag["preempted_s"]) == (
+        2,
+        1,
+        70.0,
+        10.0,
+    )
+    assert bag["spot_cost_usd"] == pytest.approx(0.11)
+    assert await store.job_state_counts("b0000000001") == {"queued": 1, "succeeded": 1}
+    await store.close()
+
+
+def test_job_ids_split_back_into_bag_and_index():
+    assert split_job_id("b3f9a0c21d7-42") == ("b3f9a0c21d7", 42)
+    assert split_job_id("nonsense") is None
+    assert split_job_id("b1-x") is None

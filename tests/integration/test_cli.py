@@ -1,0 +1,173 @@
+"""The `spotbag` command as users run it, against a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, wait_for_bag
+
+pytestmark = pytest.mark.integration
+
+
+def spotbag(
+    *args: str,
+    state_dir=None,
+    cwd=REPO,
+    input_text: str | None = None,
+    check: bool = True,
+    extra_env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+    env["COLUMNS"] = "200"
+    if state_dir is not None:
+        env["SPOTBAG_STATE_DIR"] = str(state_dir)
+    env.update(extra_env or {})
+    result = subprocess.run(
+        [sys.executable, "-m", "controller.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        input=input_text,
+        timeout=120,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"spotbag {' '.join(args)} -> {result.returncode}\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def test_submit_watch_status_jobs_logs(make_daemon, tmp_path):
+    daemon = make_daemon()
+    daemon.start()
+    (tmp_path / "data.txt").write_text("hello from the workdir\n")
+    (tmp_path / "bag.yaml").write_text(
+        "name: greet\naccount: lab\n"
+        "command: 'cat data.txt; echo n={n} word={w}'\n"
+        "parameters:\n  n: {range: [0, 3]}\n  w: [alpha, beta gamma]\n"
+        "max_runtime_s: 30\n"
+    )
+    # The CLI finds url and token in the state directory; jobs run in the submitter's directory.
+    out = spotbag("submit", "bag.yaml", "--watch", state_dir=daemon.state_dir, cwd=tmp_path)
+    assert "submitted bag" in out.stdout and "(6 jobs)" in out.stdout
+    assert "succeeded after" in out.stdout and "6 succeeded, 0 failed" in out.stdout
+    assert "fleet" in out.stdout and "saved" in out.stdout
+    bag_id = out.stdout.split("submitted bag ")[1].split()[0]
+
+    status = json.loads(spotbag("status", bag_id, "--json", state_dir=daemon.state_dir).stdout)
+    assert status["state"] == "succeeded" and status["counts"]["succeeded"] == 6
+    listing = spotbag("status", state_dir=daemon.state_dir).stdout
+    assert bag_id in listing and "greet" in listing
+
+    jobs = json.loads(
+        spotbag("jobs", bag_id, "--json", "--limit", "0", state_dir=daemon.state_dir).stdout
+    )
+    assert [j["params"] for j in jobs][:2] == [{"n": 0, "w": "alpha"}, {"n": 0, "w": "beta gamma"}]
+    table = spotbag("jobs", bag_id, state_dir=daemon.state_dir).stdout
+    assert f"{bag_id}-5" in table
+
+    log = spotbag("logs", f"{bag_id}-1", state_dir=daemon.state_dir).stdout
+    assert log == "hello from the workdir\nn=0 word=beta gamma\n"
+    vms = spotbag("vms", "--all", state_dir=daemon.state_dir).stdout
+    assert "local-2" in vms and "VM-hours" in vms
+
+
+def test_watch_exits_3_when_jobs_fail_and_cancel_works(make_daemon, tmp_path):
+    daemon = make_daemon()
+    daemon.start()
+    spec = {
+        "account": "lab",
+        "command": "exit {code}",
+        "parameters": {"code": [0, 4]},
+        "max_runtime_s": 10,
+    }
+    out = spotbag(
+        "submit",
+        "-",
+        "--watch",
+        state_dir=daemon.state_dir,
+        input_text=json.dumps(spec),
+        check=False,
+    )
+    assert out.returncode == 3 and "1 succeeded, 1 failed" in out.stdout
+
+    bag_id = spotbag(
+        "submit",
+        "-",
+        "-q",
+        state_dir=daemon.state_dir,
+        input_text=json.dumps({"account": "lab", "command": "sleep 30", "max_runtime_s": 60}),
+    ).stdout.strip()
+    out = spotbag("cancel", bag_id, state_dir=daemon.state_dir)
+    assert f"cancelling bag {bag_id}" in out.stdout
+    assert wait_for_bag(daemon.client(), bag_id, timeout_s=30)["state"] == "cancelled"
+
+
+def test_errors_are_clear_and_exit_nonzero(make_daemon, tmp_path):
+    daemon = make_daemon()
+    daemon.start()
+    bad = spotbag(
+        "submit",
+        "-",
+        state_dir=daemon.state_dir,
+        check=False,
+        input_text=json.dumps({"account": "lab", "command": "x {y}", "max_runtime_s": -1}),
+    )
+    assert bad.returncode == 2
+    assert "error: max_runtime_s: Input should be greater than 0" in bad.stderr
+    assert "command: placeholder {y} is not a parameter" in bad.stderr
+    wrong = spotbag(
+        "status", state_dir=daemon.state_dir, check=False, extra_env={"SPOTBAG_TOKEN": "nope"}
+    )
+    assert wrong.returncode == 2 and "wrong bearer token" in wrong.stderr
+    down = spotbag("--url", "http://127.0.0.1:9", "status", check=False)
+    assert (
+        down.returncode == 1
+        and "cannot reach the spotbag daemon at http://127.0.0.1:9" in down.stderr
+    )
+    (tmp_path / "broken.yaml").write_text("a: [1,\n")
+    broken = spotbag(
+        "submit", str(tmp_path / "broken.yaml"), state_dir=daemon.state_dir, check=False
+    )
+    assert broken.returncode == 1 and "is not valid YAML" in broken.stderr
+
+
+def test_simulate_prints_the_summary_of_a_real_run(tmp_path):
+    (tmp_path / "cfg.toml").write_text(
+        "[scheduler]\nmax_vms = 4\n[preemption]\nmodel = 'exponential'\nmttf_h = 3.0\n"
+        "[[vm_types]]\nname = 'v4'\ncpus = 4\nmemory_gb = 16\nspot_price_per_hour = 0.04\n"
+        "on_demand_price_per_hour = 0.16\n"
+    )
+    (tmp_path / "bag.yaml").write_text(
+        "account: lab\ncommand: run {i}\nparameters: {i: {range: [0, 64]}}\n"
+        "max_runtime_s: 7200\nestimated_runtime_s: 1800\nresources: {cpus: 1, memory_gb: 2}\n"
+    )
+    args = (
+        "simulate",
+        str(tmp_path / "bag.yaml"),
+        "--config",
+        str(tmp_path / "cfg.toml"),
+        "--seed",
+        "4",
+    )
+    text = spotbag(*args).stdout
+    assert "succeeded after" in text and "64 succeeded" in text and "scheduler passes" in text
+    first = json.loads(spotbag(*args, "--json").stdout)
+    second = json.loads(spotbag(*args, "--json").stdout)
+    assert first["bag"]["usage"] == second["bag"]["usage"]
+    assert first["bag"]["usage"]["preemptions"] > 0
+
+
+def test_config_defaults_and_check(tmp_path):
+    text = spotbag("config", "defaults").stdout
+    (tmp_path / "c.toml").write_text(text)
+    assert "ok" in spotbag("config", "check", str(tmp_path / "c.toml")).stdout
+    (tmp_path / "bad.toml").write_text("[scheduler]\nmax_vms = -2\n")
+    bad = spotbag("config", "check", str(tmp_path / "bad.toml"), check=False)
+    assert bad.returncode == 1 and "scheduler.max_vms" in bad.stderr

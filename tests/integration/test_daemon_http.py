@@ -1,0 +1,333 @@
+"""The real daemon in a subprocess, driven over HTTP with the real client."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from controller.client import ClientError
+from tests.conftest import wait_for_bag, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def job_bag(out_dir: Path, n: int, seconds: float, **extra) -> dict:
+    """A bag whose jobs sleep, then append their id to a per-job file (to count completions)."""
+    return {
+        "name": "sleepers",
+        "account": "test",
+        "command": f"sleep {seconds} && echo $SPOTBAG_ATTEMPT >> {out_dir}/done.{{i}}",
+        "parameters": {"i": {"range": [0, n]}},
+        "resources": {"cpus": 1, "memory_gb": 0.5},
+        "max_runtime_s": 60,
+        "max_attempts": 20,
+        **extra,
+    }
+
+
+def store_rows(state_dir: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(state_dir / "spotbag.db") as conn:
+        return conn.execute(sql).fetchall()
+
+
+def assert_exactly_once(state_dir: Path, bag_id: str, n: int) -> None:
+    """Every job succeeded, each with exactly one SUCCEEDED attempt, and the maintained
+    per-state counts equal the jobs table."""
+    per_job = store_rows(
+        state_dir,
+        f"SELECT idx, sum(state = 'succeeded') FROM attempts WHERE bag_id = '{bag_id}' GROUP BY idx",
+    )
+    assert sorted(per_job) == [(i, 1) for i in range(n)]
+    counted = dict(
+        store_rows(
+            state_dir, f"SELECT state, count(*) FROM jobs WHERE bag_id = '{bag_id}' GROUP BY state"
+        )
+    )
+    kept = {
+        s: k
+        for s, k in store_rows(
+            state_dir, f"SELECT state, n FROM bag_job_counts WHERE bag_id = '{bag_id}'"
+        )
+        if k
+    }
+    assert counted == kept == {"succeeded": n}
+
+
+def test_bag_completes_through_injected_and_sampled_preemptions(make_daemon, tmp_path):
+    # Exponential lifetimes with a mean of 4 real seconds, plus preemptions injected over the API.
+    daemon = make_daemon(model="exponential", mttf_h=1.0, time_scale=900.0, max_vms=3)
+    client = daemon.start()
+    out = tmp_path / "out"
+    out.mkdir()
+    bag = client.submit(job_bag(out, 12, 0.8))
+    assert bag["state"] == "active" and bag["job_count"] == 12
+
+    # Preempt a VM while it runs jobs; its jobs must come back and finish.
+    def busy_vm() -> str | None:
+        vms = client.vms()["vms"]
+        return next((v["id"] for v in vms if v["state"] == "running" and v["jobs"]), None)
+
+    vm_id = wait_until(busy_vm, 30, what="a VM running jobs")
+    client.preempt(vm_id)
+    final = wait_for_bag(client, bag["id"])
+
+    assert final["state"] == "succeeded", final
+    assert final["counts"]["succeeded"] == 12
+    assert final["usage"]["preemptions"] >= 1
+    preempted = store_rows(
+        daemon.state_dir, "SELECT count(*) FROM attempts WHERE state = 'preempted'"
+    )[0][0]
+    assert preempted >= 1
+    assert_exactly_once(daemon.state_dir, bag["id"], 12)
+    injected = store_rows(daemon.state_dir, f"SELECT state, reason FROM vms WHERE id = '{vm_id}'")
+    assert injected == [("preempted", "preempted: injected through the API")]
+    # The API shows the retry: a job with more than one attempt lists them all.
+    retried = store_rows(
+        daemon.state_dir, f"SELECT idx FROM jobs WHERE bag_id = '{bag['id']}' AND attempts > 1"
+    )
+    job = client.job(f"{bag['id']}-{retried[0][0]}")
+    assert [a["state"] for a in job["attempt_list"]][-1] == "succeeded"
+    assert "preempted" in [a["state"] for a in job["attempt_list"]]
+    assert daemon.stop() == 0
+
+
+def test_malformed_bag_is_400_naming_the_field(make_daemon):
+    client = make_daemon().start()
+    cases = [
+        ({"account": "a", "command": "x", "max_runtime_s": "soon"}, "max_runtime_s"),
+        (
+            {"account": "a", "command": "x", "max_runtime_s": 5, "resources": {"cpus": 0}},
+            "resources.cpus",
+        ),
+        (
+            {"account": "a", "command": "x {y}", "max_runtime_s": 5, "parameters": {"z": [1]}},
+            "command",
+        ),
+        (
+            {
+                "account": "a",
+                "command": "x",
+                "max_runtime_s": 5,
+                "parameters": {"z": {"range": [0, 5, 0]}},
+            },
+            "parameters.z.range",
+        ),
+        ({"command": "x", "max_runtime_s": 5}, "account"),
+        ({"account": "a", "command": "x", "max_runtime_s": 5, "colour": "red"}, "colour"),
+    ]
+    for body, field in cases:
+        with pytest.raises(ClientError) as caught:
+            client.submit(body)
+        assert caught.value.status == 400, body
+        assert caught.value.code == "invalid_bag"
+        assert caught.value.message.startswith(field + ":"), caught.value.message
+        assert caught.value.detail["errors"][0]["field"] == field
+    # Not JSON at all: still a JSON 400, not a 500.
+    request = urllib.request.Request(
+        client.url + "/v1/bags",
+        data=b"{nope",
+        method="POST",
+        headers={"Authorization": f"Bearer {client.token}"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request)
+    assert caught.value.code == 400
+    assert json.loads(caught.value.read())["error"]["code"] == "invalid_bag"
+    assert client.bags() == []  # nothing was admitted
+
+
+def test_bag_no_vm_type_fits_is_422_with_needed_and_available(make_daemon):
+    client = make_daemon().start()
+    with pytest.raises(ClientError) as caught:
+        client.submit(
+            {
+                "account": "a",
+                "command": "x",
+                "max_runtime_s": 5,
+                "resources": {"cpus": 16, "memory_gb": 64},
+            }
+        )
+    error = caught.value
+    assert error.status == 422 and error.code == "no_vm_type_fits"
+    assert "cpus=16" in error.message and "local-4" in error.message
+    assert error.detail["needed"] == {"cpus": 16, "gpus": 0, "memory_gb": 64.0}
+    assert {t["name"] for t in error.detail["available"]} == {"local-2", "local-4"}
+    with pytest.raises(ClientError) as caught:
+        client.submit(
+            {
+                "account": "a",
+                "command": "x",
+                "max_runtime_s": 5,
+                "resources": {"vm_types": ["local-2", "huge-1"]},
+            }
+        )
+    assert caught.value.status == 400
+    assert caught.value.message.startswith("resources.vm_types[1]: unknown VM type 'huge-1'")
+
+
+def test_token_is_required_except_for_open_routes(make_daemon):
+    daemon = make_daemon(token="s3cret")
+    client = daemon.start()
+    assert client.bags() == []
+    for bad in (daemon.client(token="wrong"), daemon.client(token="")):
+        with pytest.raises(ClientError) as caught:
+            bad.bags()
+        assert caught.value.status == 401 and caught.value.code == "unauthorized"
+        with pytest.raises(ClientError) as caught:
+            bad.submit({"account": "a", "command": "true", "max_runtime_s": 5})
+        assert caught.value.status == 401
+    anonymous = daemon.client(token="")
+    assert anonymous.health()["ok"] is True
+    with urllib.request.urlopen(client.url + "/metrics") as response:
+        assert b"spotbag_jobs" in response.read()
+    assert client.bags() == []  # the refused submissions admitted nothing
+
+
+def test_kill_9_mid_bag_then_restart_completes_every_job_exactly_once(make_daemon, tmp_path):
+    daemon = make_daemon(max_vms=2)
+    client = daemon.start()
+    out = tmp_path / "out"
+    out.mkdir()
+    n = 16
+    bag = client.submit(job_bag(out, n, 1.5))
+
+    def some_done_some_running() -> bool:
+        counts = client.bag(bag["id"])["counts"]
+        return counts["succeeded"] >= 2 and counts["running"] >= 2
+
+    wait_until(some_done_some_running, 60, what="progress with jobs running")
+    assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+
+    # The orphaned jobs keep running until the restarted daemon kills them.
+    client = daemon.start()
+    final = wait_for_bag(client, bag["id"])
+    assert final["state"] == "succeeded"
+    assert_exactly_once(daemon.state_dir, bag["id"], n)
+    lost = store_rows(
+        daemon.state_dir,
+        f"SELECT count(*) FROM attempts WHERE bag_id = '{bag['id']}' AND state = 'lost'",
+    )
+    assert lost[0][0] >= 2, "the attempts running at the crash are recorded as lost"
+    # Lost attempts do not count against max_attempts and every job finished.
+    assert {p.name for p in out.iterdir()} == {f"done.{i}" for i in range(n)}
+    # No job process of the crashed daemon survived the restart.
+    leftovers = [
+        p for p in Path("/proc").iterdir() if p.name.isdigit() and _has_run_key(p, daemon.state_dir)
+    ]
+    assert leftovers == []
+    assert daemon.stop() == 0
+
+
+def _has_run_key(proc: Path, state_dir: Path) -> bool:
+    try:
+        environ = (proc / "environ").read_bytes()
+    except OSError:
+        return False
+    controller_id = store_rows(state_dir, "SELECT value FROM meta WHERE key = 'controller_id'")[0][
+        0
+    ]
+    return f"SPOTBAG_RUN_KEY={controller_id}:".encode() in environ
+
+
+def test_job_details_logs_pagination_and_cancel(make_daemon, tmp_path):
+    daemon = make_daemon(max_vms=1)
+    client = daemon.start()
+    bag = client.submit(
+        {
+            "account": "a",
+            "name": "echoes",
+            "max_runtime_s": 30,
+            "command": "echo value={v} job=$SPOTBAG_JOB_ID attempt=$SPOTBAG_ATTEMPT p=$SPOTBAG_PARAM_V",
+            "parameters": {"v": ["x y", "z"]},
+        }
+    )
+    final = wait_for_bag(client, bag["id"])
+    assert final["state"] == "succeeded"
+    job = client.job(f"{bag['id']}-0")
+    assert job["params"] == {"v": "x y"} and job["state"] == "succeeded" and job["exit_code"] == 0
+    assert job["attempt_list"][0]["vm_type"] == "local-2"
+    assert [t["to_state"] for t in job["transitions"]] == ["running", "succeeded"]
+    text, headers = client.log(job["id"])
+    assert text.decode().strip() == f"value=x y job={job['id']} attempt=1 p=x y"
+    assert headers["X-Spotbag-Attempt"] == "1"
+
+    # Pagination over a bigger bag, filtered by state.
+    many = client.submit(
+        {
+            "account": "a",
+            "command": "sleep 30",
+            "max_runtime_s": 60,
+            "parameters": {"i": {"range": [0, 250]}},
+        }
+    )
+    page = client.jobs(many["id"], state="queued", limit=100)
+    seen = [j["index"] for j in page["jobs"]]
+    while page["next_after"] is not None:
+        page = client.jobs(many["id"], state="queued", after=page["next_after"], limit=100)
+        seen += [j["index"] for j in page["jobs"]]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(range(250)) and len(seen) >= 240
+
+    wait_until(lambda: client.bag(many["id"])["counts"]["running"] >= 1, 30, what="a running job")
+    cancelled = client.cancel(many["id"])
+    assert cancelled["cancel_requested"] is True
+    final = wait_for_bag(client, many["id"], timeout_s=30)
+    assert final["state"] == "cancelled"
+    assert final["counts"]["cancelled"] == 250
+    with pytest.raises(ClientError) as caught:
+        client.cancel(many["id"])
+    assert caught.value.status == 409
+    # The running attempts were stopped, not left behind.
+    assert store_rows(
+        daemon.state_dir, f"SELECT DISTINCT state FROM attempts WHERE bag_id = '{many['id']}'"
+    ) == [("cancelled",)]
+    for missing in (
+        "/v1/bags/b0000000000",
+        "/v1/jobs/b0000000000-3",
+        "/v1/jobs/nonsense",
+        "/v1/nowhere",
+    ):
+        with pytest.raises(ClientError) as caught:
+            client.request("GET", missing)
+        assert caught.value.status == 404 and caught.value.code == "not_found"
+
+
+def test_idempotency_key_returns_the_first_bag(make_daemon):
+    client = make_daemon().start()
+    spec = {"account": "a", "command": "true", "max_runtime_s": 5}
+    first = client.submit(spec, idempotency_key="retry-me")
+    again = client.submit(spec, idempotency_key="retry-me")
+    assert again["id"] == first["id"]
+    assert len(client.bags()) == 1
+
+
+def test_openapi_document_matches_the_routes(make_daemon):
+    from controller.api import ROUTES
+
+    client = make_daemon().start()
+    document = client.request("GET", "/openapi.json")
+    served = {(method.upper(), path) for path, item in document["paths"].items() for method in item}
+    assert served == {(r.method, r.path) for r in ROUTES}
+    assert document["components"]["schemas"]["BagSpec"]["required"] == [
+        "account",
+        "command",
+        "max_runtime_s",
+    ]
+    # Every declared route answers (not 404/405) on the real server.
+    for method, path in served:
+        concrete = (
+            path.replace("{bag_id}", "b0000000000")
+            .replace("{job_id}", "b0000000000-0")
+            .replace("{vm_id}", "vm-000000000000")
+        )
+        try:
+            client.request(method, concrete, body={} if method == "POST" else None, raw=True)
+        except ClientError as exc:
+            assert exc.code != "method_not_allowed" and not exc.message.startswith("no route"), (
+                method,
+                path,
+            )
