@@ -15,7 +15,8 @@ from typing import Any
 from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
 from controller.errors import InvalidBag, NoVmTypeFits
 from controller.planner import CatalogType, why_unplaceable
-from controller.scheduler import Scheduler, capacity_of, shape_of
+from controller.runtime import capacity_of, shape_of
+from controller.scheduler import Scheduler
 from controller.store import Store
 from drivers.base import VmType
 

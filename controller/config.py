@@ -60,6 +60,9 @@ class SchedulerConfig(_Section):
         description="Longest wait between two scheduling passes; submissions, job ends "
         "and VM changes wake the scheduler earlier.",
     )
+    boot_timeout_s: float = Field(
+        900.0, gt=0, description="A VM still pending this long after its launch is terminated."
+    )
     describe_interval_s: float = Field(
         30.0, gt=0, description="How often VMs are re-described for drivers that push no events."
     )

@@ -71,7 +71,10 @@ def vm_terminal_states() -> frozenset[VmState]:
 # The transition table: entity -> {from_state: allowed to_states}.
 TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
     "job": {
-        JobState.QUEUED: frozenset({JobState.RUNNING, JobState.HELD, JobState.CANCELLED}),
+        # QUEUED -> FAILED: no VM type can hold the job any more (the catalog changed).
+        JobState.QUEUED: frozenset(
+            {JobState.RUNNING, JobState.HELD, JobState.CANCELLED, JobState.FAILED}
+        ),
         JobState.HELD: frozenset({JobState.QUEUED, JobState.CANCELLED}),
         JobState.RUNNING: frozenset(
             {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}

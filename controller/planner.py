@@ -41,6 +41,7 @@ class VmView:
     free: Shape
     running_attempts: int
     idle_since: float | None  # when it last became empty (None while busy or pending)
+    requested_at: float = 0.0  # when it was launched
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Snapshot:
     alive_vms: int  # pending + running, including VMs not listed in `vms`
     max_vms: int
     idle_timeout_s: float
+    boot_timeout_s: float = float("inf")
     blocked_until: Mapping[str, float] = field(default_factory=dict)  # type -> launch back-off end
 
 
@@ -175,6 +177,14 @@ def plan(snapshot: Snapshot) -> Plan:
             terminations.append(Terminate(vm.vm_id, f"idle for {now - vm.idle_since:.0f} s"))
         else:
             wake.append(deadline)
+    for vm in pending:
+        deadline = vm.requested_at + snapshot.boot_timeout_s
+        if deadline <= now:
+            terminations.append(
+                Terminate(vm.vm_id, f"did not boot within {snapshot.boot_timeout_s:.0f} s")
+            )
+        elif deadline != float("inf"):
+            wake.append(deadline)
     return Plan(places, launches, terminations, unplaceable, min(wake) if wake else None)
 
 
@@ -201,8 +211,12 @@ def _launches(
             continue
         open_types = [t for t in fitting if snapshot.blocked_until.get(t.name, 0.0) <= now]
         choice = cheapest_type(group.shape, open_types)
-        if choice is None:
-            until = min(snapshot.blocked_until[t.name] for t in fitting)
+        if choice is None:  # every type that can hold the job is backed off
+            until = min(
+                snapshot.blocked_until[t.name]
+                for t in fitting
+                if t.name in snapshot.blocked_until and copies_that_fit(group.shape, t.capacity)
+            )
             blocked_wake = until if blocked_wake is None else min(blocked_wake, until)
             continue
         if budget <= 0:

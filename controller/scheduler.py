@@ -27,7 +27,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from controller.bagspec import BagSpec, render_command
@@ -36,10 +36,18 @@ from controller.executors.base import AttemptEvent, AttemptSpec, Executor, Execu
 from controller.metrics import Metrics
 from controller.models import AttemptState, BagState, JobState, check_transition
 from controller.planner import CatalogType, DemandGroup, Plan, Snapshot, Terminate, VmView, plan
-from controller.store import Store, WriteBatch, job_id_of
-from drivers.base import Driver, DriverError, LaunchRequest, VmState, VmStatus, VmType
+from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
+from controller.store import Store, WriteBatch
+from drivers.base import (
+    Driver,
+    DriverError,
+    LaunchRequest,
+    PermanentError,
+    VmState,
+    VmStatus,
+    VmType,
+)
 from policies.cost import vm_share
-from policies.packing import Shape
 
 log = logging.getLogger("spotbag.scheduler")
 
@@ -52,110 +60,6 @@ class Clock(Protocol):
 
 class IdSource(Protocol):
     def new_vm_token(self) -> str: ...
-
-
-def shape_of(spec: BagSpec) -> Shape:
-    r = spec.resources
-    return Shape(r.cpus, r.gpus, r.memory_gb)
-
-
-def capacity_of(vm_type: VmType) -> Shape:
-    return Shape(vm_type.cpus, vm_type.gpus, vm_type.memory_gb)
-
-
-@dataclass
-class BagRun:
-    id: str
-    spec: BagSpec
-    shape: Shape
-    queue: deque[int]  # job indexes waiting for a slot, next first
-    fresh: dict[int, dict[str, Any]]  # params of queued jobs that never started (no JobRun yet)
-    open_jobs: int  # jobs not yet finished
-    failed_jobs: int
-    cancel_requested: bool = False
-    live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
-
-    @property
-    def done(self) -> bool:
-        return self.open_jobs == 0 and self.live_attempts == 0
-
-
-@dataclass
-class JobRun:
-    bag_id: str
-    idx: int
-    params: dict[str, Any]
-    state: JobState
-    attempts: int = 0  # attempts made, LOST ones included (numbers them)
-    counted: int = 0  # attempts that count toward max_attempts
-    vm_id: str | None = None
-    started_at: float | None = None
-    exit_code: int | None = None
-    reason: str = ""
-    id: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.id = job_id_of(self.bag_id, self.idx)
-
-
-@dataclass
-class AttemptRun:
-    bag_id: str
-    idx: int
-    number: int
-    vm_id: str
-    state: AttemptState
-    started_at: float
-    log_path: str
-    shape: Shape
-    cancelling: bool = False
-    id: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.id = f"{job_id_of(self.bag_id, self.idx)}.{self.number}"
-
-
-@dataclass
-class VmRun:
-    id: str  # the launch token
-    vm_type: VmType
-    state: VmState
-    requested_at: float
-    spot: bool = True
-    zone: str = ""
-    provider_id: str = ""
-    reason: str = ""
-    running_at: float | None = None
-    ended_at: float | None = None
-    free: Shape = field(default_factory=lambda: Shape(0, 0, 0.0))
-    attempts: dict[str, None] = field(default_factory=dict)  # ordered set of attempt ids
-    idle_since: float | None = None
-    terminating: bool = False
-    capacity: Shape = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.capacity = capacity_of(self.vm_type)
-
-    def row(self, driver: str) -> dict[str, Any]:
-        t = self.vm_type
-        return {
-            "id": self.id,
-            "provider_id": self.provider_id,
-            "driver": driver,
-            "vm_type": t.name,
-            "zone": self.zone,
-            "spot": int(self.spot),
-            "state": str(self.state),
-            "reason": self.reason,
-            "cpus": t.cpus,
-            "gpus": t.gpus,
-            "memory_gb": t.memory_gb,
-            "spot_price_per_hour": t.spot_price_per_hour,
-            "on_demand_price_per_hour": t.on_demand_price_per_hour,
-            "requested_at": self.requested_at,
-            "running_at": self.running_at,
-            "ended_at": self.ended_at,
-        }
 
 
 @dataclass(frozen=True)
@@ -245,11 +149,48 @@ class Scheduler:
     # --- recovery -------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Rebuild memory from the store after a (re)start and reconcile with reality."""
+        """Rebuild memory from the store (after a start, or after a failed pass) and
+        reconcile it with what the driver and executor still have."""
+        self._forget_everything()
         now = self.clock.now()
         state = await self.store.load_active()
         batch = self.store.new_batch()
+        for row in state["bags"]:
+            spec = BagSpec.model_validate_json(row["spec"])
+            counts = row["counts"]
+            self.bags[row["id"]] = BagRun(
+                id=row["id"],
+                spec=spec,
+                shape=shape_of(spec),
+                queue=deque(),
+                fresh={},
+                open_jobs=sum(counts.get(s, 0) for s in ("queued", "held", "running")),
+                failed_jobs=counts.get("failed", 0),
+                cancelled_jobs=counts.get("cancelled", 0),
+                cancel_requested=row["cancel_requested_at"] is not None,
+            )
+        for row in state["jobs"]:
+            bag = self.bags[row["bag_id"]]
+            if row["state"] == JobState.QUEUED and row["attempts"] == 0:
+                bag.fresh[row["idx"]] = json.loads(row["params"])
+                bag.queue.append(row["idx"])
+                continue
+            job = JobRun(
+                bag_id=row["bag_id"],
+                idx=row["idx"],
+                params=json.loads(row["params"]),
+                state=JobState(row["state"]),
+                attempts=row["attempts"],
+                counted=row["counted_attempts"],
+                vm_id=row["vm_id"],
+                started_at=row["started_at"],
+            )
+            self.jobs[(job.bag_id, job.idx)] = job
+            if job.state is JobState.QUEUED:
+                bag.queue.append(job.idx)
+
         owned = {s.token: s for s in await self.driver.list_owned()}
+        missing: list[VmRun] = []
         for row in state["vms"]:
             vm_type = self.catalog.get(row["vm_type"]) or VmType(
                 row["vm_type"],
@@ -269,16 +210,17 @@ class Scheduler:
                 zone=row["zone"],
                 provider_id=row["provider_id"],
                 running_at=row["running_at"],
+                reason=row["reason"],
                 free=capacity_of(vm_type),
             )
-            self._track_vm(vm)
             status = owned.pop(vm.id, None)
+            if status is not None and status.vm_id:
+                vm.provider_id = status.vm_id
+            self._track_vm(vm)
             if status is None:
-                self._end_vm(
-                    vm, VmState.TERMINATED, now, "not found after controller restart", batch
-                )
+                missing.append(vm)
             elif status.state is not vm.state:
-                self._inbox.append(status)
+                self._push(status)
         for status in owned.values():
             log.warning(
                 "terminating VM %s (token %s): owned by this controller but not in the store",
@@ -287,44 +229,10 @@ class Scheduler:
             )
             await self._call(self.driver.terminate([status.vm_id]))
 
-        for bag in state["bags"]:
-            spec = BagSpec.model_validate_json(bag["spec"])
-            counts = bag["counts"]
-            self.bags[bag["id"]] = BagRun(
-                id=bag["id"],
-                spec=spec,
-                shape=shape_of(spec),
-                queue=deque(),
-                fresh={},
-                open_jobs=sum(counts.get(s, 0) for s in ("queued", "held", "running")),
-                failed_jobs=counts.get("failed", 0),
-                cancel_requested=bag["cancel_requested_at"] is not None,
-            )
-        for row in state["jobs"]:
-            if row["state"] == JobState.QUEUED and row["attempts"] == 0:
-                bag = self.bags[row["bag_id"]]
-                bag.fresh[row["idx"]] = json.loads(row["params"])
-                bag.queue.append(row["idx"])
-                continue
-            job = JobRun(
-                bag_id=row["bag_id"],
-                idx=row["idx"],
-                params=json.loads(row["params"]),
-                state=JobState(row["state"]),
-                attempts=row["attempts"],
-                counted=row["counted_attempts"],
-                vm_id=row["vm_id"],
-                started_at=row["started_at"],
-            )
-            self.jobs[(job.bag_id, job.idx)] = job
-            if job.state is JobState.QUEUED:
-                self.bags[job.bag_id].queue.append(job.idx)
-
-        attempt_ids = [
-            f"{job_id_of(a['bag_id'], a['idx'])}.{a['number']}" for a in state["attempts"]
-        ]
-        adopted = await self.executor.recover(attempt_ids)
-        for row, attempt_id in zip(state["attempts"], attempt_ids, strict=True):
+        # Every live attempt first (a bag with live attempts is not done), then the
+        # ones the executor does not run any more are lost.
+        attempts = []
+        for row in state["attempts"]:
             bag = self.bags[row["bag_id"]]  # a live attempt keeps its bag active
             attempt = AttemptRun(
                 bag_id=row["bag_id"],
@@ -336,13 +244,18 @@ class Scheduler:
                 log_path=row["log_path"],
                 shape=bag.shape,
             )
-            self.attempts[attempt_id] = attempt
+            self.attempts[attempt.id] = attempt
             bag.live_attempts += 1
+            attempts.append(attempt)
+        adopted = await self.executor.recover([a.id for a in attempts])
+        # An attempt whose end is waiting in the inbox is not lost: its event says how it ended.
+        adopted |= {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
+        missing_ids = {vm.id for vm in missing}
+        for attempt in attempts:
             vm = self.vms.get(attempt.vm_id)
-            if attempt_id in adopted and vm is not None:
-                vm.attempts[attempt_id] = None
-                vm.free = vm.free.minus(bag.shape)
-                self._refresh_vm_sets(vm)
+            if attempt.id in adopted and vm is not None and vm.id not in missing_ids:
+                vm.attempts[attempt.id] = None
+                vm.free = vm.free.minus(attempt.shape)
                 continue
             self._finish_attempt(
                 attempt,
@@ -352,33 +265,59 @@ class Scheduler:
                 "the controller restarted while it ran",
                 batch,
             )
+        for vm in missing:
+            self._end_vm(vm, VmState.TERMINATED, now, "not found after controller restart", batch)
+        for vm in self.vms.values():
+            if vm.state is VmState.RUNNING and not vm.attempts:
+                vm.idle_since = now
+            self._refresh_vm_sets(vm)
         for bag in list(self.bags.values()):
-            if bag.cancel_requested:
-                self._commands.append(_Cancel(bag.id))
-            elif bag.done:
+            if bag.done:
                 self._finish_bag(bag, now, batch)
+            elif bag.cancel_requested:
+                self._commands.append(_Cancel(bag.id))
         await self.store.apply(batch)
         log.info(
             "recovered %d active bags, %d open jobs, %d live VMs, %d adopted attempts",
             len(self.bags),
-            len(self.jobs),
+            sum(b.open_jobs for b in self.bags.values()),
             len(self.vms),
             len(adopted),
         )
 
+    def _forget_everything(self) -> None:
+        self.bags.clear()
+        self.jobs.clear()
+        self.attempts.clear()
+        self.vms.clear()
+        for index in (self._pending, self._roomy, self._idle, self._by_provider_id):
+            index.clear()
+
     # --- the loop -------------------------------------------------------------------------
 
-    async def run(self, *, describe: bool) -> None:
-        """Tick until `stop()`; `describe` polls the driver for drivers that push no events."""
+    async def run(self, *, describe: bool, max_failures: int = 3) -> None:
+        """Tick until `stop()`; `describe` polls the driver for drivers that push no events.
+
+        A pass that fails leaves memory possibly ahead of the store: memory is then
+        rebuilt from the store (the pass's inputs are kept and handled again). After
+        `max_failures` failures in a row the error is raised: the daemon stops rather
+        than run on a state it cannot trust, and its supervisor restarts it.
+        """
+        failures = 0
         while not self._stopping:
             next_at: float | None = None
             try:
                 if describe:
                     await self._describe_if_due()
                 next_at = await self.tick()
+                failures = 0
             except Exception:
-                log.exception("scheduler pass failed; retrying")
-                await asyncio.sleep(min(5.0, self.settings.poll_interval_s))
+                failures += 1
+                log.exception("scheduler pass failed (%d in a row)", failures)
+                if failures >= max_failures:
+                    raise
+                await asyncio.sleep(min(5.0, self.settings.poll_interval_s * failures))
+                await self.recover()
             timeout = self.settings.poll_interval_s
             if next_at is not None:
                 timeout = max(0.0, min(timeout, next_at - self.clock.now()))
@@ -393,11 +332,12 @@ class Scheduler:
 
     async def shutdown(self, *, vms_die_with_controller: bool) -> None:
         """Stop every attempt and record it LOST (it is queued again on the next start);
-        record the VMs gone when they do not outlive the controller (local driver)."""
+        record the VMs gone when they do not outlive the controller (local driver).
+        Attempts that ended before they could be stopped are recorded as they ended."""
         await self.executor.shutdown()
-        self._inbox.clear()
         now = self.clock.now()
         batch = self.store.new_batch()
+        await self._handle_events(batch)
         for attempt in list(self.attempts.values()):
             self._finish_attempt(
                 attempt, AttemptState.LOST, now, None, "the controller stopped", batch
@@ -421,31 +361,47 @@ class Scheduler:
             vm = self.vms.get(self._by_provider_id.get(provider_id, ""))
             if vm is None:
                 continue
-            if status is None:  # vanished (e.g. deleted on preemption)
+            if status is None:  # vanished: deleted by us, or on preemption
+                gone = VmState.TERMINATED if vm.terminating else VmState.PREEMPTED
                 status = VmStatus(
                     provider_id,
                     vm.id,
                     vm.vm_type.name,
-                    VmState.PREEMPTED,
+                    gone,
                     vm.zone,
                     "VM vanished",
                     vm.requested_at,
                     now,
                 )
             if status.state is not vm.state:
-                self._inbox.append(status)
+                self._push(status)
+
+    def _push(self, item: VmStatus | AttemptEvent) -> None:
+        self._inbox.append(item)
+        self._wake.set()
 
     async def tick(self) -> float | None:
-        """One scheduling pass; returns when the scheduler next wants to run (or None)."""
+        """One scheduling pass; returns when the scheduler next wants to run (or None).
+
+        If the pass fails, its inputs are put back (see `run`)."""
         started = time.perf_counter()
         self.ticks += 1
         now = self.clock.now()
-        batch = self.store.new_batch()
-        cancels = self._run_commands(batch, now)
-        await self._handle_events(batch)
-        decision = plan(self._snapshot(now))
-        starts, launches = self._record_plan(decision, batch, now)
-        await self.store.apply(batch)
+        events, self._inbox = self._inbox, []
+        commands, self._commands = self._commands, []
+        try:
+            batch = self.store.new_batch()
+            # Events first: what happened before a command (a job exiting 0 just
+            # before its bag is cancelled) keeps its outcome.
+            await self._handle_events(batch, events)
+            cancels = self._run_commands(batch, commands, now)
+            decision = plan(self._snapshot(now))
+            starts, launches = self._record_plan(decision, batch, now)
+            await self.store.apply(batch)
+        except BaseException:
+            self._inbox = events + self._inbox
+            self._commands = commands + self._commands
+            raise
 
         batch = self.store.new_batch()
         self._replan = False
@@ -457,9 +413,10 @@ class Scheduler:
 
     # --- commands and events ------------------------------------------------------
 
-    def _run_commands(self, batch: WriteBatch, now: float) -> list[str]:
+    def _run_commands(
+        self, batch: WriteBatch, commands: list[_Admit | _Cancel], now: float
+    ) -> list[str]:
         cancels: list[str] = []
-        commands, self._commands = self._commands, []
         for command in commands:
             if isinstance(command, _Admit):
                 self._admit(command, batch, now)
@@ -468,6 +425,8 @@ class Scheduler:
         return cancels
 
     def _admit(self, command: _Admit, batch: WriteBatch, now: float) -> None:
+        if command.bag_id in self.bags:
+            return  # already loaded from the store by a recovery
         bag = BagRun(
             id=command.bag_id,
             spec=command.spec,
@@ -512,8 +471,12 @@ class Scheduler:
                 )
         return cancels
 
-    async def _handle_events(self, batch: WriteBatch) -> None:
-        events, self._inbox = self._inbox, []
+    async def _handle_events(
+        self, batch: WriteBatch, events: list[VmStatus | AttemptEvent] | None = None
+    ) -> None:
+        """Handle events oldest first (by default, every event waiting in the inbox)."""
+        if events is None:
+            events, self._inbox = self._inbox, []
         events.sort(key=lambda e: e.changed_at if isinstance(e, VmStatus) else e.at)
         for event in events:
             if isinstance(event, VmStatus):
@@ -523,7 +486,14 @@ class Scheduler:
 
     async def _on_status(self, status: VmStatus, batch: WriteBatch) -> None:
         vm = self.vms.get(status.token)
-        if vm is None or status.state is vm.state:
+        if vm is None:
+            if status.state in (VmState.PENDING, VmState.RUNNING):
+                # Ours (the driver reports only our VMs) but given up on, e.g. after a
+                # launch that failed ambiguously: do not leave it running unwatched.
+                log.warning("terminating VM %s: alive but not tracked", status.vm_id)
+                await self._call(self.driver.terminate([status.vm_id]))
+            return
+        if status.state is vm.state:
             return
         at = status.changed_at
         if status.vm_id and not vm.provider_id:
@@ -538,7 +508,9 @@ class Scheduler:
         if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
             if vm.attempts:
                 await self._call(self.executor.vm_lost(vm.id))
-            self._end_vm(vm, status.state, at, status.reason, batch)
+            # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
+            ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
+            self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
 
     def _on_attempt_end(self, event: AttemptEvent, batch: WriteBatch) -> None:
         attempt = self.attempts.get(event.attempt_id)
@@ -553,6 +525,11 @@ class Scheduler:
             )
             return
         code = event.exit_code
+        if event.outcome is Outcome.KILLED:
+            # Stopped by the controller, not by a user or the job itself.
+            reason = "stopped by the controller" + (f" ({event.detail})" if event.detail else "")
+            self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
+            return
         if event.outcome is Outcome.EXITED and code == 0:
             self._finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, "", batch)
             return
@@ -696,13 +673,15 @@ class Scheduler:
             bag.open_jobs -= 1
             if state is JobState.FAILED:
                 bag.failed_jobs += 1
+            elif state is JobState.CANCELLED:
+                bag.cancelled_jobs += 1
             if self.metrics is not None:
                 self.metrics.jobs_finished.labels(state=str(state)).inc()
             if bag.done:
                 self._finish_bag(bag, at, batch)
 
     def _finish_bag(self, bag: BagRun, at: float, batch: WriteBatch) -> None:
-        if bag.cancel_requested:
+        if bag.cancel_requested or bag.cancelled_jobs:
             state = BagState.CANCELLED
         elif bag.failed_jobs:
             state = BagState.FAILED
@@ -723,7 +702,8 @@ class Scheduler:
         for attempt_id in list(vm.attempts):
             attempt = self.attempts[attempt_id]
             why = f"VM {vm.id} {state}" + (f": {reason}" if reason else "")
-            self._finish_attempt(attempt, AttemptState.PREEMPTED, at, None, why, batch)
+            ended = AttemptState.CANCELLED if attempt.cancelling else AttemptState.PREEMPTED
+            self._finish_attempt(attempt, ended, at, None, why, batch)
         self._vm_to(vm, state, at, reason, batch)
         vm.reason = reason
         vm.ended_at = at
@@ -755,7 +735,7 @@ class Scheduler:
     def _refresh_vm_sets(self, vm: VmRun) -> None:
         """Keep the pending / roomy / idle indexes in step with the VM."""
         live = vm.id in self.vms
-        pending = live and vm.state is VmState.PENDING
+        pending = live and vm.state is VmState.PENDING and not vm.terminating
         usable = live and vm.state is VmState.RUNNING and not vm.terminating
         for index, member in (
             (self._pending, pending),
@@ -795,6 +775,7 @@ class Scheduler:
                     vm.free,
                     len(vm.attempts),
                     vm.idle_since,
+                    vm.requested_at,
                 )
             )
         return Snapshot(
@@ -805,12 +786,20 @@ class Scheduler:
             alive_vms=len(self.vms),
             max_vms=self.settings.max_vms,
             idle_timeout_s=self.settings.idle_timeout_s,
+            boot_timeout_s=self.settings.boot_timeout_s,
             blocked_until={t: until for t, (until, _) in self._backoff.items()},
         )
 
     def _record_plan(
         self, decision: Plan, batch: WriteBatch, now: float
     ) -> tuple[list[AttemptSpec], list[VmRun]]:
+        for problem in decision.unplaceable:
+            bag = self.bags[problem.bag_id]
+            queued, bag.queue = bag.queue, deque()
+            for idx in queued:
+                self._job_to(
+                    self._queued_job(bag, idx), JobState.FAILED, now, batch, problem.reason
+                )
         starts: list[AttemptSpec] = []
         for place in decision.places:
             bag = self.bags[place.bag_id]
@@ -839,13 +828,6 @@ class Scheduler:
             vm.terminating = True
             vm.reason = termination.reason
             self._refresh_vm_sets(vm)
-        for problem in decision.unplaceable:
-            bag = self.bags[problem.bag_id]
-            queued, bag.queue = bag.queue, deque()
-            for idx in queued:
-                self._job_to(
-                    self._queued_job(bag, idx), JobState.FAILED, now, batch, problem.reason
-                )
         return starts, launches
 
     def _new_attempt(
@@ -976,9 +958,10 @@ class Scheduler:
                 self._on_attempt_end(
                     AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, error), batch
                 )
-                self._replan = True
-        for vm, status, error in results[len(starts) : len(starts) + len(launches)]:
+        launched = results[len(starts) : len(starts) + len(launches)]
+        for vm, status, error in launched:
             self._launched(vm, status, error, now, batch)
+        self._update_backoff(launched, now)
         if terminations:
             await self._terminate([self.vms[t.vm_id] for t in terminations if t.vm_id in self.vms])
 
@@ -995,29 +978,48 @@ class Scheduler:
                 vm_type=vm.vm_type.name, result="ok" if error is None else "error"
             ).inc()
         if error is not None:
-            _, last = self._backoff.get(vm.vm_type.name, (0.0, 0.0))
-            delay = min(
-                self.settings.launch_backoff_max_s, max(self.settings.launch_backoff_s, 2 * last)
-            )
-            self._backoff[vm.vm_type.name] = (now + delay, delay)
-            log.warning(
-                "launch of %s (%s) failed: %s; backing off %.0f s",
-                vm.id,
-                vm.vm_type.name,
-                error,
-                delay,
-            )
+            log.warning("launch of %s (%s) failed: %s", vm.id, vm.vm_type.name, error)
             if vm.id in self.vms:
                 self._end_vm(vm, VmState.FAILED, now, f"launch failed: {error}", batch)
             self._replan = True
             return
-        self._backoff.pop(vm.vm_type.name, None)
         if vm.id not in self.vms:
             return
         self._set_provider_id(vm, status.vm_id)
         batch.vm(vm.row(self.driver.name))
         if status.state is not vm.state:
-            self._inbox.append(status)
+            self._push(status)
+
+    def _update_backoff(
+        self, launched: list[tuple[VmRun, Any, Exception | None]], now: float
+    ) -> None:
+        """Back a VM type off after a pass in which its launches failed.
+
+        The delay starts at launch_backoff_s and doubles (up to launch_backoff_max_s)
+        only when the type fails again soon after its last back-off ended; a
+        PermanentError blocks it for the maximum at once. Once per type per pass,
+        however many of its launches failed; a pass with only successes clears it.
+        """
+        errors: dict[str, Exception] = {}
+        succeeded: set[str] = set()
+        for vm, _, error in launched:
+            if error is None:
+                succeeded.add(vm.vm_type.name)
+            else:
+                errors[vm.vm_type.name] = error
+        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
+        for name, error in errors.items():
+            until, last = self._backoff.get(name, (0.0, 0.0))
+            again_soon = last > 0 and now - until <= last
+            delay = (
+                most
+                if isinstance(error, PermanentError)
+                else (min(most, 2 * last) if again_soon else base)
+            )
+            self._backoff[name] = (now + delay, delay)
+            log.warning("VM type %s backed off for %.0f s after: %s", name, delay, error)
+        for name in succeeded - errors.keys():
+            self._backoff.pop(name, None)
 
     async def _terminate(self, vms: list[VmRun]) -> None:
         try:

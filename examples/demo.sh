@@ -31,7 +31,7 @@ for _ in $(seq 100); do
 done
 echo "   listening on $(cat "$STATE_DIR/api.url")"
 
-echo "== submitting examples/logistic-sweep.yaml (VMs live 5 model hours on average = 12 s here)"
+echo "== submitting examples/logistic-sweep.yaml (VMs live 3 model hours on average = 7.5 s here)"
 BAG=$(spotbag submit --quiet examples/logistic-sweep.yaml)
 spotbag watch "$BAG"
 

@@ -60,6 +60,7 @@ class LocalExecutor:
         self._now = now
         self._grace_s = kill_grace_s
         self._running: dict[str, _Running] = {}
+        self._stoppers: set[asyncio.Task] = set()
         self._listeners: list[AttemptListener] = []
         self._base_env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
 
@@ -116,34 +117,20 @@ class LocalExecutor:
         spec, process = running.spec, running.process
         timed_out = False
         try:
-            await asyncio.wait_for(asyncio.shield(process.wait()), timeout=spec.max_runtime_s)
-        except TimeoutError:
-            timed_out = True
-            await self._stop(running, "timed out", grace_s=self._grace_s)
-            await process.wait()
-        self._running.pop(spec.attempt_id, None)
-        code = process.returncode
-        if running.stop_reason and not timed_out:
-            event = AttemptEvent(
-                spec.attempt_id, self._now(), Outcome.KILLED, code, running.stop_reason
+            try:
+                await asyncio.wait_for(asyncio.shield(process.wait()), timeout=spec.max_runtime_s)
+            except TimeoutError:
+                timed_out = True
+                await self._stop(running, "timed out", grace_s=self._grace_s)
+                await process.wait()
+        finally:
+            # Whatever happened, the scheduler hears of the end exactly once.
+            self._running.pop(spec.attempt_id, None)
+            self._emit(
+                _end_event(spec, process.returncode, running.stop_reason, timed_out, self._now())
             )
-        elif timed_out:
-            event = AttemptEvent(
-                spec.attempt_id,
-                self._now(),
-                Outcome.TIMED_OUT,
-                code,
-                f"exceeded max_runtime_s={spec.max_runtime_s:g}",
-            )
-        else:
-            detail = f"killed by signal {signal.Signals(-code).name}" if code < 0 else ""
-            event = AttemptEvent(
-                spec.attempt_id,
-                self._now(),
-                Outcome.EXITED,
-                128 - code if code < 0 else code,
-                detail,
-            )
+
+    def _emit(self, event: AttemptEvent) -> None:
         for listener in self._listeners:
             listener(event)
 
@@ -158,23 +145,30 @@ class LocalExecutor:
         _signal_group(pgid, signal.SIGKILL)
 
     async def cancel(self, attempt_id: str) -> None:
+        """SIGTERM now, SIGKILL after the grace period; returns at once (the end is an event)."""
         running = self._running.get(attempt_id)
-        if running is not None:
-            await self._stop(running, "cancelled", grace_s=self._grace_s)
+        if running is not None and not running.stop_reason:
+            running.stop_reason = "cancelled"
+            task = asyncio.create_task(self._stop(running, "cancelled", grace_s=self._grace_s))
+            self._stoppers.add(task)
+            task.add_done_callback(self._stoppers.discard)
 
     async def vm_lost(self, vm_id: str) -> None:
         for running in [r for r in self._running.values() if r.spec.vm_id == vm_id]:
             await self._stop(running, "VM lost", grace_s=0)
 
     async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
-        """Kill every process left over from an earlier run of this controller."""
-        await asyncio.to_thread(kill_orphans, self._controller_id)
-        return set()
+        """Keep watching the attempts this executor still runs (the scheduler rebuilt its
+        memory); kill every other process left by this controller (it crashed)."""
+        keep = {r.process.pid for r in self._running.values()}
+        await asyncio.to_thread(kill_orphans, self._controller_id, keep_groups=keep)
+        return {a for a in attempt_ids if a in self._running}
 
     async def shutdown(self) -> None:
         running = list(self._running.values())
         await asyncio.gather(
-            *(self._stop(r, "controller stopping", grace_s=self._grace_s) for r in running)
+            *(self._stop(r, "controller stopping", grace_s=self._grace_s) for r in running),
+            *list(self._stoppers),
         )
         watchers = [r.watcher for r in running if r.watcher is not None]
         if watchers:
@@ -182,6 +176,33 @@ class LocalExecutor:
 
     def running_pids(self) -> dict[str, int]:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
+
+
+def _end_event(
+    spec: AttemptSpec, code: int | None, stop_reason: str, timed_out: bool, at: float
+) -> AttemptEvent:
+    """How an attempt ended, from its exit status and why (if) we stopped it."""
+    if timed_out:
+        return AttemptEvent(
+            spec.attempt_id,
+            at,
+            Outcome.TIMED_OUT,
+            code,
+            f"exceeded max_runtime_s={spec.max_runtime_s:g}",
+        )
+    if stop_reason:
+        return AttemptEvent(spec.attempt_id, at, Outcome.KILLED, code, stop_reason)
+    if code is None:  # the watcher itself was interrupted
+        return AttemptEvent(spec.attempt_id, at, Outcome.KILLED, None, "watch interrupted")
+    if code < 0:  # killed by a signal nobody here sent: report it like a shell would
+        return AttemptEvent(
+            spec.attempt_id,
+            at,
+            Outcome.EXITED,
+            128 - code,
+            f"killed by signal {-code} ({signal.strsignal(-code) or 'unknown'})",
+        )
+    return AttemptEvent(spec.attempt_id, at, Outcome.EXITED, code)
 
 
 def _prepare_dirs(*paths: Path) -> None:
@@ -194,9 +215,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_orphans(controller_id: str, proc: Path = Path("/proc")) -> list[int]:
+def kill_orphans(
+    controller_id: str,
+    proc: Path = Path("/proc"),
+    keep_groups: frozenset[int] | set[int] = frozenset(),
+) -> list[int]:
     """SIGKILL the process groups of processes started by this controller (found by
-    their SPOTBAG_RUN_KEY). Returns the process ids that carried the key."""
+    their SPOTBAG_RUN_KEY), except the groups in `keep_groups`. Returns the process
+    ids killed."""
     marker = f"{RUN_KEY}={controller_id}:".encode()
     me = os.getpid()
     found: list[int] = []
@@ -209,7 +235,9 @@ def kill_orphans(controller_id: str, proc: Path = Path("/proc")) -> list[int]:
             continue
         if any(var.startswith(marker) for var in environ.split(b"\0")):
             pid = int(entry.name)
-            found.append(pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
+                group = os.getpgid(pid)
+                if group not in keep_groups:
+                    found.append(pid)
+                    os.killpg(group, signal.SIGKILL)
     return found

@@ -103,7 +103,7 @@ class SimExecutor:
             self._timers.pop(attempt_id)[1].cancel()
 
     async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
-        return set()
+        return {a for a in attempt_ids if a in self._timers}
 
     async def shutdown(self) -> None:
         for _, timer in self._timers.values():

@@ -3,96 +3,13 @@ recovery, accounting — checked against what the store says."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from controller.admission import admit
 from controller.clock import SimClock
-from controller.config import Config, load_config
 from controller.errors import InvalidBag, NoVmTypeFits
-from controller.executors.sim import SimExecutor
-from controller.ids import SequentialIds
-from controller.scheduler import Scheduler
-from controller.simulation import run_scheduler, simulate
-from controller.store import Store
-from controller.wiring import make_driver
-
-
-def config(**overrides) -> Config:
-    base = {
-        "scheduler.max_vms": 5,
-        "scheduler.idle_timeout_s": 120.0,
-        "simulation.boot_delay_s": 60.0,
-        "vm_types": [
-            {
-                "name": "small",
-                "cpus": 2,
-                "memory_gb": 4,
-                "spot_price_per_hour": 0.02,
-                "on_demand_price_per_hour": 0.08,
-            },
-            {
-                "name": "big",
-                "cpus": 8,
-                "memory_gb": 32,
-                "spot_price_per_hour": 0.12,
-                "on_demand_price_per_hour": 0.40,
-            },
-        ],
-    }
-    base.update(overrides)
-    return load_config(None, **base)
-
-
-def bag(n: int = 20, runtime_s: float = 3600.0, **extra) -> dict:
-    spec = {
-        "account": "a",
-        "command": "run {i}",
-        "parameters": {"i": {"range": [0, n]}},
-        "max_runtime_s": 4 * runtime_s,
-        "estimated_runtime_s": runtime_s,
-        "resources": {"cpus": 1, "memory_gb": 1},
-    }
-    spec.update(extra)
-    return spec
-
-
-def rows(state_dir: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(state_dir / "spotbag.db") as conn:
-        return conn.execute(sql).fetchall()
-
-
-def check_store_consistent(state_dir: Path) -> None:
-    """Maintained counts equal the jobs table; one success per succeeded job; no live leftovers."""
-    kept = {
-        (b, s): n for b, s, n in rows(state_dir, "SELECT bag_id, state, n FROM bag_job_counts") if n
-    }
-    real = {
-        (b, s): n
-        for b, s, n in rows(state_dir, "SELECT bag_id, state, count(*) FROM jobs GROUP BY 1, 2")
-    }
-    assert kept == real
-    assert rows(
-        state_dir,
-        """SELECT count(*) FROM jobs j WHERE j.state = 'succeeded' AND
-        (SELECT count(*) FROM attempts a WHERE a.bag_id = j.bag_id AND a.idx = j.idx AND a.state = 'succeeded') != 1
-        """,
-    ) == [(0,)]
-    assert rows(
-        state_dir, "SELECT count(*) FROM attempts WHERE state IN ('starting', 'running')"
-    ) == [(0,)]
-    assert rows(state_dir, "SELECT count(*) FROM vms WHERE state IN ('pending', 'running')") == [
-        (0,)
-    ]
-    # Each job's attempt counter matches its attempts.
-    assert rows(
-        state_dir,
-        """SELECT count(*) FROM jobs j WHERE j.attempts !=
-        (SELECT count(*) FROM attempts a WHERE a.bag_id = j.bag_id AND a.idx = j.idx)""",
-    ) == [(0,)]
+from controller.simulation import simulate
+from tests.controller.simworld import bag, check_store_consistent, config, rows, run_until, world
 
 
 async def test_a_bag_without_preemptions_packs_the_cheapest_slots(tmp_path):
@@ -174,7 +91,7 @@ async def test_idle_vms_are_released_after_the_idle_timeout(tmp_path):
     (ended_after_s,) = rows(tmp_path, "SELECT max(ended_at) - min(running_at) FROM vms")[0]
     # Boot, one hour of work, then ten idle minutes (plus the 1 s scheduler tick).
     assert ended_after_s == pytest.approx(3600 + 600, abs=3)
-    assert rows(tmp_path, "SELECT DISTINCT reason FROM vms") == [("terminated by the controller",)]
+    assert rows(tmp_path, "SELECT DISTINCT reason FROM vms") == [("idle for 600 s",)]
     assert result.fleet["total"]["vm_hours"] == pytest.approx((3600 + 600) / 3600, abs=0.01)
 
 
@@ -190,41 +107,10 @@ async def test_admission_rejects_what_no_vm_can_run(tmp_path):
         )
 
 
-async def _world(path: Path, clock: SimClock, seed: int, cfg: Config) -> Scheduler:
-    store = Store(path / "spotbag.db", threaded=False, durable=False)
-    await store.open()
-    lifetimes, runtimes = np.random.default_rng(seed).spawn(2)
-    driver = make_driver(
-        cfg,
-        name="sim",
-        now=clock.now,
-        call_at=clock.call_at,
-        rng=lifetimes,
-        boot_delay_s=60,
-        time_scale=1.0,
-    )
-    executor = SimExecutor(now=clock.now, call_at=clock.call_at, rng=runtimes)
-    settings = cfg.scheduler.model_copy(update={"max_concurrent_calls": 1})
-    return Scheduler(
-        store=store,
-        driver=driver,
-        executor=executor,
-        clock=clock,
-        ids=SequentialIds(),
-        settings=settings,
-        catalog=cfg.catalog(),
-        controller_id=f"test-{seed}",
-    )
-
-
-async def _run_until(scheduler: Scheduler, clock: SimClock, stop_at: float) -> None:
-    await run_scheduler(scheduler, clock, 1.0, until=stop_at)
-
-
 async def test_a_crashed_scheduler_recovers_from_the_store(tmp_path):
     cfg = config()
     clock = SimClock(1_000_000.0)
-    first = await _world(tmp_path, clock, 1, cfg)
+    first = await world(tmp_path, clock, 1, cfg)
     row, _ = await admit(
         bag(12, runtime_s=1800),
         store=first.store,
@@ -235,14 +121,14 @@ async def test_a_crashed_scheduler_recovers_from_the_store(tmp_path):
         max_jobs=1000,
         offload=False,
     )
-    await _run_until(first, clock, clock.now() + 3600)  # one round done, the second running
+    await run_until(first, clock, clock.now() + 3600)  # one round done, the second running
     view = await first.store.get_bag(row["id"])
     assert view["counts"].get("succeeded") == 10 and view["counts"].get("running") == 2
     # Crash: the first scheduler's memory, VMs and running attempts are simply gone.
-    second = await _world(tmp_path, clock, 2, cfg)  # same database, new driver and executor
+    second = await world(tmp_path, clock, 2, cfg)  # same database, new driver and executor
     await second.recover()
     assert len(second.jobs) == 2 and len(second.vms) == 0
-    await _run_until(second, clock, clock.now() + 10 * 3600)
+    await run_until(second, clock, clock.now() + 10 * 3600)
     assert not second.has_work()
     await second.store.close()
     assert rows(tmp_path, "SELECT state FROM bags") == [("succeeded",)]
@@ -258,7 +144,7 @@ async def test_a_crashed_scheduler_recovers_from_the_store(tmp_path):
 async def test_cancelling_a_bag_stops_running_attempts_and_releases_vms(tmp_path):
     cfg = config()
     clock = SimClock(0.0)
-    scheduler = await _world(tmp_path, clock, 1, cfg)
+    scheduler = await world(tmp_path, clock, 1, cfg)
     row, _ = await admit(
         bag(30),
         store=scheduler.store,
@@ -269,9 +155,9 @@ async def test_cancelling_a_bag_stops_running_attempts_and_releases_vms(tmp_path
         max_jobs=1000,
         offload=False,
     )
-    await _run_until(scheduler, clock, 1800)
+    await run_until(scheduler, clock, 1800)
     scheduler.cancel_requested(row["id"])
-    await _run_until(scheduler, clock, 10 * 3600)
+    await run_until(scheduler, clock, 10 * 3600)
     await scheduler.store.close()
     assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
     assert rows(tmp_path, "SELECT state, count(*) FROM jobs GROUP BY state") == [("cancelled", 30)]
@@ -286,7 +172,7 @@ async def test_cancelling_a_bag_stops_running_attempts_and_releases_vms(tmp_path
 async def test_launch_failures_back_off_and_other_types_are_used(tmp_path):
     cfg = config(**{"scheduler.launch_backoff_s": 300.0})
     clock = SimClock(0.0)
-    scheduler = await _world(tmp_path, clock, 1, cfg)
+    scheduler = await world(tmp_path, clock, 1, cfg)
     real_launch = scheduler.driver.launch
     calls: list[tuple[float, str]] = []
 
@@ -309,7 +195,7 @@ async def test_launch_failures_back_off_and_other_types_are_used(tmp_path):
         max_jobs=1000,
         offload=False,
     )
-    await _run_until(scheduler, clock, 20 * 3600)
+    await run_until(scheduler, clock, 20 * 3600)
     await scheduler.store.close()
     # The first small launches failed; while small was backed off the planner used big.
     assert calls[0] == (0.0, "small")

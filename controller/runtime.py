@@ -1,0 +1,120 @@
+"""The scheduler's in-memory records of what is open: bags and their queues, jobs,
+attempts and VMs. They mirror rows in the store; only the scheduler changes them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.bagspec import BagSpec
+from controller.models import AttemptState, JobState
+from controller.store import job_id_of
+from drivers.base import VmState, VmType
+from policies.packing import Shape
+
+
+def shape_of(spec: BagSpec) -> Shape:
+    r = spec.resources
+    return Shape(r.cpus, r.gpus, r.memory_gb)
+
+
+def capacity_of(vm_type: VmType) -> Shape:
+    return Shape(vm_type.cpus, vm_type.gpus, vm_type.memory_gb)
+
+
+@dataclass
+class BagRun:
+    id: str
+    spec: BagSpec
+    shape: Shape
+    queue: deque[int]  # job indexes waiting for a slot, next first
+    fresh: dict[int, dict[str, Any]]  # params of queued jobs that never started (no JobRun yet)
+    open_jobs: int  # jobs not yet finished
+    failed_jobs: int
+    cancelled_jobs: int = 0
+    cancel_requested: bool = False
+    live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
+
+    @property
+    def done(self) -> bool:
+        return self.open_jobs == 0 and self.live_attempts == 0
+
+
+@dataclass
+class JobRun:
+    bag_id: str
+    idx: int
+    params: dict[str, Any]
+    state: JobState
+    attempts: int = 0  # attempts made, LOST ones included (numbers them)
+    counted: int = 0  # attempts that count toward max_attempts
+    vm_id: str | None = None
+    started_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = job_id_of(self.bag_id, self.idx)
+
+
+@dataclass
+class AttemptRun:
+    bag_id: str
+    idx: int
+    number: int
+    vm_id: str
+    state: AttemptState
+    started_at: float
+    log_path: str
+    shape: Shape
+    cancelling: bool = False
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = f"{job_id_of(self.bag_id, self.idx)}.{self.number}"
+
+
+@dataclass
+class VmRun:
+    id: str  # the launch token
+    vm_type: VmType
+    state: VmState
+    requested_at: float
+    spot: bool = True
+    zone: str = ""
+    provider_id: str = ""
+    reason: str = ""
+    running_at: float | None = None
+    ended_at: float | None = None
+    free: Shape = field(default_factory=lambda: Shape(0, 0, 0.0))
+    attempts: dict[str, None] = field(default_factory=dict)  # ordered set of attempt ids
+    idle_since: float | None = None
+    terminating: bool = False
+    capacity: Shape = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.capacity = capacity_of(self.vm_type)
+
+    def row(self, driver: str) -> dict[str, Any]:
+        t = self.vm_type
+        return {
+            "id": self.id,
+            "provider_id": self.provider_id,
+            "driver": driver,
+            "vm_type": t.name,
+            "zone": self.zone,
+            "spot": int(self.spot),
+            "state": str(self.state),
+            "reason": self.reason,
+            "cpus": t.cpus,
+            "gpus": t.gpus,
+            "memory_gb": t.memory_gb,
+            "spot_price_per_hour": t.spot_price_per_hour,
+            "on_demand_price_per_hour": t.on_demand_price_per_hour,
+            "requested_at": self.requested_at,
+            "running_at": self.running_at,
+            "ended_at": self.ended_at,
+        }

@@ -1,0 +1,267 @@
+"""Edge paths of the scheduler: odd event orders, restarts at awkward moments,
+failing passes, launch failures. Each test is a scenario that once went wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from controller import scheduler as scheduler_module
+from controller.admission import admit
+from controller.clock import SimClock
+from controller.executors.base import AttemptEvent, Outcome
+from controller.planner import CatalogType, DemandGroup, Launch, Snapshot, plan
+from drivers.base import CapacityError, LaunchRequest, VmState, VmType
+from policies.packing import Shape
+from tests.controller.simworld import bag, check_store_consistent, config, rows, run_until, world
+
+
+async def submit(scheduler, cfg, spec, bag_id="b0000000001"):
+    row, _ = await admit(
+        spec,
+        store=scheduler.store,
+        scheduler=scheduler,
+        catalog=cfg.catalog(),
+        bag_id=bag_id,
+        now=scheduler.clock.now(),
+        max_jobs=10_000,
+        offload=False,
+    )
+    return row["id"]
+
+
+def test_planner_backoff_with_a_type_that_does_not_fit():
+    # "small" cannot hold the job and is not backed off; "big" can and is.
+    small = CatalogType("small", "z", Shape(2, 0, 4.0), 0.01)
+    big = CatalogType("big", "z", Shape(8, 0, 32.0), 0.1)
+    snapshot = Snapshot(
+        now=100.0,
+        demand=[DemandGroup("b", Shape(4, 0, 8.0), 1)],
+        vms=[],
+        catalog=[small, big],
+        alive_vms=0,
+        max_vms=4,
+        idle_timeout_s=60.0,
+        blocked_until={"big": 130.0},
+    )
+    result = plan(snapshot)
+    assert result.launches == [] and result.next_wake_at == 130.0
+    assert plan(Snapshot(**{**snapshot.__dict__, "now": 131.0})).launches == [Launch("big", 1, "b")]
+
+
+async def test_restart_while_a_cancelled_bag_still_has_attempts_being_killed(tmp_path):
+    cfg = config()
+    clock = SimClock(0.0)
+    first = await world(tmp_path, clock, 1, cfg)
+    bag_id = await submit(first, cfg, bag(6))
+    await run_until(first, clock, 600)
+    # The cancel is recorded (jobs cancelled) but the kills have not been confirmed yet.
+    await first.store.request_cancel(bag_id, clock.now())
+    batch = first.store.new_batch()
+    first._run_commands(batch, [scheduler_module._Cancel(bag_id)], clock.now())
+    await first.store.apply(batch)
+    assert rows(tmp_path, "SELECT count(*) FROM attempts WHERE state = 'running'") == [(6,)]
+    # Crash. The new controller must start, and finish the bag as cancelled.
+    second = await world(tmp_path, clock, 2, cfg)
+    await second.recover()
+    await run_until(second, clock, 3 * 3600)
+    await second.store.close()
+    assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
+    assert rows(tmp_path, "SELECT state, count(*) FROM attempts GROUP BY state") == [("lost", 6)]
+    check_store_consistent(tmp_path)
+
+
+async def test_a_bag_no_type_fits_any_more_fails_with_a_reason_and_others_go_on(tmp_path):
+    cfg = config()
+    clock = SimClock(0.0)
+    first = await world(tmp_path, clock, 1, cfg)
+    big_only = await submit(
+        first, cfg, bag(2, resources={"cpus": 6, "memory_gb": 8}), "b0000000001"
+    )
+    await first.store.close()
+    # Restart with a catalog that lost the big type, and a new bag that fits.
+    small_only = config(
+        vm_types=[
+            {
+                "name": "small",
+                "cpus": 2,
+                "memory_gb": 4,
+                "spot_price_per_hour": 0.02,
+                "on_demand_price_per_hour": 0.08,
+            }
+        ]
+    )
+    second = await world(tmp_path, clock, 2, small_only)
+    await second.recover()
+    await submit(second, small_only, bag(2), "b0000000002")
+    await run_until(second, clock, 4 * 3600)
+    await second.store.close()
+    assert rows(tmp_path, "SELECT id, state FROM bags ORDER BY id") == [
+        (big_only, "failed"),
+        ("b0000000002", "succeeded"),
+    ]
+    reasons = rows(tmp_path, f"SELECT DISTINCT reason FROM jobs WHERE bag_id = '{big_only}'")
+    assert len(reasons) == 1 and reasons[0][0].startswith("no VM type fits cpus=6")
+    check_store_consistent(tmp_path)
+
+
+async def test_a_rebuild_keeps_running_vms_and_releases_them_when_idle(tmp_path):
+    cfg = config(**{"scheduler.idle_timeout_s": 120.0})
+    clock = SimClock(0.0)
+    first = await world(tmp_path, clock, 1, cfg)
+    await submit(first, cfg, bag(2, runtime_s=600))
+    await run_until(first, clock, 120)
+    assert len(first.vms) == 1 and len(first.attempts) == 2
+    # Same driver and executor (a rebuild after a failed pass, not a crash).
+    second = await world(
+        tmp_path, clock, 2, cfg, store=first.store, driver=first.driver, executor=first.executor
+    )
+    await second.recover()
+    assert len(second.vms) == 1 and len(second.attempts) == 2  # re-adopted, not lost
+    await run_until(second, clock, 4 * 3600)
+    await second.store.close()
+    assert rows(tmp_path, "SELECT state, count(*) FROM attempts GROUP BY state") == [
+        ("succeeded", 2)
+    ]
+    assert rows(tmp_path, "SELECT state, reason FROM vms") == [("terminated", "idle for 120 s")]
+    check_store_consistent(tmp_path)
+
+
+async def test_a_failing_pass_rebuilds_from_the_store_and_loses_no_input(tmp_path, monkeypatch):
+    cfg = config(**{"scheduler.poll_interval_s": 0.01})
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    await submit(scheduler, cfg, bag(2, runtime_s=60))
+    await run_until(scheduler, clock, 61)  # both jobs start at t=60 (boot), end at t=120
+    real_plan = scheduler_module.plan
+    failures = []
+
+    def flaky_plan(snapshot):
+        if not failures:
+            failures.append(snapshot.now)
+            raise RuntimeError("injected planner failure")
+        return real_plan(snapshot)
+
+    monkeypatch.setattr(scheduler_module, "plan", flaky_plan)
+    clock.advance_to(121)  # the jobs' end events wait in the inbox
+    assert scheduler.has_inputs()
+    task = asyncio.create_task(scheduler.run(describe=False))
+    for _ in range(300):
+        await asyncio.sleep(0.01)
+        if rows(tmp_path, "SELECT state FROM bags") == [("succeeded",)]:
+            break
+    scheduler.stop()
+    await task
+    await scheduler.store.close()
+    assert failures, "the injected failure happened"
+    assert rows(tmp_path, "SELECT state FROM bags") == [("succeeded",)]
+    assert rows(tmp_path, "SELECT state, count(*) FROM attempts GROUP BY state") == [
+        ("succeeded", 2)
+    ]
+
+
+async def test_repeated_failures_stop_the_loop(tmp_path, monkeypatch):
+    cfg = config(**{"scheduler.poll_interval_s": 0.01})
+    scheduler = await world(tmp_path, SimClock(0.0), 1, cfg)
+
+    def broken(snapshot):
+        raise RuntimeError("always broken")
+
+    monkeypatch.setattr(scheduler_module, "plan", broken)
+    with pytest.raises(RuntimeError, match="always broken"):
+        await asyncio.wait_for(scheduler.run(describe=False, max_failures=3), 10)
+    await scheduler.store.close()
+
+
+async def test_shutdown_records_ends_that_arrived_before_it(tmp_path):
+    cfg = config()
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    await submit(scheduler, cfg, bag(2, runtime_s=600))
+    await run_until(scheduler, clock, 120)
+    clock.advance_to(700)  # both attempts ended; nobody handled their events yet
+    await scheduler.shutdown(vms_die_with_controller=True)
+    await scheduler.store.close()
+    assert rows(tmp_path, "SELECT state, count(*) FROM attempts GROUP BY state") == [
+        ("succeeded", 2)
+    ]
+    assert rows(tmp_path, "SELECT state FROM bags") == [("succeeded",)]
+
+
+async def test_a_success_before_a_cancel_stays_a_success(tmp_path):
+    cfg = config(**{"scheduler.max_vms": 1})
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    bag_id = await submit(scheduler, cfg, bag(3, runtime_s=600))  # two run, one waits
+    await run_until(scheduler, clock, 650)  # the two end at 660
+    clock.advance_to(661)
+    scheduler.cancel_requested(bag_id)  # the cancel comes after their exits
+    await run_until(scheduler, clock, 3600)
+    await scheduler.store.close()
+    assert rows(tmp_path, "SELECT state FROM jobs ORDER BY idx") == [
+        ("succeeded",),
+        ("succeeded",),
+        ("cancelled",),
+    ]
+    assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
+
+
+async def test_a_live_vm_the_controller_gave_up_on_is_terminated(tmp_path):
+    cfg = config()
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    # A launch that raised after the cloud had made the VM (e.g. a timeout).
+    stray = await scheduler.driver.launch(LaunchRequest("vm-stray", VmType("small", 2, 4.0)))
+    clock.advance_to(100)  # it boots; its status names a token nobody tracks
+    await scheduler.tick()
+    status = (await scheduler.driver.describe([stray.vm_id]))[stray.vm_id]
+    assert status.state is VmState.TERMINATED
+    await scheduler.store.close()
+
+
+async def test_backoff_is_counted_once_per_pass_and_decays(tmp_path):
+    cfg = config(**{"scheduler.launch_backoff_s": 10.0, "scheduler.launch_backoff_max_s": 300.0})
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+
+    async def no_capacity(request):
+        raise CapacityError("none left")
+
+    scheduler.driver.launch = no_capacity
+    await submit(
+        scheduler, cfg, bag(10, resources={"cpus": 1, "memory_gb": 1, "vm_types": ["small"]})
+    )
+    await scheduler.tick()  # five small launches fail in one pass
+    assert scheduler._backoff["small"] == (10.0, 10.0)
+    clock.advance_to(15.0)
+    await scheduler.tick()  # fails again soon after the back-off ended: doubled
+    assert scheduler._backoff["small"] == (35.0, 20.0)
+    clock.advance_to(2000.0)
+    await scheduler.tick()  # a failure long after: back to the base delay
+    assert scheduler._backoff["small"] == (2010.0, 10.0)
+    await scheduler.store.close()
+
+
+async def test_an_attempt_killed_by_an_unknown_signal_still_ends(tmp_path):
+    import time
+
+    from controller.executors.local import LocalExecutor
+
+    executor = LocalExecutor(tmp_path, controller_id="c", now=time.time)
+    events: list[AttemptEvent] = []
+    executor.subscribe(events.append)
+    from tests.controller.test_local_executor import spec
+
+    # `exec`: the program itself is the attempt's process and dies of the signal.
+    await executor.start(
+        spec('exec python3 -c "import os, signal; os.kill(os.getpid(), signal.SIGRTMIN + 6)"')
+    )
+    for _ in range(200):
+        if events:
+            break
+        await asyncio.sleep(0.02)
+    (event,) = events
+    assert event.outcome is Outcome.EXITED and event.exit_code == 128 + signal.SIGRTMIN + 6
+    assert event.detail.startswith(f"killed by signal {signal.SIGRTMIN + 6}")
