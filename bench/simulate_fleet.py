@@ -11,7 +11,9 @@ lock-step rounds into ~100,000 distinct completion times.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -58,14 +60,22 @@ def bag(runtime_cv: float) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per case; prints every time and the median"
+    )
+    args = parser.parse_args()
     for cv in (0.0, 0.1):
-        with tempfile.TemporaryDirectory(prefix="spotbag-sim-") as tmp:
-            started = time.perf_counter()
-            result = asyncio.run(simulate(bag(cv), CONFIG, seed=1, state_dir=Path(tmp)))
-            wall_s = time.perf_counter() - started
+        times = []
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(prefix="spotbag-sim-") as tmp:
+                started = time.perf_counter()
+                result = asyncio.run(simulate(bag(cv), CONFIG, seed=1, state_dir=Path(tmp)))
+                times.append(time.perf_counter() - started)
+        runs = ", ".join(f"{t:.1f}" for t in times)
         print(
-            f"simulate 100,000 one-hour jobs on 1,000 VMs (runtime cv {cv}): {wall_s:.1f} s wall, "
-            f"{result.ticks:,} scheduler passes"
+            f"simulate 100,000 one-hour jobs on 1,000 VMs (runtime cv {cv}): median "
+            f"{statistics.median(times):.1f} s wall (runs: {runs} s), {result.ticks:,} scheduler passes"
         )
         print(render_summary(result.bag, result.fleet))
         print()

@@ -346,9 +346,13 @@ def _check_command(command: str, names: list[str], problems: list[FieldProblem])
             )
         elif name not in names:
             known = ", ".join(names) if names else "none"
+            hint = ""
+            if f"${{{name}" in command:
+                hint = f"; for the shell's ${{{name}}} write ${{{{{name}}}}}"
             problems.append(
                 FieldProblem(
-                    "command", f"placeholder {{{name}}} is not a parameter (parameters: {known})"
+                    "command",
+                    f"placeholder {{{name}}} is not a parameter (parameters: {known}){hint}",
                 )
             )
 

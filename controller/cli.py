@@ -7,7 +7,8 @@ files of --state-dir / SPOTBAG_STATE_DIR on this host).
 
 Exit codes: 0 success; 1 the daemon could not be reached or an internal error;
 2 the request was refused (bad input, not found, ...); 3 `watch`/`submit
---watch` saw the bag end with failed or cancelled jobs.
+--watch` saw the bag end with failed or cancelled jobs; 78 `serve` was given a
+configuration it cannot use.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ err_console = Console(stderr=True)
 EXIT_UNREACHABLE = 1
 EXIT_REFUSED = 2
 EXIT_BAG_FAILED = 3
+EXIT_CONFIG = 78  # sysexits.h EX_CONFIG
 TERMINAL_BAG_STATES = ("succeeded", "failed", "cancelled")
 
 
@@ -124,8 +126,13 @@ def serve(
         config = load_config(
             config_path, state_dir=ctx.obj["state_dir"], **{"api.host": host, "api.port": port}
         )
+    except ConfigError as exc:
+        # EX_CONFIG: a supervisor should not restart what only an edit can fix.
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(EXIT_CONFIG)
+    try:
         asyncio.run(serve_forever(config))
-    except (ConfigError, StateDirBusy) as exc:
+    except StateDirBusy as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot start: {exc}") from None

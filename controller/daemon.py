@@ -29,6 +29,7 @@ from controller.executors.local import LocalExecutor
 from controller.ids import RandomIds
 from controller.metrics import Metrics
 from controller.scheduler import Scheduler
+from controller.sdnotify import notify
 from controller.store import Store
 from controller.wiring import make_driver
 
@@ -186,8 +187,10 @@ async def serve(
         )
         if ready is not None:
             ready.set()
+        await notify(READY="1", STATUS=f"serving {url} (driver {controller.driver.name})")
         await stop.wait()
         log.info("stopping")
+        await notify(STOPPING="1", STATUS="stopping: ending running jobs")
     finally:
         await runner.cleanup()
         await controller.stop()

@@ -24,7 +24,7 @@ def capacity_of(vm_type: VmType) -> Shape:
     return Shape(vm_type.cpus, vm_type.gpus, vm_type.memory_gb)
 
 
-@dataclass
+@dataclass(slots=True)
 class BagRun:
     id: str
     spec: BagSpec
@@ -36,13 +36,20 @@ class BagRun:
     cancelled_jobs: int = 0
     cancel_requested: bool = False
     live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
+    allowed_types: tuple[str, ...] | None = field(init=False)  # resources.vm_types
+    regions: tuple[str, ...] | None = field(init=False)  # resources.regions
+
+    def __post_init__(self) -> None:
+        resources = self.spec.resources
+        self.allowed_types = tuple(resources.vm_types) if resources.vm_types else None
+        self.regions = tuple(resources.regions) if resources.regions else None
 
     @property
     def done(self) -> bool:
         return self.open_jobs == 0 and self.live_attempts == 0
 
 
-@dataclass
+@dataclass(slots=True)
 class JobRun:
     bag_id: str
     idx: int
@@ -60,7 +67,7 @@ class JobRun:
         self.id = job_id_of(self.bag_id, self.idx)
 
 
-@dataclass
+@dataclass(slots=True)
 class AttemptRun:
     bag_id: str
     idx: int
@@ -77,7 +84,7 @@ class AttemptRun:
         self.id = f"{job_id_of(self.bag_id, self.idx)}.{self.number}"
 
 
-@dataclass
+@dataclass(slots=True)
 class VmRun:
     id: str  # the launch token
     vm_type: VmType

@@ -115,6 +115,7 @@ class Scheduler:
         self._stopping = False
         self._last_describe = 0.0
         self._replan = False  # an action failed: plan again at once, not at the next event
+        self._call_slots = asyncio.Semaphore(settings.max_concurrent_calls)
         self.ticks = 0
         driver.subscribe(self._on_vm_status)
         executor.subscribe(self._on_attempt_event)
@@ -751,13 +752,7 @@ class Scheduler:
 
     def _snapshot(self, now: float) -> Snapshot:
         demand = [
-            DemandGroup(
-                bag.id,
-                bag.shape,
-                len(bag.queue),
-                tuple(bag.spec.resources.vm_types) if bag.spec.resources.vm_types else None,
-                tuple(bag.spec.resources.regions) if bag.spec.resources.regions else None,
-            )
+            DemandGroup(bag.id, bag.shape, len(bag.queue), bag.allowed_types, bag.regions)
             for bag in self.bags.values()
             if bag.queue
         ]
@@ -882,6 +877,43 @@ class Scheduler:
             log.exception("driver/executor call failed")
             return None
 
+    async def _run_all(self, calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+        """Run driver/executor calls, at most max_concurrent_calls at a time."""
+        if self.settings.max_concurrent_calls == 1:
+            return [await call() for call in calls]
+
+        async def bounded(call: Callable[[], Awaitable[T]]) -> T:
+            async with self._call_slots:
+                return await call()
+
+        return await asyncio.gather(*(bounded(call) for call in calls))
+
+    async def _start(self, spec: AttemptSpec) -> tuple[AttemptSpec, str | None]:
+        try:
+            await self.executor.start(spec)
+        except ExecutorError as exc:
+            return spec, str(exc)
+        except Exception as exc:
+            log.exception("starting %s failed", spec.attempt_id)
+            return spec, f"internal error: {exc}"
+        return spec, None
+
+    async def _launch(self, vm: VmRun) -> tuple[VmRun, VmStatus | None, Exception | None]:
+        request = LaunchRequest(
+            token=vm.id,
+            vm_type=vm.vm_type,
+            spot=vm.spot,
+            zone=vm.zone,
+            tags={"spotbag-controller": self.controller_id},
+        )
+        try:
+            return vm, await self.driver.launch(request), None
+        except DriverError as exc:
+            return vm, None, exc
+        except Exception as exc:
+            log.exception("launching %s failed", vm.id)
+            return vm, None, exc
+
     async def _execute(
         self,
         starts: list[AttemptSpec],
@@ -890,47 +922,12 @@ class Scheduler:
         terminations: list[Terminate],
         batch: WriteBatch,
     ) -> None:
-        limit = asyncio.Semaphore(self.settings.max_concurrent_calls)
-
-        async def bounded(fn: Callable[[], Awaitable[T]]) -> T:
-            async with limit:
-                return await fn()
-
-        async def run_all(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
-            if self.settings.max_concurrent_calls == 1:
-                return [await call() for call in calls]
-            return await asyncio.gather(*(bounded(call) for call in calls))
-
-        async def start(spec: AttemptSpec) -> tuple[AttemptSpec, str | None]:
-            try:
-                await self.executor.start(spec)
-            except ExecutorError as exc:
-                return spec, str(exc)
-            except Exception as exc:
-                log.exception("starting %s failed", spec.attempt_id)
-                return spec, f"internal error: {exc}"
-            return spec, None
-
-        async def launch(vm: VmRun) -> tuple[VmRun, VmStatus | None, Exception | None]:
-            request = LaunchRequest(
-                token=vm.id,
-                vm_type=vm.vm_type,
-                spot=vm.spot,
-                zone=vm.zone,
-                tags={"spotbag-controller": self.controller_id},
-            )
-            try:
-                return vm, await self.driver.launch(request), None
-            except DriverError as exc:
-                return vm, None, exc
-            except Exception as exc:
-                log.exception("launching %s failed", vm.id)
-                return vm, None, exc
-
-        results = await run_all(
+        if not (starts or launches or cancels or terminations):
+            return
+        results = await self._run_all(
             [
-                *(lambda s=s: start(s) for s in starts),
-                *(lambda v=v: launch(v) for v in launches),
+                *(lambda s=s: self._start(s) for s in starts),
+                *(lambda v=v: self._launch(v) for v in launches),
                 *(lambda a=a: self._call(self.executor.cancel(a)) for a in cancels),
             ]
         )

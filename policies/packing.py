@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Shape:
-    """Resources one job needs, or one VM (type) offers."""
+class Shape(NamedTuple):
+    """Resources one job needs, or one VM (type) offers.
+
+    A NamedTuple rather than a frozen dataclass: the scheduler makes hundreds of
+    thousands of these in a large simulation, and tuples are much cheaper to create.
+    """
 
     cpus: int
     gpus: int

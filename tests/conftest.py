@@ -68,11 +68,12 @@ class Daemon:
         self.process: subprocess.Popen | None = None
         self.log_path = state_dir / "daemon.log"
 
-    def start(self, timeout_s: float = 20.0) -> Client:
+    def start(self, timeout_s: float = 20.0, extra_env: dict[str, str] | None = None) -> Client:
         url_file = self.state_dir / "api.url"
         url_file.unlink(missing_ok=True)
         log = self.log_path.open("ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+        env.update(extra_env or {})
         self.process = subprocess.Popen(
             [
                 sys.executable,

@@ -1,5 +1,8 @@
 """The Executor protocol: start, cancel and watch attempts of jobs on VMs.
 
+Attempt specs and events are NamedTuples (immutable, cheap to create: a large
+simulation makes one of each per attempt).
+
 An executor reports what happens to attempts as `AttemptEvent`s pushed to its
 subscribers. It never decides retries or states: the scheduler does.
 """
@@ -7,9 +10,8 @@ subscribers. It never decides retries or states: the scheduler does.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from controller.bagspec import ParamValue, SimulationHints
 
@@ -21,8 +23,7 @@ class Outcome(StrEnum):
     START_FAILED = "start_failed"  # could not be started at all
 
 
-@dataclass(frozen=True)
-class AttemptEvent:
+class AttemptEvent(NamedTuple):
     attempt_id: str
     at: float  # epoch seconds
     outcome: Outcome
@@ -30,8 +31,7 @@ class AttemptEvent:
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class AttemptSpec:
+class AttemptSpec(NamedTuple):
     """Everything an executor needs to run one attempt of one job."""
 
     attempt_id: str  # "<job id>.<number>"

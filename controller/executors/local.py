@@ -62,7 +62,13 @@ class LocalExecutor:
         self._running: dict[str, _Running] = {}
         self._stoppers: set[asyncio.Task] = set()
         self._listeners: list[AttemptListener] = []
-        self._base_env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+        # Jobs inherit the daemon's environment minus its own settings (the API token
+        # among them) and systemd's notification socket (jobs are not the service).
+        self._base_env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("SPOTBAG_") and k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")
+        }
 
     def subscribe(self, listener: AttemptListener) -> None:
         self._listeners.append(listener)

@@ -109,6 +109,7 @@ def test_environment_of_a_job():
         (spec(parameters={"a": [1]}, points=[{"a": 1}]), "points", "not both"),
         (spec(points=[{"a": 1}, {"b": 2}]), "points[1]", "points[0] has"),
         (spec(command="x {b}", parameters={"a": [1]}), "command", "{b} is not a parameter"),
+        (spec(command="echo ${HOME}"), "command", "for the shell's ${HOME} write ${{HOME}}"),
         (spec(command="x {a!r}", parameters={"a": [1]}), "command", "conversions"),
         (spec(command="x {a", parameters={"a": [1]}), "command", "placeholder syntax"),
         (spec(command="x {a:d}", parameters={"a": ["s"]}), "command", "cannot format job 0"),

@@ -151,7 +151,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("pattern", "replacement"),
     [
-        (r"^Type=exec$", "Type=bogus"),  # a bad value: exit 0, one stderr line
+        (r"^Type=notify$", "Type=bogus"),  # a bad value: exit 0, one stderr line
         (r"^ProtectSystem=", "ProtectSytem="),  # a typo in a key: exit 0, one stderr line
         (r"^StateDirectory=spotbag$", "StateDirectory=/abs/path"),  # must be relative
     ],
