@@ -13,7 +13,6 @@ the `migrations` table; `open()` applies the missing ones.
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 import sqlite3
 import threading
@@ -28,10 +27,6 @@ from typing import Any, TypeVar
 import sqlite_utils
 
 T = TypeVar("T")
-
-LIVE_ATTEMPT_STATES = ("starting", "running")
-LIVE_VM_STATES = ("pending", "running")
-OPEN_JOB_STATES = ("queued", "held", "running")
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -797,7 +792,3 @@ class Store:
             )
 
         return await self.read(count)
-
-
-def decode_params(text: str) -> dict[str, Any]:
-    return json.loads(text)
