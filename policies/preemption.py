@@ -1,37 +1,223 @@
-"""VM lifetime (preemption) models and sampling from them.
+"""VM lifetime (preemption) models: the bathtub model of SPEC.md §2 and the classic
+alternatives, on one interface.
 
-A model answers "when does a VM of this kind die?" as a distribution of the
-lifetime ℒ in hours. Every model here shares one small interface:
+Time is in hours. Every model may have a deadline L (Google: 24 h): a VM still
+alive at L is preempted at L, so the distribution is a continuous part F_c on
+[0, L) plus a point mass 1 - F_c(L-) at L:
 
-- `cdf(t_h)` / `sf(t_h)`: P(ℒ <= t) and P(ℒ > t);
-- `expected_lifetime_h()`;
-- `sample_h(rng, n)`: n lifetimes drawn with the caller's `numpy.random.Generator`.
+    F(t) = F_c(t) for t < L,   F(t) = 1 for t >= L.
 
-`NoPreemption` never preempts. `Exponential` is the memoryless model (constant
-hazard 1/MTTF), optionally with a hard deadline L after which every VM is
-reclaimed (Google preemptible/spot VMs: L = 24 h; SPEC.md §2 point mass at L).
-The bathtub model of SPEC.md §2 builds on this interface.
+Models:
+- `Bathtub(A, tau1, tau2, b, L)`: F_c(t) = A·(1 - e^{-t/tau1} + e^{(t-b)/tau2}) - A·e^{-b/tau2}
+  (paper eq. 1, shifted so that F(0) = 0 exactly, clipped to [0, 1]; SPEC.md §2),
+  f(t) = A·(e^{-t/tau1}/tau1 + e^{(t-b)/tau2}/tau2) while F_c < 1.
+- `Exponential(mttf_h, L)`: F_c = 1 - e^{-t/mttf} (memoryless).
+- `Weibull(k, lam, L)`: F_c = 1 - exp(-(t/lam)^k).
+- `GompertzMakeham(lam, alpha, beta, L)`: F_c = 1 - exp(-lam·t - (alpha/beta)(e^{beta·t} - 1)).
+- `NoPreemption()`: never preempted.
+
+Each model gives cdf, sf, pdf, hazard, the deadline mass, the expected lifetime,
+`mass(a, b)` = P(a < ℒ <= b) and `first_moment(a, b)` = E[ℒ; a < ℒ <= b] (both
+counting the deadline mass), sampling with the caller's numpy Generator, and
+the censored log-likelihood used for fitting (SPEC.md §2 "Fitting").
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
+from scipy import integrate, optimize
+
+ArrayLike = float | np.ndarray
+
+# Grid resolution for models without a closed-form inverse or first moment.
+_GRID_POINTS = 8193
+
+
+def _arr(t: ArrayLike) -> np.ndarray:
+    return np.asarray(t, dtype=float)
+
+
+class LifetimeModel:
+    """Shared machinery; subclasses give `_cdf_c` and `_pdf_c` (the continuous part)."""
+
+    name = "model"
+    L: float | None
+
+    # --- the continuous part (subclasses) ---------------------------------------
+
+    def _cdf_c(self, t: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _pdf_c(self, t: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _moment_c(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """∫_a^b t f_c(t) dt for 0 <= a <= b <= end; by default from a cached grid."""
+        grid, cumulative = self._moment_grid
+        return np.interp(b, grid, cumulative) - np.interp(a, grid, cumulative)
+
+    # --- the distribution --------------------------------------------------------
+
+    @property
+    def end_h(self) -> float:
+        """Where the distribution ends: the deadline L (or a horizon when there is none)."""
+        return self.L if self.L is not None else self._horizon_h()
+
+    def _horizon_h(self) -> float:
+        return 1000.0
+
+    @property
+    def parameters(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "L"}
+
+    @property
+    def n_params(self) -> int:
+        return len(self.parameters)
+
+    def cdf(self, t_h: ArrayLike) -> np.ndarray:
+        t = _arr(t_h)
+        out = np.clip(self._cdf_c(np.maximum(t, 0.0)), 0.0, 1.0)
+        out = np.where(t < 0, 0.0, out)
+        if self.L is not None:
+            out = np.where(t >= self.L, 1.0, out)
+        return out
+
+    def sf(self, t_h: ArrayLike) -> np.ndarray:
+        return 1.0 - self.cdf(t_h)
+
+    def pdf(self, t_h: ArrayLike) -> np.ndarray:
+        """Density of the continuous part (the deadline mass is not a density)."""
+        t = _arr(t_h)
+        inside = (t >= 0) & (self._cdf_c(np.maximum(t, 0.0)) < 1.0)
+        if self.L is not None:
+            inside &= t < self.L
+        return np.where(inside, self._pdf_c(np.maximum(t, 0.0)), 0.0)
+
+    def hazard(self, t_h: ArrayLike) -> np.ndarray:
+        """h(t) = f(t) / S(t) (infinite where nothing survives)."""
+        f, s = self.pdf(t_h), self.sf(t_h)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(s > 0, f / np.where(s > 0, s, 1.0), np.inf)
+
+    def deadline_mass(self) -> float:
+        """P(ℒ = L): VMs that live until the deadline are reclaimed there."""
+        if self.L is None:
+            return 0.0
+        return float(1.0 - np.clip(self._cdf_c(np.array(self.L)), 0.0, 1.0))
+
+    def mass(self, a_h: ArrayLike, b_h: ArrayLike) -> np.ndarray:
+        """P(a < ℒ <= b), the deadline mass included."""
+        return self.cdf(b_h) - self.cdf(a_h)
+
+    def first_moment(self, a_h: ArrayLike, b_h: ArrayLike) -> np.ndarray:
+        """E[ℒ · 1{a < ℒ <= b}], the deadline mass included."""
+        a, b = np.broadcast_arrays(_arr(a_h), _arr(b_h))
+        end = self.end_h
+        lo, hi = np.clip(a, 0.0, end), np.clip(b, 0.0, end)
+        out = self._moment_c(lo, np.maximum(lo, hi))
+        if self.L is not None:
+            out = out + np.where((a < self.L) & (b >= self.L), self.L * self.deadline_mass(), 0.0)
+        return out
+
+    def expected_lifetime_h(self) -> float:
+        """E[ℒ] = ∫_0^L t f(t) dt + L·(1 - F(L-))  (SPEC.md §2)."""
+        return float(self.first_moment(0.0, self.end_h))
+
+    def conditional_failure(self, age_h: ArrayLike, length_h: ArrayLike) -> np.ndarray:
+        """P(preempted within `length` | alive at `age`) = (F(s+T) - F(s)) / S(s)."""
+        s = _arr(age_h)
+        survive = self.sf(s)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(
+                survive > 0,
+                self.mass(s, s + _arr(length_h)) / np.where(survive > 0, survive, 1.0),
+                1.0,
+            )
+
+    def expected_loss_h(self, age_h: ArrayLike, length_h: ArrayLike) -> np.ndarray:
+        """E[ℒ - s | s < ℒ <= s + T]: work lost by a job of length T started at age s, if it fails."""
+        s, t = np.broadcast_arrays(_arr(age_h), _arr(length_h))
+        m = self.mass(s, s + t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(
+                m > 0, (self.first_moment(s, s + t) - s * m) / np.where(m > 0, m, 1.0), 0.0
+            )
+
+    # --- sampling -------------------------------------------------------------------
+
+    @functools.cached_property
+    def _inverse_grid(self) -> tuple[np.ndarray, np.ndarray]:
+        end = self.end_h
+        t = np.linspace(0.0, end, _GRID_POINTS)
+        cdf = np.clip(self._cdf_c(t), 0.0, 1.0)
+        return t, np.maximum.accumulate(cdf)
+
+    @functools.cached_property
+    def _moment_grid(self) -> tuple[np.ndarray, np.ndarray]:
+        end = self.end_h
+        t = np.linspace(0.0, end, _GRID_POINTS)
+        values = t * np.where(self._cdf_c(t) < 1.0, self._pdf_c(t), 0.0)
+        cumulative = np.concatenate([[0.0], np.cumsum((values[1:] + values[:-1]) / 2 * np.diff(t))])
+        return t, cumulative
+
+    def _ppf_c(self, u: np.ndarray) -> np.ndarray:
+        """Inverse of the continuous part, for u below F_c(end)."""
+        t, cdf = self._inverse_grid
+        return np.interp(u, cdf, t)
+
+    def sample_h(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n lifetimes by inverse transform; draws beyond F_c(L-) land on the deadline."""
+        u = rng.random(n)
+        top = 1.0 - self.deadline_mass() if self.L is not None else 1.0
+        lifetimes = self._ppf_c(np.minimum(u, top))
+        if self.L is not None:
+            lifetimes = np.where(u >= top, self.L, lifetimes)
+        return lifetimes
+
+    # --- fitting support --------------------------------------------------------------
+
+    def log_likelihood(
+        self, lifetimes_h: np.ndarray, preempted: np.ndarray, deadline_window_h: float = 0.25
+    ) -> float:
+        """Σ log f(t) over preemptions before the deadline window, log(deadline mass) over
+        preemptions within `deadline_window_h` of L (or after), log S(t) over censored VMs
+        (stopped by their user, or still running)."""
+        t = _arr(lifetimes_h)
+        event = np.asarray(preempted, dtype=bool)
+        at_deadline = (
+            t >= self.L - deadline_window_h if self.L is not None else np.zeros_like(event)
+        )
+        early, late, censored = event & ~at_deadline, event & at_deadline, ~event
+        if self.L is not None:  # a VM stopped at or after L was alive just before it
+            t = np.where(censored, np.minimum(t, self.L - 1e-9), t)
+        mass = self.deadline_mass()
+        if late.any() and mass <= 0:
+            return -math.inf
+        with np.errstate(divide="ignore"):
+            total = (
+                float(np.sum(np.log(self.pdf(t[early]))))
+                + float(late.sum()) * (math.log(mass) if late.any() else 0.0)
+                + float(np.sum(np.log(self.sf(t[censored]))))
+            )
+        return total if math.isfinite(total) else -math.inf
 
 
 @dataclass(frozen=True)
-class NoPreemption:
+class NoPreemption(LifetimeModel):
     """A VM that is never preempted (on-demand capacity, or preemption switched off)."""
 
+    L: float | None = None
     name = "none"
 
-    def cdf(self, t_h):
-        return np.zeros_like(np.asarray(t_h, dtype=float))
+    def _cdf_c(self, t):
+        return np.zeros_like(_arr(t))
 
-    def sf(self, t_h):
-        return np.ones_like(np.asarray(t_h, dtype=float))
+    def _pdf_c(self, t):
+        return np.zeros_like(_arr(t))
 
     def expected_lifetime_h(self) -> float:
         return math.inf
@@ -41,47 +227,188 @@ class NoPreemption:
 
 
 @dataclass(frozen=True)
-class Exponential:
-    """Memoryless lifetimes: F(t) = 1 - exp(-t / mttf_h) for t < L, F(t) = 1 for t >= L.
-
-    `max_lifetime_h` is the provider's deadline L (None: no deadline). With a
-    deadline the mass exp(-L / mttf_h) sits at L exactly, so
-    E[ℒ] = mttf_h · (1 - exp(-L / mttf_h)).
-    """
+class Exponential(LifetimeModel):
+    """Memoryless lifetimes: constant hazard 1/mttf_h."""
 
     mttf_h: float
-    max_lifetime_h: float | None = None
+    L: float | None = None
     name = "exponential"
 
     def __post_init__(self) -> None:
         if not self.mttf_h > 0:
             raise ValueError(f"mttf_h must be > 0, got {self.mttf_h}")
-        if self.max_lifetime_h is not None and not self.max_lifetime_h > 0:
-            raise ValueError(f"max_lifetime_h must be > 0, got {self.max_lifetime_h}")
+        if self.L is not None and not self.L > 0:
+            raise ValueError(f"L must be > 0, got {self.L}")
 
-    def cdf(self, t_h):
-        t = np.asarray(t_h, dtype=float)
-        out = -np.expm1(-np.maximum(t, 0.0) / self.mttf_h)
-        if self.max_lifetime_h is not None:
-            out = np.where(t >= self.max_lifetime_h, 1.0, out)
-        return out
+    def _horizon_h(self) -> float:
+        return 50.0 * self.mttf_h
 
-    def sf(self, t_h):
-        return 1.0 - self.cdf(t_h)
+    def _cdf_c(self, t):
+        return -np.expm1(-_arr(t) / self.mttf_h)
+
+    def _pdf_c(self, t):
+        return np.exp(-_arr(t) / self.mttf_h) / self.mttf_h
+
+    def _moment_c(self, a, b):
+        m = self.mttf_h
+
+        def g(t):  # antiderivative of t·f(t)
+            return -(t + m) * np.exp(-t / m)
+
+        return g(b) - g(a)
+
+    def _ppf_c(self, u):
+        return -self.mttf_h * np.log1p(-u)
 
     def expected_lifetime_h(self) -> float:
-        if self.max_lifetime_h is None:
+        if self.L is None:
             return self.mttf_h
-        return self.mttf_h * -math.expm1(-self.max_lifetime_h / self.mttf_h)
-
-    def sample_h(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        draws = rng.exponential(self.mttf_h, size=n)
-        if self.max_lifetime_h is not None:
-            draws = np.minimum(draws, self.max_lifetime_h)
-        return draws
+        return self.mttf_h * -math.expm1(-self.L / self.mttf_h)
 
 
-LifetimeModel = NoPreemption | Exponential
+@dataclass(frozen=True)
+class Weibull(LifetimeModel):
+    """F_c = 1 - exp(-(t/lam)^k): k < 1 early failures, k > 1 wear-out."""
+
+    k: float
+    lam: float
+    L: float | None = None
+    name = "weibull"
+
+    def _horizon_h(self) -> float:
+        return self.lam * (50.0 ** (1.0 / self.k))
+
+    def _cdf_c(self, t):
+        return -np.expm1(-((_arr(t) / self.lam) ** self.k))
+
+    def _pdf_c(self, t):
+        t = np.maximum(_arr(t), 1e-300)
+        z = (t / self.lam) ** self.k
+        return self.k / t * z * np.exp(-z)
+
+    def _ppf_c(self, u):
+        return self.lam * (-np.log1p(-u)) ** (1.0 / self.k)
+
+
+@dataclass(frozen=True)
+class GompertzMakeham(LifetimeModel):
+    """F_c = 1 - exp(-lam·t - (alpha/beta)(e^{beta·t} - 1)): constant + ageing hazard."""
+
+    lam: float
+    alpha: float
+    beta: float
+    L: float | None = None
+    name = "gompertz_makeham"
+
+    def _horizon_h(self) -> float:
+        return 200.0
+
+    def _cumhaz(self, t):
+        t = _arr(t)
+        return self.lam * t + self.alpha / self.beta * np.expm1(self.beta * t)
+
+    def _cdf_c(self, t):
+        return -np.expm1(-self._cumhaz(t))
+
+    def _pdf_c(self, t):
+        t = _arr(t)
+        with np.errstate(over="ignore"):
+            return (self.lam + self.alpha * np.exp(self.beta * t)) * np.exp(-self._cumhaz(t))
+
+
+@dataclass(frozen=True)
+class Bathtub(LifetimeModel):
+    """Two failure processes: early preemptions (rate 1/tau1) and reclamation near the
+    deadline (rate 1/tau2, activated around b). Paper eq. 1, shifted so F(0) = 0."""
+
+    A: float
+    tau1: float
+    tau2: float
+    b: float
+    L: float | None = 24.0
+    name = "bathtub"
+
+    def __post_init__(self) -> None:
+        for name in ("A", "tau1", "tau2", "b"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    def _horizon_h(self) -> float:
+        return self.b + 50.0 * self.tau2
+
+    def _raw(self, t):
+        t = _arr(t)
+        with np.errstate(over="ignore"):
+            return self.A * (-np.expm1(-t / self.tau1) + np.exp((t - self.b) / self.tau2))
+
+    @functools.cached_property
+    def _offset(self) -> float:
+        return float(self.A * math.exp(-self.b / self.tau2))
+
+    @functools.cached_property
+    def saturation_h(self) -> float:
+        """Where F_c reaches 1 (every VM preempted before the deadline), else inf."""
+        end = self.L if self.L is not None else self._horizon_h()
+        if self._raw(end) - self._offset < 1.0:
+            return math.inf
+        return float(optimize.brentq(lambda t: float(self._raw(t)) - self._offset - 1.0, 0.0, end))
+
+    @property
+    def end_h(self) -> float:
+        return min(super().end_h, self.saturation_h)
+
+    def _cdf_c(self, t):
+        return self._raw(t) - self._offset
+
+    def _pdf_c(self, t):
+        t = _arr(t)
+        with np.errstate(over="ignore"):
+            return self.A * (
+                np.exp(-t / self.tau1) / self.tau1 + np.exp((t - self.b) / self.tau2) / self.tau2
+            )
+
+    def _moment_c(self, a, b):
+        """∫ t f(t) dt = [-A(t + tau1)e^{-t/tau1} + A(t - tau2)e^{(t-b)/tau2}]  (paper eq. 3)."""
+
+        def g(t):
+            with np.errstate(over="ignore"):
+                return self.A * (
+                    -(t + self.tau1) * np.exp(-t / self.tau1)
+                    + (t - self.tau2) * np.exp((t - self.b) / self.tau2)
+                )
+
+        return g(_arr(b)) - g(_arr(a))
+
+    def deadline_mass(self) -> float:
+        if self.L is None or self.saturation_h < self.L:
+            return 0.0
+        return super().deadline_mass()
+
+
+def quad_first_moment(model: LifetimeModel, a: float, b: float) -> float:
+    """∫_a^b t f(t) dt by adaptive quadrature (to check the closed forms and grids)."""
+    value, _ = integrate.quad(lambda t: t * float(model.pdf(t)), a, b, limit=200, points=None)
+    return value
+
+
+MODELS: dict[str, type[LifetimeModel]] = {
+    "none": NoPreemption,
+    "exponential": Exponential,
+    "weibull": Weibull,
+    "gompertz_makeham": GompertzMakeham,
+    "bathtub": Bathtub,
+}
+
+
+def make_model(name: str, parameters: dict[str, float], L: float | None) -> LifetimeModel:
+    """A model from its name and parameters (as stored in JSON)."""
+    try:
+        cls = MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown preemption model {name!r}; known: {', '.join(MODELS)}") from None
+    if cls is NoPreemption:
+        return NoPreemption()
+    return cls(**parameters, L=L)
 
 
 def lifetime_model(name: str, *, mttf_h: float, max_lifetime_h: float | None) -> LifetimeModel:
@@ -89,5 +416,5 @@ def lifetime_model(name: str, *, mttf_h: float, max_lifetime_h: float | None) ->
     if name == "none":
         return NoPreemption()
     if name == "exponential":
-        return Exponential(mttf_h=mttf_h, max_lifetime_h=max_lifetime_h)
+        return Exponential(mttf_h=mttf_h, L=max_lifetime_h)
     raise ValueError(f"unknown preemption model {name!r}; known: none, exponential")

@@ -65,7 +65,7 @@ def test_exponential_sampling_matches_its_mean_and_deadline():
     rng = np.random.default_rng(0)
     model = Exponential(mttf_h=5.0)
     assert model.sample_h(rng, 200_000).mean() == pytest.approx(5.0, rel=0.01)
-    capped = Exponential(mttf_h=10.0, max_lifetime_h=24.0)
+    capped = Exponential(mttf_h=10.0, L=24.0)
     draws = capped.sample_h(rng, 200_000)
     assert draws.max() == 24.0
     assert (draws == 24.0).mean() == pytest.approx(math.exp(-2.4), abs=0.005)

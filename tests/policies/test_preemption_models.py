@@ -1,0 +1,171 @@
+"""Lifetime models: distribution properties (property-based), closed forms against
+quadrature, sampling, and fitting that recovers known parameters."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.fitting import at_deadline, fit, kaplan_meier
+from policies.preemption import (
+    Bathtub,
+    Exponential,
+    GompertzMakeham,
+    NoPreemption,
+    Weibull,
+    make_model,
+    quad_first_moment,
+)
+
+bathtubs = st.builds(
+    Bathtub,
+    A=st.floats(0.05, 1.0),
+    tau1=st.floats(0.1, 20.0),
+    tau2=st.floats(0.1, 50.0),
+    b=st.floats(1.0, 60.0),
+    L=st.sampled_from([24.0, 12.0]),
+)
+classics = st.one_of(
+    st.builds(Exponential, mttf_h=st.floats(0.2, 100.0), L=st.sampled_from([None, 24.0])),
+    st.builds(Weibull, k=st.floats(0.3, 4.0), lam=st.floats(0.5, 60.0), L=st.sampled_from([None, 24.0])),
+    st.builds(GompertzMakeham, lam=st.floats(1e-4, 1.0), alpha=st.floats(1e-8, 0.1), beta=st.floats(0.01, 1.0),
+              L=st.sampled_from([None, 24.0])),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(bathtubs, classics))
+def test_cdf_is_monotone_in_0_1_with_the_deadline_mass(model):
+    t = np.linspace(0.0, 30.0, 3001)
+    F = model.cdf(t)
+    assert F[0] == 0.0
+    assert np.all((F >= 0.0) & (F <= 1.0))
+    assert np.all(np.diff(F) >= -1e-12)
+    assert np.allclose(model.sf(t), 1.0 - F)
+    if model.L is not None:
+        assert np.all(model.cdf(t[t >= model.L]) == 1.0)
+        below = float(model.cdf(np.nextafter(model.L, 0.0)))
+        assert model.deadline_mass() == pytest.approx(1.0 - below, abs=1e-9)
+    assert np.all(model.pdf(t) >= 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(bathtubs, classics))
+def test_integrals_agree_with_quadrature(model):
+    end = model.end_h
+    a, b = 0.3 * end, 0.8 * end
+    assert float(model.first_moment(a, b)) == pytest.approx(quad_first_moment(model, a, b), rel=2e-3, abs=1e-5)
+    # The density integrates to the continuous part of the CDF.
+    if model.L is not None:
+        from scipy import integrate
+
+        total, _ = integrate.quad(lambda x: float(model.pdf(x)), 0.0, end, limit=200)
+        assert total + model.deadline_mass() == pytest.approx(1.0, abs=2e-3)
+
+
+def test_expected_lifetime_counts_the_deadline_mass():
+    model = Bathtub(A=0.45, tau1=1.0, tau2=0.8, b=24.0, L=24.0)
+    expected = quad_first_moment(model, 0.0, 24.0) + 24.0 * model.deadline_mass()
+    assert model.expected_lifetime_h() == pytest.approx(expected, rel=1e-6)
+    assert model.cdf(0.0) == 0.0  # the paper's F(0) = A·e^{-b/tau2} is subtracted
+    assert Exponential(2.0).expected_lifetime_h() == 2.0
+    assert Exponential(10.0, L=24.0).expected_lifetime_h() == pytest.approx(10 * (1 - math.exp(-2.4)))
+
+
+def test_conditional_failure_and_loss():
+    model = Bathtub(A=0.45, tau1=1.0, tau2=0.8, b=24.0, L=24.0)
+    # A 6-hour job started at 18 h or later runs into the deadline.
+    assert np.all(model.conditional_failure([18.0, 20.0], 6.0) == 1.0)
+    p = model.conditional_failure(5.0, 2.0)
+    assert p == pytest.approx((model.cdf(7.0) - model.cdf(5.0)) / model.sf(5.0))
+    loss = float(model.expected_loss_h(5.0, 2.0))
+    assert 0.0 < loss < 2.0
+    # Memoryless: the conditional failure does not depend on age.
+    memoryless = Exponential(5.0)
+    assert memoryless.conditional_failure(0.0, 3.0) == pytest.approx(memoryless.conditional_failure(7.0, 3.0))
+
+
+@pytest.mark.parametrize("model", [
+    Bathtub(A=0.4, tau1=1.5, tau2=0.8, b=22.0, L=24.0),
+    Weibull(k=0.6, lam=10.0, L=24.0),
+    GompertzMakeham(lam=0.02, alpha=1e-4, beta=0.4, L=24.0),
+    Exponential(8.0, L=24.0),
+])
+def test_samples_follow_the_model(model):
+    draws = model.sample_h(np.random.default_rng(3), 40_000)
+    assert np.mean(draws == 24.0) == pytest.approx(model.deadline_mass(), abs=0.01)
+    grid = np.linspace(0.5, 23.5, 47)
+    empirical = np.searchsorted(np.sort(draws), grid, side="right") / len(draws)
+    assert np.max(np.abs(empirical - model.cdf(grid))) < 0.015
+
+
+def test_kaplan_meier_on_a_small_example():
+    # Lifetimes 1, 2+, 3, 4+, 5: S(1) = 4/5, S(3) = 4/5 · 2/3, S(5) = 0.
+    km = kaplan_meier(np.array([1, 2, 3, 4, 5.0]), np.array([True, False, True, False, True]))
+    assert list(km.times) == [1.0, 3.0, 5.0]
+    assert km.survival == pytest.approx([0.8, 0.8 * 2 / 3, 0.0])
+    assert km.cdf([0.5, 2.0, 4.0, 6.0]) == pytest.approx([0.0, 0.2, 1 - 0.8 * 2 / 3, 1.0])
+
+
+def censored_sample(model, n, seed, censor_mean_h=15.0):
+    """Lifetimes of `model` with independent user stops (exponential), as the data has."""
+    rng = np.random.default_rng(seed)
+    life = model.sample_h(rng, n)
+    stop = rng.exponential(censor_mean_h, n)
+    return np.minimum(life, stop), life <= stop
+
+
+def test_mle_recovers_bathtub_parameters_from_censored_samples():
+    # Paper-like: a rise before the deadline and a deadline mass of about 0.45.
+    truth = Bathtub(A=0.4, tau1=1.5, tau2=1.0, b=25.0, L=24.0)
+    assert 0.4 < truth.deadline_mass() < 0.5
+    t, preempted = censored_sample(truth, 6000, seed=1)
+    assert 0.3 < preempted.mean() < 0.8
+    result = fit(t, preempted, "bathtub", "mle", L=24.0)
+    fitted = result.model
+    grid = np.linspace(0.0, 24.0, 481)
+    # Few VMs are observed near 24 h (most are stopped earlier), so the tail is looser.
+    assert np.max(np.abs(fitted.cdf(grid) - truth.cdf(grid))) < 0.04
+    assert fitted.A == pytest.approx(truth.A, rel=0.1)
+    assert fitted.tau1 == pytest.approx(truth.tau1, rel=0.2)
+    assert fitted.deadline_mass() == pytest.approx(truth.deadline_mass(), abs=0.04)
+    assert result.ks < 0.03 and result.r2 > 0.99
+
+
+@pytest.mark.parametrize(("truth", "name"), [(Weibull(k=0.7, lam=12.0, L=24.0), "weibull"),
+                                             (Exponential(9.0, L=24.0), "exponential")])
+def test_mle_recovers_classic_parameters(truth, name):
+    t, preempted = censored_sample(truth, 5000, seed=2)
+    fitted = fit(t, preempted, name, "mle", L=24.0).model
+    for key, value in truth.parameters.items():
+        assert getattr(fitted, key) == pytest.approx(value, rel=0.1), key
+
+
+def test_least_squares_on_preempted_only_is_biased_short_and_mle_is_not():
+    truth = Bathtub(A=0.4, tau1=1.5, tau2=1.0, b=25.0, L=24.0)
+    t, preempted = censored_sample(truth, 3000, seed=4, censor_mean_h=6.0)
+    mle = fit(t, preempted, "bathtub", "mle").model.expected_lifetime_h()
+    lsq = fit(t, preempted, "bathtub", "lsq").model.expected_lifetime_h()
+    true = truth.expected_lifetime_h()
+    assert abs(mle - true) < 0.05 * true
+    assert lsq < true - 0.15 * true
+
+
+def test_deadline_preemptions_are_the_point_mass():
+    t = np.array([0.5, 23.9, 24.3, 10.0, 24.5])
+    event = np.array([True, True, True, False, False])
+    assert list(at_deadline(t, event, 24.0, 0.25)) == [0.5, 24.0, 24.0, 10.0, np.nextafter(24.0, 0.0)]
+
+
+def test_models_rebuild_from_their_parameters():
+    model = Bathtub(A=0.3, tau1=2.0, tau2=0.7, b=23.0, L=24.0)
+    assert make_model("bathtub", model.parameters, 24.0) == model
+    assert make_model("none", {}, None) == NoPreemption()
+    with pytest.raises(ValueError, match="unknown preemption model"):
+        make_model("lognormal", {}, None)
+    with pytest.raises(ValueError, match="tau1 must be > 0"):
+        Bathtub(A=0.3, tau1=0.0, tau2=1.0, b=23.0)
