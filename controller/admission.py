@@ -7,17 +7,18 @@ Shared by the HTTP API and `spotbag simulate`, so both accept exactly the same b
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
-from controller.errors import InvalidBag, NoVmTypeFits
+from controller.errors import Conflict, InvalidBag, NoVmTypeFits
 from controller.planner import CatalogType, why_unplaceable
 from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
-from controller.store import Store
+from controller.store import IdempotencyConflict, Store
 from drivers.base import VmType
 
 
@@ -28,12 +29,24 @@ class Expanded:
     params_json: list[str]
 
 
-def expand(data: Any, catalog: Sequence[VmType], max_jobs: int) -> Expanded:
-    """Validate and expand a decoded spec (CPU-bound: run it off the event loop)."""
+WorkdirCheck = Callable[[str], str | None]
+
+
+def expand(
+    data: Any, catalog: Sequence[VmType], max_jobs: int, workdir_problem: WorkdirCheck | None = None
+) -> Expanded:
+    """Validate and expand a decoded spec (CPU-bound and may touch the file system:
+    run it off the event loop)."""
     try:
         bag = parse_bag(data, max_jobs=max_jobs)
     except BagSpecError as exc:
         raise InvalidBag(str(exc), detail={"errors": [p.__dict__ for p in exc.problems]}) from None
+    if bag.spec.workdir is not None and workdir_problem is not None:
+        problem = workdir_problem(bag.spec.workdir)
+        if problem is not None:
+            raise InvalidBag(
+                f"workdir: {problem}", detail={"errors": [{"field": "workdir", "message": problem}]}
+            )
     check_fits(bag, catalog)
     points = list(bag.points())
     params_json = [json.dumps(p, separators=(",", ":")) for p in points]
@@ -89,13 +102,14 @@ async def admit(
     max_jobs: int,
     idempotency_key: str | None = None,
     offload: bool = True,
+    workdir_problem: WorkdirCheck | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Admit a bag; returns (bag row, created). A repeated idempotency key returns the
-    earlier bag and admits nothing."""
+    earlier bag and admits nothing, or raises Conflict when it named a different bag."""
     if offload:
-        expanded = await asyncio.to_thread(expand, data, catalog, max_jobs)
+        expanded = await asyncio.to_thread(expand, data, catalog, max_jobs, workdir_problem)
     else:
-        expanded = expand(data, catalog, max_jobs)
+        expanded = expand(data, catalog, max_jobs, workdir_problem)
     spec = expanded.bag.spec
     row = {
         "id": bag_id,
@@ -106,8 +120,15 @@ async def admit(
         "state": "active",
         "job_count": expanded.bag.job_count,
         "created_at": now,
+        # What the bag was: a retry with the same Idempotency-Key must be the same bag.
+        "request_hash": hashlib.sha256(spec.model_dump_json().encode()).hexdigest(),
     }
-    bag_row, created = await store.create_bag(row, expanded.params_json, idempotency_key)
+    try:
+        bag_row, created = await store.create_bag(row, expanded.params_json, idempotency_key)
+    except IdempotencyConflict as exc:
+        raise Conflict(
+            str(exc), code="idempotency_key_reused", detail={"bag_id": exc.bag_id}
+        ) from None
     if created:
         scheduler.bag_admitted(bag_id, spec.model_copy(update={"points": None}), expanded.points)
     return bag_row, created

@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +22,9 @@ from aiohttp import web
 
 from controller.admission import admit
 from controller.errors import ApiError, Conflict, InvalidBag, NotFound, Unauthorized
-from controller.ids import BAG_ID
+from controller.ids import BAG_ID, JOB_ID
 from controller.metrics import CONTENT_TYPE
 from controller.models import BagState, JobState
-from controller.store import split_job_id
 from controller.summary import bag_view, fleet_view, job_view
 from drivers.base import VmState
 
@@ -68,16 +68,16 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,15}")
+
+
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(
-            f"query parameter {name}: {raw!r} is not an integer", code="invalid_query"
-        ) from None
+    if not _INTEGER.fullmatch(raw):
+        raise ApiError(f"query parameter {name}: {raw!r} is not an integer", code="invalid_query")
+    value = int(raw)
     if not low <= value <= high:
         raise ApiError(
             f"query parameter {name}: must be between {low} and {high}", code="invalid_query"
@@ -95,19 +95,41 @@ def _enum_query(request: web.Request, name: str, allowed: list[str]) -> str | No
     return value
 
 
+def _bool_query(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("1", "0", "true", "false", "yes", "no"):
+        raise ApiError(
+            f"query parameter {name}: {raw!r} is not true or false", code="invalid_query"
+        )
+    return raw in ("1", "true", "yes")
+
+
 def _bag_id(request: web.Request) -> str:
     bag_id = request.match_info["bag_id"]
-    if not BAG_ID.match(bag_id):
+    if not BAG_ID.fullmatch(bag_id):
         raise NotFound(f"bag {bag_id!r} does not exist (bag ids look like b3f9a0c21d7)")
     return bag_id
 
 
 def _job_key(request: web.Request) -> tuple[str, int]:
     job_id = request.match_info["job_id"]
-    key = split_job_id(job_id)
-    if key is None or not BAG_ID.match(key[0]):
+    match = JOB_ID.fullmatch(job_id)
+    if match is None:
         raise NotFound(f"job {job_id!r} does not exist (job ids look like b3f9a0c21d7-42)")
-    return key
+    return match[1], int(match[2])
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _decode_json(body: bytes) -> Any:
+    """Strict JSON (RFC 8259: UTF-8, no NaN/Infinity); every failure is a ValueError."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, RecursionError) as exc:
+        kind = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else "nested too deeply"
+        raise ValueError(f"the body is {kind}") from None
 
 
 # --- handlers ------------------------------------------------------------------------
@@ -131,9 +153,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def create_bag(request: web.Request) -> web.Response:
     c = _controller(request)
+    body = await request.read()
     try:
-        data = await request.json()
-    except json.JSONDecodeError as exc:
+        # Parsing megabytes of JSON takes long enough to stall the event loop.
+        data = await asyncio.to_thread(_decode_json, body)
+    except ValueError as exc:
         raise InvalidBag(
             f"(body): not valid JSON ({exc})",
             detail={"errors": [{"field": "(body)", "message": str(exc)}]},
@@ -150,6 +174,7 @@ async def create_bag(request: web.Request) -> web.Response:
         now=c.clock.now(),
         max_jobs=c.config.api.max_jobs_per_bag,
         idempotency_key=key,
+        workdir_problem=getattr(c.executor, "workdir_problem", None),
     )
     view = bag_view(await c.store.get_bag(bag["id"]), c.clock.now())
     return _json(view, status=201 if created else 200)
@@ -259,7 +284,7 @@ async def list_vms(request: web.Request) -> web.Response:
     state = _enum_query(request, "state", [s.value for s in VmState])
     limit = _int_query(request, "limit", 200, 1, 10_000)
     states = [state] if state else None
-    if state is None and request.query.get("all") not in ("1", "true"):
+    if state is None and not _bool_query(request, "all"):
         states = [VmState.PENDING.value, VmState.RUNNING.value]
     vms = await c.store.list_vms(states=states, limit=limit)
     live = c.scheduler.vms
@@ -537,5 +562,8 @@ def build_app(controller: Controller) -> web.Application:
     )
     app[CONTROLLER] = controller
     for route in ROUTES:
-        app.router.add_route(route.method, route.path, route.handler)
+        if route.method == "GET":
+            app.router.add_get(route.path, route.handler)  # answers HEAD too
+        else:
+            app.router.add_route(route.method, route.path, route.handler)
     return app

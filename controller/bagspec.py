@@ -18,21 +18,27 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import math
 import re
 import shlex
 import string
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ACCOUNT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_RUNTIME_S = 30 * 86_400.0
+# One job's command goes to /bin/sh -c as a single argument, and each value into the
+# environment: Linux refuses any single one above 128 KiB (MAX_ARG_STRLEN).
+MAX_COMMAND_CHARS = 100_000
+MAX_VALUE_CHARS = 100_000
+MAX_FORMAT_WIDTH = 1000
 
 ParamValue = bool | int | float | str
 
@@ -119,9 +125,18 @@ class BagSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     workdir: str | None = Field(
         None,
-        description="Working directory of each job (local executor); the CLI fills in its own.",
+        description="Absolute working directory of each job (local executor); the CLI fills in its own.",
     )
     simulation: SimulationHints | None = None
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(
+                f"must be an absolute path, not {value!r} (relative to what, on the daemon's host?)"
+            )
+        return value
 
 
 @dataclass(frozen=True)
@@ -148,6 +163,9 @@ def parse_bag(data: Any, *, max_jobs: int = 1_000_000) -> Bag:
     """Validate a decoded bag spec; raise BagSpecError naming every field at fault."""
     if not isinstance(data, Mapping):
         raise BagSpecError.one("(body)", "a bag spec must be a JSON object")
+    text_problems = _check_text(data)
+    if text_problems:
+        raise BagSpecError(text_problems)
     try:
         spec = BagSpec.model_validate(data)
     except ValidationError as exc:
@@ -156,12 +174,12 @@ def parse_bag(data: Any, *, max_jobs: int = 1_000_000) -> Bag:
         bad_fields = {p.field.split(".")[0].split("[")[0] for p in problems}
         try:
             raw = BagSpec.model_construct(**{k: v for k, v in data.items() if k not in bad_fields})
-            _check_semantics(raw, problems)
+            _check_semantics(raw, problems, max_jobs)
         except Exception:  # the raw values are too broken to say more
             pass
         raise BagSpecError(problems) from None
     problems = []
-    axes = _check_semantics(spec, problems)
+    axes = _check_semantics(spec, problems, max_jobs)
     if problems:
         raise BagSpecError(problems)
     if axes is not None:
@@ -170,34 +188,77 @@ def parse_bag(data: Any, *, max_jobs: int = 1_000_000) -> Bag:
         count = len(spec.points)
     else:
         count = 1
-    if count > max_jobs:
-        raise BagSpecError.one(
-            "parameters" if axes is not None else "points",
-            f"the bag has {count:,} jobs; at most {max_jobs:,} are allowed per bag "
-            "(split it into several bags)",
-        )
     bag = Bag(spec=spec, axes=axes, job_count=count)
     if _has_format_specs(spec.command):
         _check_rendering(bag)
     return bag
 
 
-def _check_semantics(spec: BagSpec, problems: list[FieldProblem]) -> dict[str, list] | None:
+def _check_semantics(
+    spec: BagSpec, problems: list[FieldProblem], max_jobs: int
+) -> dict[str, list] | None:
     """The checks a schema cannot express; returns the resolved parameter axes."""
-    axes = _check_parameters(spec, problems)
-    names = list(axes) if axes is not None else _point_names(spec, problems)
+    axes = _check_parameters(spec, problems, max_jobs)
+    names = list(axes) if axes is not None else _point_names(spec, problems, max_jobs)
     if isinstance(spec.command, str):
         _check_command(spec.command, names, problems)
+        if not problems:
+            _check_command_length(spec, axes, problems)
     _check_env(spec, names, problems)
     _check_limits(spec, problems)
     return axes
 
 
+def _check_text(data: Any) -> list[FieldProblem]:
+    """Strings a process cannot take: NUL bytes (they end C strings) and lone UTF-16
+    surrogates (not encodable as UTF-8). A fast check of the whole spec first; only
+    when it fails, a walk (without recursion) to name the fields."""
+    try:
+        text = json.dumps(data, ensure_ascii=False)  # a NUL comes out as the escape \u0000
+        text.encode("utf-8")
+        if "\\u0000" not in text:
+            return []
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        pass
+    problems: list[FieldProblem] = []
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack and len(problems) < 20:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                problems.append(FieldProblem(path or "(body)", "contains a NUL byte"))
+            elif _has_surrogates(value):
+                problems.append(
+                    FieldProblem(path or "(body)", "contains invalid unicode (a lone surrogate)")
+                )
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                stack.append((f"{path}.{key}" if path else str(key), item))
+                if isinstance(key, str) and ("\x00" in key or _has_surrogates(key)):
+                    problems.append(FieldProblem(path or "(body)", f"has an invalid key {key!r}"))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return sorted(problems, key=lambda p: p.field)
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _problem(err: Mapping[str, Any]) -> FieldProblem:
-    loc = ".".join(str(part) for part in err["loc"]) or "(body)"
+    loc = ""
+    for part in err["loc"]:
+        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+    loc = loc or "(body)"
     message = err["msg"]
     if err["type"] == "extra_forbidden":
         message = "unknown field"
+    elif err["type"] == "value_error":
+        message = message.removeprefix("Value error, ")
     elif err["type"] == "missing":
         message = "required field is missing"
     return FieldProblem(loc, message)
@@ -205,21 +266,30 @@ def _problem(err: Mapping[str, Any]) -> FieldProblem:
 
 def _check_value(field: str, value: Any, problems: list[FieldProblem]) -> None:
     if not isinstance(value, ParamValue) or (isinstance(value, float) and not math.isfinite(value)):
+        shown = repr(value) if len(repr(value)) < 80 else f"a {type(value).__name__}"
         problems.append(
-            FieldProblem(field, f"values must be strings, numbers or booleans, got {value!r}")
+            FieldProblem(field, f"values must be strings, numbers or booleans, got {shown}")
+        )
+    elif isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+        problems.append(
+            FieldProblem(field, f"is {len(value):,} characters; at most {MAX_VALUE_CHARS:,}")
         )
 
 
-def _check_parameters(spec: BagSpec, problems: list[FieldProblem]) -> dict[str, list] | None:
+def _check_parameters(
+    spec: BagSpec, problems: list[FieldProblem], max_jobs: int
+) -> dict[str, list] | None:
+    """Validate the axes, count the jobs they make without expanding them, and only
+    then expand: a tiny spec can describe an astronomically large bag."""
     if spec.parameters is not None and spec.points is not None:
         problems.append(FieldProblem("points", "give either parameters or points, not both"))
         return None
     if spec.parameters is None:
         return None
-    if not spec.parameters:
+    if not isinstance(spec.parameters, Mapping) or not spec.parameters:
         problems.append(FieldProblem("parameters", "must name at least one parameter"))
         return None
-    axes: dict[str, list] = {}
+    plans: dict[str, tuple[int, Callable[[], list]]] = {}
     for name, axis in spec.parameters.items():
         field = f"parameters.{name}"
         if not PARAM_NAME.match(name):
@@ -230,24 +300,41 @@ def _check_parameters(spec: BagSpec, problems: list[FieldProblem]) -> dict[str, 
             )
             continue
         if isinstance(axis, Mapping):
-            values = _expand_range(field, axis, problems)
+            plan = _range_plan(field, axis, problems)
         elif isinstance(axis, list):
-            values = axis
-            for i, value in enumerate(values):
+            for i, value in enumerate(axis):
                 _check_value(f"{field}[{i}]", value, problems)
+            plan = (len(axis), lambda axis=axis: list(axis))
         else:
             problems.append(
                 FieldProblem(field, 'must be a list of values or {"range": [start, stop, step]}')
             )
             continue
-        if values is not None and not values:
+        if plan is None:
+            continue
+        if plan[0] == 0:
             problems.append(FieldProblem(field, "has no values"))
-        axes[name] = values or []
-    _check_name_collisions("parameters", list(axes), problems)
-    return axes
+        plans[name] = plan
+    _check_name_collisions("parameters", list(plans), problems)
+    if problems:
+        return None
+    count = math.prod(length for length, _ in plans.values())
+    if count > max_jobs:
+        problems.append(
+            FieldProblem(
+                "parameters",
+                f"the bag has {count:,} jobs; at most {max_jobs:,} are allowed per bag "
+                "(split it into several bags)",
+            )
+        )
+        return None
+    return {name: expand() for name, (_, expand) in plans.items()}
 
 
-def _expand_range(field: str, axis: Mapping[str, Any], problems: list[FieldProblem]) -> list | None:
+def _range_plan(
+    field: str, axis: Mapping[str, Any], problems: list[FieldProblem]
+) -> tuple[int, Callable[[], list]] | None:
+    """(number of values, how to make them) of a {"range": [start, stop, step]} axis."""
     bounds = axis.get("range")
     extra = set(axis) - {"range"}
     if extra or not isinstance(bounds, list) or len(bounds) not in (2, 3):
@@ -268,22 +355,35 @@ def _expand_range(field: str, axis: Mapping[str, Any], problems: list[FieldProbl
     if step == 0:
         problems.append(FieldProblem(f"{field}.range", "step must not be 0"))
         return None
-    count = max(0, math.ceil((stop - start) / step - 1e-9))
-    if count > 10_000_000:
-        problems.append(FieldProblem(f"{field}.range", f"has {count:,} values; at most 10,000,000"))
-        return None
     if all(isinstance(b, int) for b in (start, stop, step)):
-        return list(range(start, stop, step))
+        values = range(start, stop, step)
+        return len(values), lambda: list(values)
+    try:
+        count = max(0, math.ceil((stop - start) / step - 1e-9))
+        decimals = max(-Decimal(repr(float(x))).as_tuple().exponent for x in (start, step))
+    except (OverflowError, ValueError):
+        problems.append(
+            FieldProblem(f"{field}.range", "start, stop and step are too large or too small")
+        )
+        return None
     # Round to the inputs' decimals so that 0.1 steps give 0.3, not 0.30000000000000004.
-    decimals = max(-Decimal(repr(float(x))).as_tuple().exponent for x in (start, step))
-    return [round(start + k * step, decimals) for k in range(count)]
+    return count, lambda: [round(start + k * step, decimals) for k in range(count)]
 
 
-def _point_names(spec: BagSpec, problems: list[FieldProblem]) -> list[str]:
+def _point_names(spec: BagSpec, problems: list[FieldProblem], max_jobs: int) -> list[str]:
     if spec.points is None:
         return []
-    if not spec.points:
+    if not isinstance(spec.points, list) or not spec.points:
         problems.append(FieldProblem("points", "must list at least one point"))
+        return []
+    if len(spec.points) > max_jobs:
+        problems.append(
+            FieldProblem(
+                "points",
+                f"the bag has {len(spec.points):,} jobs; at most {max_jobs:,} are allowed per bag "
+                "(split it into several bags)",
+            )
+        )
         return []
     names = list(spec.points[0])
     for i, point in enumerate(spec.points):
@@ -344,6 +444,14 @@ def _check_command(command: str, names: list[str], problems: list[FieldProblem])
                     "command", f"placeholder {{{name}}} may not use !conversions or nested fields"
                 )
             )
+        elif any(int(n) > MAX_FORMAT_WIDTH for n in re.findall(r"[0-9]+", spec)):
+            problems.append(
+                FieldProblem(
+                    "command",
+                    f"placeholder {{{name}:{spec}}}: widths and precisions are at most "
+                    f"{MAX_FORMAT_WIDTH}",
+                )
+            )
         elif name not in names:
             known = ", ".join(names) if names else "none"
             hint = ""
@@ -357,8 +465,49 @@ def _check_command(command: str, names: list[str], problems: list[FieldProblem])
             )
 
 
+def _check_command_length(
+    spec: BagSpec, axes: dict[str, list] | None, problems: list[FieldProblem]
+) -> None:
+    """The longest command any job can get: the template's literal text plus, for each
+    placeholder, its longest rendered value (no need to render every job)."""
+    if axes is not None:
+        values = axes
+    elif spec.points:
+        values = {}
+        for point in spec.points:
+            for name, value in point.items():
+                values.setdefault(name, []).append(value)
+    else:
+        values = {}
+    longest = 0
+    try:
+        for literal, name, format_spec in _parsed(spec.command):
+            longest += len(literal)
+            if name is not None and name in values:
+                longest += max(
+                    len(shlex.quote(format(v, format_spec) if format_spec else param_text(v)))
+                    for v in values[name]
+                )
+    except (ValueError, TypeError):
+        return  # a format spec that does not suit a value: reported by _check_rendering
+    if longest > MAX_COMMAND_CHARS:
+        problems.append(
+            FieldProblem(
+                "command",
+                f"a job's command would be {longest:,} characters long; "
+                f"at most {MAX_COMMAND_CHARS:,} (pass large values through files)",
+            )
+        )
+
+
 def _check_env(spec: BagSpec, names: list[str], problems: list[FieldProblem]) -> None:
-    for key in spec.env:
+    for key, value in spec.env.items():
+        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+            problems.append(
+                FieldProblem(
+                    f"env.{key}", f"is {len(value):,} characters; at most {MAX_VALUE_CHARS:,}"
+                )
+            )
         if not ENV_NAME.match(key):
             problems.append(FieldProblem(f"env.{key}", "not a valid environment variable name"))
         elif key.startswith("SPOTBAG_"):

@@ -6,7 +6,7 @@ HTTP (--url / SPOTBAG_URL, --token / SPOTBAG_TOKEN, or the api.url and token
 files of --state-dir / SPOTBAG_STATE_DIR on this host).
 
 Exit codes: 0 success; 1 the daemon could not be reached or an internal error;
-2 the request was refused (bad input, not found, ...); 3 `watch`/`submit
+2 the request or its input file was refused (bad input, not found, ...); 3 `watch`/`submit
 --watch` saw the bag end with failed or cancelled jobs; 78 `serve` was given a
 configuration it cannot use.
 """
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -62,13 +61,15 @@ def _call(fn, *args, **kwargs) -> Any:
 
 
 def load_spec_file(path: str) -> Any:
-    """A bag spec from a YAML or JSON file ('-' reads standard input)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    """A bag spec from a YAML or JSON file ('-' reads standard input); exit 2 when unusable."""
+    from controller.specfile import SpecFileError
+    from controller.specfile import load_spec_file as load
+
     try:
-        return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.endswith(".json") else "YAML"
-        raise click.ClickException(f"{path} is not valid {kind}: {exc}") from None
+        return load(path, sys.stdin.read() if path == "-" else None)
+    except SpecFileError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(EXIT_REFUSED)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -189,7 +190,7 @@ def _bag_table(bags: list[dict[str, Any]]) -> Table:
         "failed",
         "running",
         "queued",
-        "preempted",
+        "interrupted",
         "spot cost",
     )
     for bag in bags:
@@ -203,7 +204,7 @@ def _bag_table(bags: list[dict[str, Any]]) -> Table:
             f"{c['failed']:,}",
             f"{c['running']:,}",
             f"{c['queued'] + c['held']:,}",
-            f"{bag['usage']['preemptions']:,}",
+            f"{bag['usage']['interrupted_attempts']:,}",
             f"${bag['usage']['spot_cost_usd']:.4f}",
         )
     return table
@@ -213,18 +214,25 @@ def _bag_table(bags: list[dict[str, Any]]) -> Table:
 @click.argument("bag_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 @click.option("--state", help="Without BAG_ID: only bags in this state.")
+@click.option(
+    "--limit", default=50, show_default=True, help="Without BAG_ID: at most this many bags."
+)
 @click.pass_context
-def status(ctx: click.Context, bag_id: str | None, as_json: bool, state: str | None) -> None:
+def status(
+    ctx: click.Context, bag_id: str | None, as_json: bool, state: str | None, limit: int
+) -> None:
     """Show one bag (counts, progress, usage, cost) or list recent bags."""
     client = _client(ctx)
     if bag_id is None:
-        bags = _call(client.bags, state)
+        bags = _call(client.bags, state, limit)
         if as_json:
             click.echo(json.dumps(bags, indent=2))
         elif not bags:
             console.print("no bags")
         else:
             console.print(_bag_table(bags))
+            if len(bags) == limit:
+                console.print(f"(the {limit} most recent; --limit shows more)", highlight=False)
         return
     bag = _call(client.bag, bag_id)
     if as_json:
@@ -256,7 +264,7 @@ def watch(ctx: click.Context, bag_id: str, interval: float) -> None:
                 done = c["succeeded"] + c["failed"] + c["cancelled"]
                 detail = (
                     f"running {c['running']}  queued {c['queued'] + c['held']}  "
-                    f"failed {c['failed']}  preemptions {u['preemptions']}"
+                    f"failed {c['failed']}  interrupted {u['interrupted_attempts']}"
                 )
                 progress.update(task, completed=done, detail=detail)
                 if bag["state"] in TERMINAL_BAG_STATES:
@@ -318,7 +326,7 @@ def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json
             str(job["attempts"]),
             exit_code,
             runtime,
-            json.dumps(job["params"]),
+            json.dumps(job["params"], ensure_ascii=False),
             job["reason"],
         )
     console.print(table)
@@ -327,23 +335,47 @@ def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json
 @cli.command()
 @click.argument("job_id")
 @click.option("--attempt", type=int, help="Attempt number (default: the latest).")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until the attempt ends.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing as the job runs, through its retries, until it finishes.",
+)
 @click.pass_context
 def logs(ctx: click.Context, job_id: str, attempt: int | None, follow: bool) -> None:
     """Print the output of JOB_ID's latest (or given) attempt."""
     client = _client(ctx)
-    offset = 0
+    if not follow:
+        data, _ = _call(client.log, job_id, attempt, 0)
+        sys.stdout.buffer.write(data)
+        return
+    shown, offset, said_waiting = None, 0, False
     while True:
-        data, headers = _call(client.log, job_id, attempt, offset)
+        job = _call(client.job, job_id)
+        number = attempt or job["attempts"]
+        if number == 0:  # queued, not started yet
+            if not said_waiting:
+                err_console.print(
+                    f"{job_id} is {job['state']}; waiting for it to start", highlight=False
+                )
+                said_waiting = True
+            time.sleep(1.0)
+            continue
+        if number != shown:
+            if shown is not None:
+                err_console.print(f"--- attempt {number} ---", highlight=False)
+            shown, offset = number, 0
+        data, headers = _call(client.log, job_id, number, offset)
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         offset = int(headers.get("X-Spotbag-Next-Offset", offset + len(data)))
-        live = headers.get("X-Spotbag-Attempt-State") in ("starting", "running")
-        if not follow or (not live and not data):
-            break
-        attempt = int(headers["X-Spotbag-Attempt"])
-        if not data:
-            time.sleep(0.5)
+        if data:
+            continue
+        attempt_live = headers.get("X-Spotbag-Attempt-State") in ("starting", "running")
+        finished = job["state"] in ("succeeded", "failed", "cancelled")
+        if not attempt_live and (attempt is not None or finished):
+            return
+        time.sleep(0.5)
 
 
 # --- VMs ----------------------------------------------------------------------------------------
@@ -361,7 +393,7 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
         return
     table = _table("vm", "type", "state", "jobs", "launched", "reason", keep=2)
     for vm in data["vms"]:
-        launched = time.strftime("%H:%M:%S", time.localtime(vm["requested_at"]))
+        launched = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(vm["requested_at"]))
         table.add_row(
             vm["id"],
             vm["vm_type"],
@@ -373,7 +405,7 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
     console.print(table)
     total = data["usage"]["total"]
     console.print(
-        f"{total['vms']} VMs, {total['preemptions']} preempted, {total['vm_hours']:.3f} VM-hours: "
+        f"all VMs so far: {total['vms']}, {total['vms_preempted']} preempted, {total['vm_hours']:.3f} VM-hours: "
         f"spot ${total['spot_cost_usd']:.4f} vs on-demand ${total['on_demand_cost_usd']:.4f}",
         highlight=False,
     )

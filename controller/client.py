@@ -30,6 +30,11 @@ class ClientError(Exception):
         self.detail = detail or {}
 
 
+def _q(identifier: str) -> str:
+    """An id as one path segment (a '/' or '?' in it must not change the route)."""
+    return urllib.parse.quote(identifier, safe="")
+
+
 def default_state_dir() -> Path:
     for candidate in (os.environ.get("SPOTBAG_STATE_DIR"), os.environ.get("STATE_DIRECTORY")):
         if candidate:
@@ -122,30 +127,35 @@ class Client:
         return self.request("GET", "/v1/bags", query={"state": state, "limit": limit})["bags"]
 
     def bag(self, bag_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/bags/{bag_id}")
+        return self.request("GET", f"/v1/bags/{_q(bag_id)}")
 
     def cancel(self, bag_id: str) -> dict[str, Any]:
-        return self.request("POST", f"/v1/bags/{bag_id}/cancel")
+        return self.request("POST", f"/v1/bags/{_q(bag_id)}/cancel")
 
     def jobs(
         self, bag_id: str, state: str | None = None, after: int | None = None, limit: int = 100
     ) -> dict[str, Any]:
         return self.request(
-            "GET", f"/v1/bags/{bag_id}/jobs", query={"state": state, "after": after, "limit": limit}
+            "GET",
+            f"/v1/bags/{_q(bag_id)}/jobs",
+            query={"state": state, "after": after, "limit": limit},
         )
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{job_id}")
+        return self.request("GET", f"/v1/jobs/{_q(job_id)}")
 
     def log(
         self, job_id: str, attempt: int | None = None, offset: int = 0
     ) -> tuple[bytes, dict[str, str]]:
         return self.request(
-            "GET", f"/v1/jobs/{job_id}/log", query={"attempt": attempt, "offset": offset}, raw=True
+            "GET",
+            f"/v1/jobs/{_q(job_id)}/log",
+            query={"attempt": attempt, "offset": offset},
+            raw=True,
         )
 
     def vms(self, include_ended: bool = False) -> dict[str, Any]:
         return self.request("GET", "/v1/vms", query={"all": "true" if include_ended else None})
 
     def preempt(self, vm_id: str) -> dict[str, Any]:
-        return self.request("POST", f"/v1/vms/{vm_id}/preempt")
+        return self.request("POST", f"/v1/vms/{_q(vm_id)}/preempt")

@@ -80,6 +80,15 @@ class SchedulerConfig(_Section):
 
 
 class DriverConfig(_Section):
+    @field_validator("name")
+    @classmethod
+    def _known_driver(cls, value: str) -> str:
+        from drivers import driver_names
+
+        if value not in driver_names():
+            raise ValueError(f"unknown driver {value!r}; known: {', '.join(driver_names())}")
+        return value
+
     name: str = Field("local", description="Which cloud runs the VMs: local (this host) or sim.")
     boot_delay_s: float = Field(
         0.5, ge=0, description="Local driver: seconds from launch until a VM can run jobs."
@@ -224,9 +233,13 @@ def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> Conf
     if path is not None:
         source = str(path)
         try:
-            data = tomllib.loads(Path(path).read_text())
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     for dotted, value in overrides.items():

@@ -10,7 +10,8 @@ import itertools
 import re
 import secrets
 
-BAG_ID = re.compile(r"^b[0-9a-f]{10}$")
+BAG_ID = re.compile(r"b[0-9a-f]{10}")  # use with fullmatch
+JOB_ID = re.compile(r"(b[0-9a-f]{10})-(0|[1-9][0-9]{0,11})")  # use with fullmatch
 
 
 class RandomIds:

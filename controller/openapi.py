@@ -28,7 +28,7 @@ _USAGE = {
     "type": "object",
     "properties": {
         "attempts": _INT,
-        "preemptions": _INT,
+        "interrupted_attempts": {**_INT, "description": "Attempts cut short by a VM preemption."},
         "attempt_hours": _NUM,
         "preempted_attempt_hours": _NUM,
         "vm_hours": {**_NUM, "description": "The bag's share of its VMs' time."},
@@ -177,6 +177,16 @@ def build_openapi(routes: Sequence[Any]) -> dict[str, Any]:
                 for status, (text, schema) in route.responses.items()
             },
         }
+        if any(p.where == "query" for p in route.params):
+            operation["responses"].setdefault(
+                "400",
+                {
+                    "description": "A query parameter is malformed (code invalid_query).",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+            )
         if route.auth:
             operation["security"] = [{"bearer": []}]
             operation["responses"].setdefault(

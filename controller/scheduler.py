@@ -249,14 +249,18 @@ class Scheduler:
             bag.live_attempts += 1
             attempts.append(attempt)
         adopted = await self.executor.recover([a.id for a in attempts])
-        # An attempt whose end is waiting in the inbox is not lost: its event says how it ended.
-        adopted |= {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
+        # An attempt whose end is waiting in the inbox is not lost, even when its VM is
+        # gone: its event (e.g. it finished while the controller was down) says how it ended.
+        ended = {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
         missing_ids = {vm.id for vm in missing}
         for attempt in attempts:
             vm = self.vms.get(attempt.vm_id)
-            if attempt.id in adopted and vm is not None and vm.id not in missing_ids:
+            alive = vm is not None and vm.id not in missing_ids
+            if attempt.id in adopted and alive:
                 vm.attempts[attempt.id] = None
                 vm.free = vm.free.minus(attempt.shape)
+                continue
+            if attempt.id in ended:
                 continue
             self._finish_attempt(
                 attempt,
@@ -532,7 +536,7 @@ class Scheduler:
             self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
             return
         if event.outcome is Outcome.EXITED and code == 0:
-            self._finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, "", batch)
+            self._finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, event.detail, batch)
             return
         if event.outcome is Outcome.TIMED_OUT:
             reason = event.detail or "timed out"

@@ -122,11 +122,26 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX transitions_by_entity ON transitions(entity_id);
         """,
     ),
+    (
+        "hash of the submitted bag, to tell a retried submission from a different one",
+        """
+        ALTER TABLE bags ADD COLUMN request_hash TEXT NOT NULL DEFAULT '';
+        """,
+    ),
 ]
 
 
 class StoreClosed(RuntimeError):
     pass
+
+
+class IdempotencyConflict(Exception):
+    """An idempotency key already used for a different bag."""
+
+    def __init__(self, key: str, bag_id: str) -> None:
+        super().__init__(f"Idempotency-Key {key!r} was used for a different bag ({bag_id})")
+        self.key = key
+        self.bag_id = bag_id
 
 
 def job_id_of(bag_id: str, idx: int) -> str:
@@ -532,7 +547,8 @@ class Store:
         """Insert a bag and all its jobs (queued) in one transaction.
 
         Returns (bag row, created). With an idempotency key that was used
-        before, nothing is written and the earlier bag is returned.
+        before, nothing is written and the earlier bag is returned, or
+        IdempotencyConflict raised when the earlier bag's request_hash differs.
         """
 
         def insert(conn: sqlite3.Connection) -> tuple[dict[str, Any], bool]:
@@ -541,6 +557,8 @@ class Store:
                     conn, "SELECT * FROM bags WHERE idempotency_key = ?", (idempotency_key,)
                 )
                 if earlier:
+                    if earlier[0]["request_hash"] != bag.get("request_hash", ""):
+                        raise IdempotencyConflict(idempotency_key, earlier[0]["id"])
                     return earlier[0], False
             row = dict(bag, idempotency_key=idempotency_key)
             columns = ", ".join(row)

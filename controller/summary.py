@@ -59,7 +59,7 @@ def bag_view(bag: dict[str, Any], now: float) -> dict[str, Any]:
         "progress": finished / bag["job_count"] if bag["job_count"] else 1.0,
         "usage": {
             "attempts": bag["attempts_ended"] + len(live),
-            "preemptions": bag["preemptions"],
+            "interrupted_attempts": bag["preemptions"],
             "attempt_hours": _hours(attempt_s),
             "preempted_attempt_hours": _hours(bag["preempted_s"]),
             "vm_hours": _hours(vm_s),
@@ -110,10 +110,11 @@ def job_view(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def fleet_view(usage_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals over VMs: count, preemptions, VM-hours (running time, idle included) and cost."""
+    """Totals over VMs: how many, how many were preempted, VM-hours (running time, idle
+    included) and their cost."""
     total = {
         "vms": 0,
-        "preemptions": 0,
+        "vms_preempted": 0,
         "vm_hours": 0.0,
         "spot_cost_usd": 0.0,
         "on_demand_cost_usd": 0.0,
@@ -123,7 +124,7 @@ def fleet_view(usage_rows: list[dict[str, Any]]) -> dict[str, Any]:
         entry = {
             "vm_type": row["vm_type"],
             "vms": row["vms"],
-            "preemptions": row["preemptions"],
+            "vms_preempted": row["preemptions"],
             "vm_hours": _hours(row["vm_s"] or 0.0),
             "spot_cost_usd": row["spot_cost_usd"] or 0.0,
             "on_demand_cost_usd": row["on_demand_cost_usd"] or 0.0,
@@ -135,7 +136,9 @@ def fleet_view(usage_rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _money(usd: float) -> str:
-    return f"${usd:,.4f}" if usd < 10 else f"${usd:,.2f}"
+    if abs(usd) < 0.01:
+        return f"${usd:.6f}"  # the demo's costs are fractions of a cent
+    return f"${usd:,.4f}" if abs(usd) < 10 else f"${usd:,.2f}"
 
 
 def _duration(seconds: float) -> str:
@@ -156,9 +159,10 @@ def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) ->
         f"{title}: {view['state']} after {_duration(view['elapsed_s'])}",
         f"  jobs        {c['succeeded']:,} succeeded, {c['failed']:,} failed, {c['cancelled']:,} cancelled"
         f", {c['running']:,} running, {c['queued'] + c['held']:,} waiting (of {view['job_count']:,})",
-        f"  attempts    {u['attempts']:,} ({u['preemptions']:,} cut short by preemption, "
+        f"  attempts    {u['attempts']:,} ({u['interrupted_attempts']:,} interrupted by VM preemptions, "
         f"{_duration(u['preempted_attempt_hours'] * 3600)} of work lost)",
-        f"  VM-hours    {u['vm_hours']:.3f} (this bag's share of its VMs; {u['attempt_hours']:.3f} job-hours)",
+        f"  VM-hours    {u['vm_hours']:.3f}: this bag's share of its VMs (its jobs ran "
+        f"{u['attempt_hours']:.3f} h in all, each on part of a VM)",
         f"  cost        spot {_money(u['spot_cost_usd'])} vs on-demand {_money(u['on_demand_cost_usd'])}"
         f" for the same hours: saved {_money(saved)} ({pct:.0f}%)",
     ]
@@ -166,8 +170,8 @@ def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) ->
         t = fleet["total"]
         fleet_saved = t["on_demand_cost_usd"] - t["spot_cost_usd"]
         lines.append(
-            f"  fleet       {t['vms']:,} VMs, {t['preemptions']:,} preempted, {t['vm_hours']:.3f} VM-hours "
-            f"incl. idle: spot {_money(t['spot_cost_usd'])} vs on-demand {_money(t['on_demand_cost_usd'])}"
-            f" (saved {_money(fleet_saved)})"
+            f"  all VMs     {t['vms']:,} VMs of every bag so far, {t['vms_preempted']:,} of them preempted: "
+            f"{t['vm_hours']:.3f} VM-hours incl. idle, spot {_money(t['spot_cost_usd'])} vs on-demand "
+            f"{_money(t['on_demand_cost_usd'])} (saved {_money(fleet_saved)})"
         )
     return "\n".join(lines)

@@ -37,4 +37,4 @@ spotbag watch "$BAG"
 
 echo "== the first jobs:"
 spotbag jobs "$BAG" --limit 5
-echo "== logs, VMs and the database stay in $STATE_DIR (spotbag --state-dir $STATE_DIR logs $BAG-0)"
+echo "== the database and every job's log stay in $STATE_DIR (logs: $STATE_DIR/logs/$BAG/)"

@@ -19,7 +19,11 @@ def imports(package: str) -> dict[Path, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            elif isinstance(node, ast.ImportFrom):
+                # Relative imports would hide which package a module reaches into.
+                assert node.level == 0, (
+                    f"{path}: use absolute imports (from {'.' * node.level}{node.module})"
+                )
                 names.add(node.module.split(".")[0])
         found[path] = names
     return found

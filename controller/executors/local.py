@@ -33,6 +33,26 @@ from controller.executors.base import (
 
 RUN_KEY = "SPOTBAG_RUN_KEY"
 
+# Every job runs under this POSIX sh wrapper ($1: the command, $2: the exit-status file).
+# It runs the command in the background of its own process group, forwards TERM and
+# USR1 (the checkpoint signal) to it, and records the command's exit status in $2 once
+# it ends, so that an attempt that finishes while the daemon is down is still known
+# to have finished (recover()). `wait` returns early when a trapped signal arrives,
+# hence the loop until the command is really gone.
+WRAPPER = """\
+/bin/sh -c "$1" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM
+trap 'kill -USR1 "$child" 2>/dev/null' USR1
+while :; do
+    wait "$child"
+    code=$?
+    kill -0 "$child" 2>/dev/null || break
+done
+printf '%s\\n' "$code" > "$2.tmp" && mv "$2.tmp" "$2"
+exit "$code"
+"""
+
 
 @dataclass
 class _Running:
@@ -76,6 +96,14 @@ class LocalExecutor:
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
         return str(self._logs / bag_id / f"{job_id}.{number}.log")
 
+    def workdir_problem(self, path: str) -> str | None:
+        """Why jobs could not run in `path` on this host (None when they can)."""
+        if not os.path.isdir(path):
+            return f"{path} is not a directory on the daemon's host"
+        if not os.access(path, os.X_OK):
+            return f"the daemon's user cannot enter {path}"
+        return None
+
     def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
         return self._checkpoints / bag_id / job_id
 
@@ -103,7 +131,10 @@ class LocalExecutor:
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh",
                 "-c",
+                WRAPPER,
+                "spotbag-job",
                 spec.command,
+                str(exit_status_path(log_path)),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
@@ -164,11 +195,35 @@ class LocalExecutor:
             await self._stop(running, "VM lost", grace_s=0)
 
     async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
-        """Keep watching the attempts this executor still runs (the scheduler rebuilt its
-        memory); kill every other process left by this controller (it crashed)."""
+        """After a restart (or a rebuild of the scheduler's memory):
+
+        - attempts this executor still runs are watched on;
+        - every other process left by this controller is killed (the daemon crashed);
+        - attempts that finished meanwhile (their exit status was recorded) are
+          reported as ended, with that status, instead of being lost and run again.
+        Returns the attempts that are running or were reported."""
         keep = {r.process.pid for r in self._running.values()}
         await asyncio.to_thread(kill_orphans, self._controller_id, keep_groups=keep)
-        return {a for a in attempt_ids if a in self._running}
+        known = {a for a in attempt_ids if a in self._running}
+        for attempt_id in attempt_ids:
+            if attempt_id in known:
+                continue
+            job_id, _, number = attempt_id.rpartition(".")
+            log_path = Path(self.log_path(job_id.rpartition("-")[0], job_id, int(number)))
+            finished = await asyncio.to_thread(_read_exit_status, exit_status_path(log_path))
+            if finished is not None:
+                code, at = finished
+                self._emit(
+                    AttemptEvent(
+                        attempt_id,
+                        at,
+                        Outcome.EXITED,
+                        code,
+                        "finished while the controller was down",
+                    )
+                )
+                known.add(attempt_id)
+        return known
 
     async def shutdown(self) -> None:
         running = list(self._running.values())
@@ -200,7 +255,17 @@ def _end_event(
         return AttemptEvent(spec.attempt_id, at, Outcome.KILLED, code, stop_reason)
     if code is None:  # the watcher itself was interrupted
         return AttemptEvent(spec.attempt_id, at, Outcome.KILLED, None, "watch interrupted")
-    if code < 0:  # killed by a signal nobody here sent: report it like a shell would
+    if code > 128:  # the command died of a signal (sh reports 128 + signal number)
+        number = code - 128
+        name = signal.strsignal(number) if 0 < number < 65 else None
+        return AttemptEvent(
+            spec.attempt_id,
+            at,
+            Outcome.EXITED,
+            code,
+            f"killed by signal {number} ({name or 'unknown'})" if name else "",
+        )
+    if code < 0:  # the wrapper itself was killed by a signal nobody here sent
         return AttemptEvent(
             spec.attempt_id,
             at,
@@ -209,6 +274,19 @@ def _end_event(
             f"killed by signal {-code} ({signal.strsignal(-code) or 'unknown'})",
         )
     return AttemptEvent(spec.attempt_id, at, Outcome.EXITED, code)
+
+
+def exit_status_path(log_path: Path) -> Path:
+    """Where the wrapper records an attempt's exit status (beside its log)."""
+    return log_path.with_suffix(".exit")
+
+
+def _read_exit_status(path: Path) -> tuple[int, float] | None:
+    """(exit status, when it was written) of a finished attempt, or None."""
+    try:
+        return int(path.read_text().strip()), path.stat().st_mtime
+    except (OSError, ValueError):
+        return None
 
 
 def _prepare_dirs(*paths: Path) -> None:

@@ -16,7 +16,7 @@ async def test_a_bag_without_preemptions_packs_the_cheapest_slots(tmp_path):
     result = await simulate(bag(20), config(), seed=1, state_dir=tmp_path)
     view = result.bag
     assert view["state"] == "succeeded" and view["counts"]["succeeded"] == 20
-    assert view["usage"]["attempts"] == 20 and view["usage"]["preemptions"] == 0
+    assert view["usage"]["attempts"] == 20 and view["usage"]["interrupted_attempts"] == 0
     # small: $0.01 per 1-cpu slot-hour beats big's $0.015: 5 small VMs, 10 slots, 2 rounds of 1 h.
     assert rows(tmp_path, "SELECT DISTINCT vm_type FROM vms") == [("small",)]
     assert rows(tmp_path, "SELECT count(*) FROM vms") == [(5,)]
@@ -37,8 +37,8 @@ async def test_preempted_attempts_are_retried_and_the_run_is_deterministic(tmp_p
     again = await simulate(spec, cfg, seed=11, state_dir=tmp_path / "b")
     other = await simulate(spec, cfg, seed=12, state_dir=tmp_path / "c")
     assert first.bag["state"] == "succeeded" and first.bag["counts"]["succeeded"] == 40
-    assert first.bag["usage"]["preemptions"] > 0
-    assert first.bag["usage"]["attempts"] == 40 + first.bag["usage"]["preemptions"]
+    assert first.bag["usage"]["interrupted_attempts"] > 0
+    assert first.bag["usage"]["attempts"] == 40 + first.bag["usage"]["interrupted_attempts"]
     for key in ("usage", "counts", "elapsed_s"):
         assert first.bag[key] == again.bag[key]
     assert first.fleet == again.fleet

@@ -34,9 +34,29 @@ async def test_migrations_are_applied_once_and_recorded(tmp_path):
     with sqlite3.connect(tmp_path / "db.sqlite") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert conn.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
-        assert conn.execute("SELECT version, description FROM migrations").fetchall() == [
-            (1, "initial schema")
+        recorded = conn.execute(
+            "SELECT version, description FROM migrations ORDER BY version"
+        ).fetchall()
+        assert recorded == [
+            (i, description) for i, (description, _) in enumerate(MIGRATIONS, start=1)
         ]
+
+
+async def test_an_older_database_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "db.sqlite"
+    with sqlite3.connect(path) as conn:  # a database made by the first release
+        conn.executescript(MIGRATIONS[0][1])
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute(
+            "INSERT INTO bags (id, account, name, spec, state, job_count, created_at) "
+            "VALUES ('b0000000001', 'a', '', '{}', 'active', 0, 1.0)"
+        )
+    store = Store(path)
+    await store.open()
+    assert store.schema_version == len(MIGRATIONS)
+    bag = await store.get_bag("b0000000001")
+    assert bag["request_hash"] == ""  # the new column, defaulted for old rows
+    await store.close()
 
 
 async def test_writes_run_on_one_thread_and_roll_back_on_error(tmp_path):

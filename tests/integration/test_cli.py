@@ -57,7 +57,7 @@ def test_submit_watch_status_jobs_logs(make_daemon, tmp_path):
     out = spotbag("submit", "bag.yaml", "--watch", state_dir=daemon.state_dir, cwd=tmp_path)
     assert "submitted bag" in out.stdout and "(6 jobs)" in out.stdout
     assert "succeeded after" in out.stdout and "6 succeeded, 0 failed" in out.stdout
-    assert "fleet" in out.stdout and "saved" in out.stdout
+    assert "all VMs" in out.stdout and "saved" in out.stdout
     bag_id = out.stdout.split("submitted bag ")[1].split()[0]
 
     status = json.loads(spotbag("status", bag_id, "--json", state_dir=daemon.state_dir).stdout)
@@ -135,7 +135,7 @@ def test_errors_are_clear_and_exit_nonzero(make_daemon, tmp_path):
     broken = spotbag(
         "submit", str(tmp_path / "broken.yaml"), state_dir=daemon.state_dir, check=False
     )
-    assert broken.returncode == 1 and "is not valid YAML" in broken.stderr
+    assert broken.returncode == 2 and "is not valid YAML" in broken.stderr
 
 
 def test_simulate_prints_the_summary_of_a_real_run(tmp_path):
@@ -161,7 +161,7 @@ def test_simulate_prints_the_summary_of_a_real_run(tmp_path):
     first = json.loads(spotbag(*args, "--json").stdout)
     second = json.loads(spotbag(*args, "--json").stdout)
     assert first["bag"]["usage"] == second["bag"]["usage"]
-    assert first["bag"]["usage"]["preemptions"] > 0
+    assert first["bag"]["usage"]["interrupted_attempts"] > 0
 
 
 def test_config_defaults_and_check(tmp_path):
@@ -171,3 +171,49 @@ def test_config_defaults_and_check(tmp_path):
     (tmp_path / "bad.toml").write_text("[scheduler]\nmax_vms = -2\n")
     bad = spotbag("config", "check", str(tmp_path / "bad.toml"), check=False)
     assert bad.returncode == 1 and "scheduler.max_vms" in bad.stderr
+
+
+def test_yaml_values_follow_yaml_1_2_and_odd_ids_are_quoted(make_daemon, tmp_path):
+    daemon = make_daemon()
+    daemon.start()
+    (tmp_path / "bag.yaml").write_text(
+        "account: lab\ncommand: 'echo {lr} {country}'\nmax_runtime_s: 10\n"
+        "parameters:\n  lr: [1e-3, 2.5E-4]\n  country: [NO, SE]\n"
+    )
+    out = spotbag("submit", "bag.yaml", "--watch", state_dir=daemon.state_dir, cwd=tmp_path)
+    bag_id = out.stdout.split("submitted bag ")[1].split()[0]
+    jobs = json.loads(spotbag("jobs", bag_id, "--json", state_dir=daemon.state_dir).stdout)
+    assert [j["params"] for j in jobs] == [
+        {"lr": 0.001, "country": "NO"},
+        {"lr": 0.001, "country": "SE"},
+        {"lr": 0.00025, "country": "NO"},
+        {"lr": 0.00025, "country": "SE"},
+    ]
+    for odd in ("x?y", "a/b", "b123 456"):
+        result = spotbag("status", odd, state_dir=daemon.state_dir, check=False)
+        assert result.returncode == 2 and f"bag {odd!r} does not exist" in result.stderr
+    missing = spotbag("submit", "nope.yaml", state_dir=daemon.state_dir, check=False)
+    assert missing.returncode == 2 and "nope.yaml does not exist" in missing.stderr
+    (tmp_path / "latin1.yaml").write_bytes("account: caf\xe9\n".encode("latin-1"))
+    latin = spotbag(
+        "submit", str(tmp_path / "latin1.yaml"), state_dir=daemon.state_dir, check=False
+    )
+    assert latin.returncode == 2 and "is not UTF-8 text" in latin.stderr
+
+
+def test_logs_follow_a_job_through_its_retries(make_daemon, tmp_path):
+    daemon = make_daemon()
+    daemon.start()
+    # The first attempt fails with a retryable code, the second succeeds.
+    spec = {
+        "account": "lab",
+        "max_runtime_s": 30,
+        "retryable_exit_codes": [75],
+        "command": 'echo "attempt $SPOTBAG_ATTEMPT"; sleep 1; [ "$SPOTBAG_ATTEMPT" -gt 1 ] || exit 75',
+    }
+    bag_id = spotbag(
+        "submit", "-", "-q", state_dir=daemon.state_dir, input_text=json.dumps(spec)
+    ).stdout.strip()
+    followed = spotbag("logs", f"{bag_id}-0", "--follow", state_dir=daemon.state_dir)
+    assert followed.stdout == "attempt 1\nattempt 2\n"
+    assert "--- attempt 2 ---" in followed.stderr

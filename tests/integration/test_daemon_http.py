@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import time
 import urllib.request
 from pathlib import Path
 
@@ -72,13 +73,22 @@ def test_bag_completes_through_injected_and_sampled_preemptions(make_daemon, tmp
         vms = client.vms()["vms"]
         return next((v["id"] for v in vms if v["state"] == "running" and v["jobs"]), None)
 
-    vm_id = wait_until(busy_vm, 30, what="a VM running jobs")
-    client.preempt(vm_id)
+    def preempt_a_busy_vm() -> str | None:
+        vm_id = busy_vm()
+        if vm_id is None:
+            return None
+        try:  # it may have been preempted (sampled) or gone idle since we looked
+            client.preempt(vm_id)
+        except ClientError:
+            return None
+        return vm_id
+
+    vm_id = wait_until(preempt_a_busy_vm, 30, what="a VM running jobs to preempt")
     final = wait_for_bag(client, bag["id"])
 
     assert final["state"] == "succeeded", final
     assert final["counts"]["succeeded"] == 12
-    assert final["usage"]["preemptions"] >= 1
+    assert final["usage"]["interrupted_attempts"] >= 1
     preempted = store_rows(
         daemon.state_dir, "SELECT count(*) FROM attempts WHERE state = 'preempted'"
     )[0][0]
@@ -93,7 +103,48 @@ def test_bag_completes_through_injected_and_sampled_preemptions(make_daemon, tmp
     job = client.job(f"{bag['id']}-{retried[0][0]}")
     assert [a["state"] for a in job["attempt_list"]][-1] == "succeeded"
     assert "preempted" in [a["state"] for a in job["attempt_list"]]
+    # Lifetimes drawn from the model ended VMs too, not only the injected preemption.
+    sampled = store_rows(
+        daemon.state_dir,
+        "SELECT count(*) FROM vms WHERE reason LIKE 'preempted: sampled lifetime%'",
+    )
+    assert sampled[0][0] >= 1
+
+    # /metrics tells the same story, series by series.
+    metrics = scrape(client)
+    assert (
+        metrics["spotbag_preemptions_total", ()]
+        == store_rows(daemon.state_dir, "SELECT count(*) FROM vms WHERE state = 'preempted'")[0][0]
+    )
+    assert metrics["spotbag_attempts_total", (("state", "succeeded"),)] == 12
+    assert metrics["spotbag_attempts_total", (("state", "preempted"),)] == preempted
+    assert metrics["spotbag_jobs_finished_total", (("state", "succeeded"),)] == 12
+    assert metrics["spotbag_jobs", (("state", "queued"),)] == 0
+    assert metrics["spotbag_jobs", (("state", "running"),)] == 0
+    assert metrics["spotbag_scheduler_loop_seconds_count", ()] > 10
+    live = store_rows(
+        daemon.state_dir, "SELECT count(*) FROM vms WHERE state IN ('pending', 'running')"
+    )[0][0]
+    assert (
+        metrics["spotbag_vms", (("state", "pending"),)]
+        + metrics["spotbag_vms", (("state", "running"),)]
+        == live
+    )
+    assert metrics["spotbag_vm_launches_total", (("result", "ok"), ("vm_type", "local-2"))] >= 4
     assert daemon.stop() == 0
+
+
+def scrape(client) -> dict[tuple[str, tuple], float]:
+    """The daemon's /metrics as {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(client.url + "/metrics") as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def test_malformed_bag_is_400_naming_the_field(make_daemon):
@@ -202,36 +253,64 @@ def test_kill_9_mid_bag_then_restart_completes_every_job_exactly_once(make_daemo
 
     wait_until(some_done_some_running, 60, what="progress with jobs running")
     assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
-
-    # The orphaned jobs keep running until the restarted daemon kills them.
+    # Down for longer than a job runs: the orphaned jobs finish while nobody watches.
+    time.sleep(2.5)
     client = daemon.start()
     final = wait_for_bag(client, bag["id"])
     assert final["state"] == "succeeded"
     assert_exactly_once(daemon.state_dir, bag["id"], n)
+    # No program ran to completion twice: each job appended exactly one line.
+    assert [len((out / f"done.{i}").read_text().splitlines()) for i in range(n)] == [1] * n
+    finished_while_down = store_rows(
+        daemon.state_dir,
+        f"SELECT count(*) FROM attempts WHERE bag_id = '{bag['id']}' AND state = 'succeeded' "
+        "AND reason = 'finished while the controller was down'",
+    )
+    assert finished_while_down[0][0] >= 2
+    assert daemon.stop() == 0
+
+
+def test_orphans_still_running_at_a_restart_are_stopped_before_serving(make_daemon, tmp_path):
+    daemon = make_daemon(max_vms=1)
+    client = daemon.start()
+    bag = client.submit(
+        {"account": "a", "command": "sleep 30", "max_runtime_s": 60, "parameters": {"i": [0, 1]}}
+    )
+    wait_until(lambda: client.bag(bag["id"])["counts"]["running"] == 2, 30, what="two running jobs")
+    orphans = _job_processes(daemon.state_dir)
+    assert len(orphans) >= 2
+    assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert _job_processes(daemon.state_dir).keys() >= orphans.keys()  # they outlive the daemon
+    client = daemon.start()  # returns once the API listens, i.e. after recovery
+    survivors = set(orphans) & set(_job_processes(daemon.state_dir))
+    assert survivors == set(), "the crashed daemon's jobs must not run beside their retries"
     lost = store_rows(
         daemon.state_dir,
         f"SELECT count(*) FROM attempts WHERE bag_id = '{bag['id']}' AND state = 'lost'",
     )
-    assert lost[0][0] >= 2, "the attempts running at the crash are recorded as lost"
-    # Lost attempts do not count against max_attempts and every job finished.
-    assert {p.name for p in out.iterdir()} == {f"done.{i}" for i in range(n)}
-    # No job process of the crashed daemon survived the restart.
-    leftovers = [
-        p for p in Path("/proc").iterdir() if p.name.isdigit() and _has_run_key(p, daemon.state_dir)
-    ]
-    assert leftovers == []
+    assert lost == [(2,)]
+    client.cancel(bag["id"])
     assert daemon.stop() == 0
 
 
-def _has_run_key(proc: Path, state_dir: Path) -> bool:
-    try:
-        environ = (proc / "environ").read_bytes()
-    except OSError:
-        return False
+def _job_processes(state_dir: Path) -> dict[int, str]:
+    """pid -> attempt id of the processes that carry this daemon's run key."""
     controller_id = store_rows(state_dir, "SELECT value FROM meta WHERE key = 'controller_id'")[0][
         0
     ]
-    return f"SPOTBAG_RUN_KEY={controller_id}:".encode() in environ
+    marker = f"SPOTBAG_RUN_KEY={controller_id}:".encode()
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for variable in environ:
+            if variable.startswith(marker):
+                found[int(proc.name)] = variable[len(marker) :].decode()
+    return found
 
 
 def test_job_details_logs_pagination_and_cancel(make_daemon, tmp_path):

@@ -31,9 +31,16 @@ bathtubs = st.builds(
 )
 classics = st.one_of(
     st.builds(Exponential, mttf_h=st.floats(0.2, 100.0), L=st.sampled_from([None, 24.0])),
-    st.builds(Weibull, k=st.floats(0.3, 4.0), lam=st.floats(0.5, 60.0), L=st.sampled_from([None, 24.0])),
-    st.builds(GompertzMakeham, lam=st.floats(1e-4, 1.0), alpha=st.floats(1e-8, 0.1), beta=st.floats(0.01, 1.0),
-              L=st.sampled_from([None, 24.0])),
+    st.builds(
+        Weibull, k=st.floats(0.3, 4.0), lam=st.floats(0.5, 60.0), L=st.sampled_from([None, 24.0])
+    ),
+    st.builds(
+        GompertzMakeham,
+        lam=st.floats(1e-4, 1.0),
+        alpha=st.floats(1e-8, 0.1),
+        beta=st.floats(0.01, 1.0),
+        L=st.sampled_from([None, 24.0]),
+    ),
 )
 
 
@@ -58,7 +65,9 @@ def test_cdf_is_monotone_in_0_1_with_the_deadline_mass(model):
 def test_integrals_agree_with_quadrature(model):
     end = model.end_h
     a, b = 0.3 * end, 0.8 * end
-    assert float(model.first_moment(a, b)) == pytest.approx(quad_first_moment(model, a, b), rel=2e-3, abs=1e-5)
+    assert float(model.first_moment(a, b)) == pytest.approx(
+        quad_first_moment(model, a, b), rel=2e-3, abs=1e-5
+    )
     # The density integrates to the continuous part of the CDF.
     if model.L is not None:
         from scipy import integrate
@@ -73,7 +82,9 @@ def test_expected_lifetime_counts_the_deadline_mass():
     assert model.expected_lifetime_h() == pytest.approx(expected, rel=1e-6)
     assert model.cdf(0.0) == 0.0  # the paper's F(0) = A·e^{-b/tau2} is subtracted
     assert Exponential(2.0).expected_lifetime_h() == 2.0
-    assert Exponential(10.0, L=24.0).expected_lifetime_h() == pytest.approx(10 * (1 - math.exp(-2.4)))
+    assert Exponential(10.0, L=24.0).expected_lifetime_h() == pytest.approx(
+        10 * (1 - math.exp(-2.4))
+    )
 
 
 def test_conditional_failure_and_loss():
@@ -86,15 +97,20 @@ def test_conditional_failure_and_loss():
     assert 0.0 < loss < 2.0
     # Memoryless: the conditional failure does not depend on age.
     memoryless = Exponential(5.0)
-    assert memoryless.conditional_failure(0.0, 3.0) == pytest.approx(memoryless.conditional_failure(7.0, 3.0))
+    assert memoryless.conditional_failure(0.0, 3.0) == pytest.approx(
+        memoryless.conditional_failure(7.0, 3.0)
+    )
 
 
-@pytest.mark.parametrize("model", [
-    Bathtub(A=0.4, tau1=1.5, tau2=0.8, b=22.0, L=24.0),
-    Weibull(k=0.6, lam=10.0, L=24.0),
-    GompertzMakeham(lam=0.02, alpha=1e-4, beta=0.4, L=24.0),
-    Exponential(8.0, L=24.0),
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        Bathtub(A=0.4, tau1=1.5, tau2=0.8, b=22.0, L=24.0),
+        Weibull(k=0.6, lam=10.0, L=24.0),
+        GompertzMakeham(lam=0.02, alpha=1e-4, beta=0.4, L=24.0),
+        Exponential(8.0, L=24.0),
+    ],
+)
 def test_samples_follow_the_model(model):
     draws = model.sample_h(np.random.default_rng(3), 40_000)
     assert np.mean(draws == 24.0) == pytest.approx(model.deadline_mass(), abs=0.01)
@@ -136,8 +152,10 @@ def test_mle_recovers_bathtub_parameters_from_censored_samples():
     assert result.ks < 0.03 and result.r2 > 0.99
 
 
-@pytest.mark.parametrize(("truth", "name"), [(Weibull(k=0.7, lam=12.0, L=24.0), "weibull"),
-                                             (Exponential(9.0, L=24.0), "exponential")])
+@pytest.mark.parametrize(
+    ("truth", "name"),
+    [(Weibull(k=0.7, lam=12.0, L=24.0), "weibull"), (Exponential(9.0, L=24.0), "exponential")],
+)
 def test_mle_recovers_classic_parameters(truth, name):
     t, preempted = censored_sample(truth, 5000, seed=2)
     fitted = fit(t, preempted, name, "mle", L=24.0).model
@@ -158,7 +176,13 @@ def test_least_squares_on_preempted_only_is_biased_short_and_mle_is_not():
 def test_deadline_preemptions_are_the_point_mass():
     t = np.array([0.5, 23.9, 24.3, 10.0, 24.5])
     event = np.array([True, True, True, False, False])
-    assert list(at_deadline(t, event, 24.0, 0.25)) == [0.5, 24.0, 24.0, 10.0, np.nextafter(24.0, 0.0)]
+    assert list(at_deadline(t, event, 24.0, 0.25)) == [
+        0.5,
+        24.0,
+        24.0,
+        10.0,
+        np.nextafter(24.0, 0.0),
+    ]
 
 
 def test_models_rebuild_from_their_parameters():
