@@ -277,8 +277,13 @@ def test_orphans_still_running_at_a_restart_are_stopped_before_serving(make_daem
         {"account": "a", "command": "sleep 30", "max_runtime_s": 60, "parameters": {"i": [0, 1]}}
     )
     wait_until(lambda: client.bag(bag["id"])["counts"]["running"] == 2, 30, what="two running jobs")
-    orphans = _job_processes(daemon.state_dir)
-    assert len(orphans) >= 2
+
+    # "running" is recorded just before the processes start: wait for the processes.
+    def both_jobs_processes() -> dict[int, str] | None:
+        found = _job_processes(daemon.state_dir)
+        return found if len(set(found.values())) == 2 else None
+
+    orphans = wait_until(both_jobs_processes, 30, what="both jobs' processes")
     assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
     assert _job_processes(daemon.state_dir).keys() >= orphans.keys()  # they outlive the daemon
     client = daemon.start()  # returns once the API listens, i.e. after recovery
