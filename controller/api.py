@@ -296,6 +296,46 @@ async def list_vms(request: web.Request) -> web.Response:
     return _json({"vms": vms, "usage": fleet})
 
 
+def _vm_model_view(vm: Any, now: float, time_scale: float) -> dict[str, Any]:
+    """The preemption model the scheduler assumes for a live VM, at its current age."""
+    age_h = max(0.0, now - vm.requested_at) * time_scale / 3600.0
+    belief = vm.belief
+    return {
+        "vm_id": vm.id,
+        "vm_type": vm.vm_type.name,
+        "zone": vm.zone,
+        "age_h": age_h,
+        "model": belief.model.name if belief else None,
+        "parameters": belief.model.parameters if belief else None,
+        "key": belief.key if belief else None,
+        "source": belief.source if belief else None,
+        "stable": vm.table.is_stable(age_h) if vm.table else None,
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    c = _controller(request)
+    settings = c.config.preemption
+    now = c.clock.now()
+    learned = await c.store.models(active_only=request.query.get("history") is None)
+    return _json(
+        {
+            "configured": {
+                "model": settings.model,
+                "reuse_policy": settings.reuse_policy,
+                "min_samples": settings.min_samples,
+                "learn": settings.learn,
+                "shipped_models": len(c.book.defaults.entries),
+            },
+            "learned": learned,
+            "in_use": [
+                _vm_model_view(vm, now, c.config.driver.time_scale)
+                for vm in c.scheduler.vms.values()
+            ],
+        }
+    )
+
+
 async def preempt_vm(request: web.Request) -> web.Response:
     c = _controller(request)
     vm_id = request.match_info["vm_id"]
@@ -453,6 +493,14 @@ ROUTES: tuple[Route, ...] = (
             Param("limit", "query", "At most this many (default 200).", _INT),
         ),
         responses={200: ("VMs and usage totals.", "VmList")},
+    ),
+    Route(
+        "GET",
+        "/v1/models",
+        list_models,
+        "Preemption models: configured, learned (sample counts and fit quality) and in use per VM.",
+        params=(Param("history", "query", "Present: also the learned models since replaced."),),
+        responses={200: ("Models.", "Models")},
     ),
     Route(
         "POST",

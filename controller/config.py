@@ -104,22 +104,81 @@ class DriverConfig(_Section):
     )
 
 
+PREEMPTION_MODELS = ("none", "exponential", "bathtub", "fitted")
+
+
 class PreemptionConfig(_Section):
     model: str = Field(
-        "none", description="VM lifetime model for the local and sim drivers: none or exponential."
+        "none",
+        description="How VMs of the local and sim drivers die, and what the scheduler assumes until "
+        "it has learned better: none; exponential (mttf_h, max_lifetime_h); bathtub (the bathtub_* "
+        "parameters); fitted (the shipped models fitted to real Google preemptions, looked up by "
+        "each VM type's model_key).",
     )
-    mttf_h: float = Field(24.0, gt=0, description="Mean time to preemption, in model hours.")
+    mttf_h: float = Field(
+        24.0, gt=0, description="exponential: mean time to preemption, model hours."
+    )
     max_lifetime_h: float | None = Field(
         None,
         gt=0,
-        description="Hard deadline on a VM's life in model hours (Google: 24); unset: none.",
+        description="exponential: hard deadline on a VM's life in model hours (Google: 24); unset: none.",
+    )
+    bathtub_A: float = Field(
+        0.35, gt=0, le=1, description="bathtub: weight A of the two preemption processes."
+    )
+    bathtub_tau1: float = Field(
+        2.3, gt=0, description="bathtub: time scale of early preemptions, hours."
+    )
+    bathtub_tau2: float = Field(
+        0.8, gt=0, description="bathtub: time scale of the rise before the deadline, hours."
+    )
+    bathtub_b: float = Field(24.0, gt=0, description="bathtub: when the late rise sets in, hours.")
+    deadline_h: float = Field(
+        24.0, gt=0, description="bathtub and fitted: the provider's maximum VM life L, hours."
+    )
+    registry_file: str = Field(
+        "",
+        description="fitted: a model registry JSON (spotbag fit --registry) used instead of the shipped one.",
+    )
+    min_samples: int = Field(
+        30,
+        ge=5,
+        description="A model is used for a key only when fitted on at least this many VM lifetimes.",
+    )
+    reuse_policy: str = Field(
+        "model",
+        description="model: start a job on an idle VM only when, by the VM's preemption model and age, "
+        "that beats a fresh VM (SPEC.md §3); always: reuse any idle VM (memoryless thinking).",
+    )
+    hot_spare_h: float = Field(
+        1.0,
+        ge=0,
+        description="Idle VMs past their risky start are kept this long (model hours) as hot spares.",
+    )
+    learn: bool = Field(
+        True, description="Refit models from the lifetimes this controller observes."
+    )
+    refit_interval_s: float = Field(
+        600.0, gt=0, description="How often (real seconds) to consider refitting."
+    )
+    drift_window: int = Field(
+        50,
+        ge=10,
+        description="Recent lifetimes per key tested against the model in use; a misfit triggers a refit.",
     )
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in ("none", "exponential"):
-            raise ValueError(f"unknown model {value!r}; known: none, exponential")
+        if value not in PREEMPTION_MODELS:
+            raise ValueError(f"unknown model {value!r}; known: {', '.join(PREEMPTION_MODELS)}")
+        return value
+
+    @field_validator("reuse_policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in ("model", "always"):
+            raise ValueError(f"unknown reuse_policy {value!r}; known: model, always")
         return value
 
 
@@ -158,9 +217,14 @@ class VmTypeConfig(_Section):
     spot_price_per_hour: float = Field(ge=0, description="Spot price, USD per hour.")
     on_demand_price_per_hour: float = Field(ge=0, description="On-demand price, USD per hour.")
     zone: str = Field("", description="Zone or region label.")
+    model_key: str = Field(
+        "",
+        description="Preemption model key (provider/type/zone, e.g. gce/n1-highcpu-16/us-central1-c) "
+        "this type behaves like; empty: <driver>/<name>/<zone>.",
+    )
 
     def to_vm_type(self) -> VmType:
-        return VmType(**self.model_dump())
+        return VmType(**self.model_dump(exclude={"model_key"}))
 
 
 DEFAULT_VM_TYPES = (

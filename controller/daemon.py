@@ -27,11 +27,12 @@ from controller.clock import RealClock
 from controller.config import Config
 from controller.executors.local import LocalExecutor
 from controller.ids import RandomIds
+from controller.learning import Learner
 from controller.metrics import Metrics
 from controller.scheduler import Scheduler
 from controller.sdnotify import notify
 from controller.store import Store
-from controller.wiring import make_driver
+from controller.wiring import make_driver, make_model_book
 
 log = logging.getLogger("spotbag.daemon")
 
@@ -60,6 +61,8 @@ class Controller:
         self.executor: Any = None
         self.scheduler: Scheduler | None = None  # type: ignore[assignment]
         self._loop_task: asyncio.Task | None = None
+        self._learning_task: asyncio.Task | None = None
+        self.learner: Learner | None = None
         self._lock_file: Any = None
 
     async def start(self) -> None:
@@ -72,6 +75,12 @@ class Controller:
         self.token = self._resolve_token()
         seed = self.config.driver.seed
         rng = np.random.default_rng(seed)
+        self.book = make_model_book(
+            self.config,
+            driver_name=self.config.driver.name,
+            boot_delay_s=self.config.driver.boot_delay_s,
+            time_scale=self.config.driver.time_scale,
+        )
         self.driver = make_driver(
             self.config,
             name=self.config.driver.name,
@@ -80,6 +89,7 @@ class Controller:
             rng=rng,
             boot_delay_s=self.config.driver.boot_delay_s,
             time_scale=self.config.driver.time_scale,
+            book=self.book,
         )
         self.executor = LocalExecutor(
             self.state_dir,
@@ -97,8 +107,19 @@ class Controller:
             catalog=self.catalog,
             controller_id=self.controller_id,
             metrics=self.metrics,
+            book=self.book,
+            time_scale=self.config.driver.time_scale,
         )
         self.metrics.watch(self.scheduler.gauges)
+        self.learner = Learner(
+            self.store, self.book, self.config.preemption, self.driver.name, self.clock.now
+        )
+        learned = await self.learner.load()
+        if self.config.preemption.learn:
+            self._learning_task = asyncio.create_task(self.learner.run(), name="learning")
+        log.info(
+            "preemption models: %s configured, %d learned", self.config.preemption.model, learned
+        )
         await self.scheduler.recover()
         pushes = self.driver.name in EPHEMERAL_DRIVERS
         self._loop_task = asyncio.create_task(
@@ -106,6 +127,10 @@ class Controller:
         )
 
     async def stop(self) -> None:
+        if self._learning_task is not None:
+            self._learning_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._learning_task
         if self.scheduler is not None and self._loop_task is not None:
             self.scheduler.stop()
             await self._loop_task

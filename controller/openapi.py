@@ -128,6 +128,30 @@ _SCHEMAS: dict[str, Any] = {
             "next_after": {"type": ["integer", "null"]},
         },
     },
+    "Models": {
+        "type": "object",
+        "properties": {
+            "configured": {"type": "object"},
+            "learned": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "key": _STR,
+                        "model": _STR,
+                        "parameters": {"type": "object"},
+                        "n": _INT,
+                        "censored": _INT,
+                        "stats": {"type": "object", "description": "r2, ks, aic, log_likelihood"},
+                        "fitted_at": _NUM,
+                        "reason": _STR,
+                        "active": _INT,
+                    },
+                },
+            },
+            "in_use": {"type": "array", "items": {"type": "object"}},
+        },
+    },
     "VmList": {
         "type": "object",
         "properties": {

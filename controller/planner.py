@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from drivers.base import VmState
 from policies.packing import PricedType, Shape, cheapest_type, copies_that_fit, zone_allowed
+from policies.reuse import ReuseTable
 
 
 class DemandGroup(NamedTuple):
@@ -32,6 +33,7 @@ class DemandGroup(NamedTuple):
     queued: int
     vm_types: tuple[str, ...] | None = None  # allowed types; None = any
     regions: tuple[str, ...] | None = None
+    runtime_h: float = 0.0  # expected job length in model hours (for the reuse policy)
 
 
 class VmView(NamedTuple):
@@ -44,6 +46,8 @@ class VmView(NamedTuple):
     running_attempts: int
     idle_since: float | None  # when it last became empty (None while busy or pending)
     requested_at: float = 0.0  # when it was launched
+    age_h: float = 0.0  # model hours since launch
+    table: ReuseTable | None = None  # reuse decisions for its preemption model; None: always reuse
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Snapshot:
     max_vms: int
     idle_timeout_s: float
     boot_timeout_s: float = float("inf")
+    hot_spare_s: float = 0.0  # idle VMs past their risky start are kept this long
     blocked_until: Mapping[str, float] = field(default_factory=dict)  # type -> launch back-off end
 
 
@@ -118,19 +123,34 @@ def _pack(
     vms: Sequence[VmView],
     gpu_demand: bool,
     places: list[Place] | None,
+    refused: dict[str, str] | None = None,
 ) -> int:
     """Put up to `remaining` jobs of `group` on the VMs' free capacity (best fit first).
 
-    Appends Place actions when `places` is given (running VMs); otherwise only
-    reserves the capacity (pending VMs). Returns how many jobs are left.
+    Appends Place actions when `places` is given (running VMs, where the reuse policy
+    must agree: SPEC.md §3); otherwise only reserves the capacity (pending VMs, which
+    will be fresh). Idle VMs the policy turns down are noted in `refused`.
+    Returns how many jobs are left.
     """
-    candidates = [
-        vm
-        for vm in vms
-        if _eligible(group, vm.vm_type, vm.zone)
+    candidates = []
+    for vm in vms:
+        if not _eligible(group, vm.vm_type, vm.zone):
+            continue
         # Keep GPU VMs for GPU jobs while any are waiting.
-        and not (gpu_demand and group.shape.gpus == 0 and vm.capacity.gpus > 0)
-    ]
+        if gpu_demand and group.shape.gpus == 0 and vm.capacity.gpus > 0:
+            continue
+        if (
+            places is not None
+            and vm.table is not None
+            and not vm.table.reuse_ok(vm.age_h, group.runtime_h)
+        ):
+            if refused is not None and vm.running_attempts == 0:
+                refused[vm.vm_id] = (
+                    f"released: a fresh VM is better for {group.runtime_h:.1f} h jobs "
+                    f"than this one at {vm.age_h:.1f} h"
+                )
+            continue
+        candidates.append(vm)
     candidates.sort(key=lambda vm: (free[vm.vm_id].cpus, free[vm.vm_id].memory_gb, vm.vm_id))
     for vm in candidates:
         if remaining == 0:
@@ -154,16 +174,19 @@ def plan(snapshot: Snapshot) -> Plan:
 
     places: list[Place] = []
     leftover: dict[str, int] = {}
+    refused: dict[str, str] = {}
     for group in snapshot.demand:
         if group.queued > 0:
-            leftover[group.bag_id] = _pack(group, group.queued, free, running, gpu_demand, places)
+            leftover[group.bag_id] = _pack(
+                group, group.queued, free, running, gpu_demand, places, refused
+            )
     for group in snapshot.demand:
         if leftover.get(group.bag_id):
             leftover[group.bag_id] = _pack(
                 group, leftover[group.bag_id], free, pending, gpu_demand, None
             )
 
-    launches, unplaceable, backoff_wake = _launches(snapshot, leftover)
+    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover)
 
     used = {p.vm_id for p in places}
     terminations: list[Terminate] = []
@@ -171,9 +194,19 @@ def plan(snapshot: Snapshot) -> Plan:
     for vm in running:
         if vm.running_attempts or vm.vm_id in used or vm.idle_since is None:
             continue
-        deadline = vm.idle_since + snapshot.idle_timeout_s
+        if short and vm.vm_id in refused:
+            # Jobs wait for a VM slot while this idle VM is one the policy will not use.
+            terminations.append(Terminate(vm.vm_id, refused[vm.vm_id]))
+            continue
+        # A VM past its risky start is worth keeping a while for the next jobs (hot spare).
+        spare = vm.table is not None and vm.table.is_stable(vm.age_h)
+        timeout = (
+            max(snapshot.idle_timeout_s, snapshot.hot_spare_s) if spare else snapshot.idle_timeout_s
+        )
+        deadline = vm.idle_since + timeout
         if deadline <= now:
-            terminations.append(Terminate(vm.vm_id, f"idle for {now - vm.idle_since:.0f} s"))
+            kind = "hot spare idle" if spare else "idle"
+            terminations.append(Terminate(vm.vm_id, f"{kind} for {now - vm.idle_since:.0f} s"))
         else:
             wake.append(deadline)
     for vm in pending:
@@ -189,8 +222,11 @@ def plan(snapshot: Snapshot) -> Plan:
 
 def _launches(
     snapshot: Snapshot, leftover: dict[str, int]
-) -> tuple[list[Launch], list[Unplaceable], float | None]:
+) -> tuple[list[Launch], list[Unplaceable], float | None, bool]:
+    """Launches for the demand left over, cheapest slot first, within max_vms. The last
+    value says whether max_vms left some demand without a launch."""
     budget = snapshot.max_vms - snapshot.alive_vms
+    short = False
     launches: list[Launch] = []
     unplaceable: list[Unplaceable] = []
     blocked_wake: float | None = None
@@ -218,13 +254,15 @@ def _launches(
             )
             blocked_wake = until if blocked_wake is None else min(blocked_wake, until)
             continue
-        if budget <= 0:
-            continue
         vm_type, slots = choice
-        count = min(budget, math.ceil(remaining / slots))
+        wanted = math.ceil(remaining / slots)
+        count = min(max(budget, 0), wanted)
+        short = short or count < wanted
+        if count == 0:
+            continue
         budget -= count
         launches.append(Launch(vm_type.name, count, group.bag_id))
-    return launches, unplaceable, blocked_wake
+    return launches, unplaceable, blocked_wake, short
 
 
 def why_unplaceable(

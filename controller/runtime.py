@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.bagspec import BagSpec
+from controller.model_book import Belief
 from controller.models import AttemptState, JobState
 from controller.store import job_id_of
 from drivers.base import VmState, VmType
 from policies.packing import Shape
+from policies.reuse import ReuseTable
+from policies.runtime_estimate import runtime_estimate_s
 
 
 def shape_of(spec: BagSpec) -> Shape:
@@ -36,6 +39,9 @@ class BagRun:
     cancelled_jobs: int = 0
     cancel_requested: bool = False
     live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
+    runtimes_s: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # recent successes
+    runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
+    successes: int = 0
     allowed_types: tuple[str, ...] | None = field(init=False)  # resources.vm_types
     regions: tuple[str, ...] | None = field(init=False)  # resources.regions
 
@@ -43,6 +49,19 @@ class BagRun:
         resources = self.spec.resources
         self.allowed_types = tuple(resources.vm_types) if resources.vm_types else None
         self.regions = tuple(resources.regions) if resources.regions else None
+        self.refresh_estimate()
+
+    def refresh_estimate(self) -> None:
+        self.runtime_estimate_s = runtime_estimate_s(
+            self.runtimes_s, self.spec.estimated_runtime_s, self.spec.max_runtime_s
+        )
+
+    def job_succeeded(self, runtime_s: float) -> None:
+        """Learn from a finished job (re-estimating now and then, not after every job)."""
+        self.runtimes_s.append(runtime_s)
+        self.successes += 1
+        if self.successes <= 20 or self.successes % 50 == 0:
+            self.refresh_estimate()
 
     @property
     def done(self) -> bool:
@@ -100,12 +119,14 @@ class VmRun:
     attempts: dict[str, None] = field(default_factory=dict)  # ordered set of attempt ids
     idle_since: float | None = None
     terminating: bool = False
+    belief: Belief | None = None  # the preemption model assumed for it
+    table: ReuseTable | None = None  # reuse decisions under that model (None: always reuse)
     capacity: Shape = field(init=False)
 
     def __post_init__(self) -> None:
         self.capacity = capacity_of(self.vm_type)
 
-    def row(self, driver: str) -> dict[str, Any]:
+    def row(self, driver: str, time_scale: float = 1.0) -> dict[str, Any]:
         t = self.vm_type
         return {
             "id": self.id,
@@ -124,4 +145,5 @@ class VmRun:
             "requested_at": self.requested_at,
             "running_at": self.running_at,
             "ended_at": self.ended_at,
+            "time_scale": time_scale,
         }

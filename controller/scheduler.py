@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ from controller.bagspec import BagSpec, render_command
 from controller.config import SchedulerConfig
 from controller.executors.base import AttemptEvent, AttemptSpec, Executor, ExecutorError, Outcome
 from controller.metrics import Metrics
+from controller.model_book import ModelBook
 from controller.models import AttemptState, BagState, JobState, check_transition
 from controller.planner import CatalogType, DemandGroup, Plan, Snapshot, Terminate, VmView, plan
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
@@ -87,8 +89,12 @@ class Scheduler:
         catalog: Sequence[VmType],
         controller_id: str,
         metrics: Metrics | None = None,
+        book: ModelBook | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         self.store = store
+        self.book = book  # preemption models; None: no reuse policy, no hot spares
+        self.time_scale = time_scale  # model seconds per real second (local driver)
         self.driver = driver
         self.executor = executor
         self.clock = clock
@@ -170,6 +176,10 @@ class Scheduler:
                 cancelled_jobs=counts.get("cancelled", 0),
                 cancel_requested=row["cancel_requested_at"] is not None,
             )
+            bag = self.bags[row["id"]]
+            bag.runtimes_s.extend(row["runtimes_s"])
+            bag.successes = len(row["runtimes_s"])
+            bag.refresh_estimate()
         for row in state["jobs"]:
             bag = self.bags[row["bag_id"]]
             if row["state"] == JobState.QUEUED and row["attempts"] == 0:
@@ -217,6 +227,7 @@ class Scheduler:
             status = owned.pop(vm.id, None)
             if status is not None and status.vm_id:
                 vm.provider_id = status.vm_id
+            self._assume_model(vm)
             self._track_vm(vm)
             if status is None:
                 missing.append(vm)
@@ -508,7 +519,7 @@ class Scheduler:
             vm.running_at = at
             vm.idle_since = at
             self._refresh_vm_sets(vm)
-            batch.vm(vm.row(self.driver.name))
+            batch.vm(vm.row(self.driver.name, self.time_scale))
             return
         if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
             if vm.attempts:
@@ -671,6 +682,8 @@ class Scheduler:
             ended_at,
             runtime_s,
         )
+        if state is JobState.SUCCEEDED and runtime_s is not None:
+            bag.job_succeeded(runtime_s)
         if state is JobState.QUEUED:
             bag.queue.appendleft(job.idx)  # retries go first: the bag's tail finishes sooner
         elif state in JobState.terminal():
@@ -714,12 +727,20 @@ class Scheduler:
         vm.ended_at = at
         if vm.running_at is not None:
             vm.running_at = min(vm.running_at, at)
-        batch.vm(vm.row(self.driver.name))
+        batch.vm(vm.row(self.driver.name, self.time_scale))
         self._untrack_vm(vm)
         if self.metrics is not None and state is VmState.PREEMPTED:
             self.metrics.preemptions.inc()
 
     # --- VM bookkeeping ----------------------------------------------------------------
+
+    def _assume_model(self, vm: VmRun) -> None:
+        """The preemption model the scheduler assumes for a VM (from the book, at its launch)."""
+        if self.book is None:
+            return
+        launched = dt.datetime.fromtimestamp(vm.requested_at, dt.UTC)
+        vm.belief = self.book.belief(vm.vm_type, vm.zone, launched)
+        vm.table = self.book.table(vm.belief.model)
 
     def _track_vm(self, vm: VmRun) -> None:
         self.vms[vm.id] = vm
@@ -755,8 +776,16 @@ class Scheduler:
     # --- planning ------------------------------------------------------------------------
 
     def _snapshot(self, now: float) -> Snapshot:
+        to_hours = self.time_scale / 3600.0  # real seconds -> model hours
         demand = [
-            DemandGroup(bag.id, bag.shape, len(bag.queue), bag.allowed_types, bag.regions)
+            DemandGroup(
+                bag.id,
+                bag.shape,
+                len(bag.queue),
+                bag.allowed_types,
+                bag.regions,
+                bag.runtime_estimate_s * to_hours,
+            )
             for bag in self.bags.values()
             if bag.queue
         ]
@@ -775,6 +804,8 @@ class Scheduler:
                     len(vm.attempts),
                     vm.idle_since,
                     vm.requested_at,
+                    max(0.0, now - vm.requested_at) * to_hours,
+                    vm.table,
                 )
             )
         return Snapshot(
@@ -786,6 +817,9 @@ class Scheduler:
             max_vms=self.settings.max_vms,
             idle_timeout_s=self.settings.idle_timeout_s,
             boot_timeout_s=self.settings.boot_timeout_s,
+            hot_spare_s=self.book.settings.hot_spare_h * 3600.0 / self.time_scale
+            if self.book
+            else 0.0,
             blocked_until={t: until for t, (until, _) in self._backoff.items()},
         )
 
@@ -818,8 +852,9 @@ class Scheduler:
                     zone=vm_type.zone,
                     free=capacity_of(vm_type),
                 )
+                self._assume_model(vm)
                 self._track_vm(vm)
-                batch.vm(vm.row(self.driver.name))
+                batch.vm(vm.row(self.driver.name, self.time_scale))
                 batch.transition(now, "vm", vm.id, "", VmState.PENDING, f"for bag {launch.bag_id}")
                 launches.append(vm)
         for termination in decision.terminations:
@@ -987,7 +1022,7 @@ class Scheduler:
         if vm.id not in self.vms:
             return
         self._set_provider_id(vm, status.vm_id)
-        batch.vm(vm.row(self.driver.name))
+        batch.vm(vm.row(self.driver.name, self.time_scale))
         if status.state is not vm.state:
             self._push(status)
 

@@ -26,7 +26,7 @@ from controller.ids import SequentialIds
 from controller.scheduler import Scheduler
 from controller.store import Store
 from controller.summary import bag_view, fleet_view
-from controller.wiring import make_driver
+from controller.wiring import make_driver, make_model_book
 
 
 class SimulationStalled(RuntimeError):
@@ -54,6 +54,9 @@ async def simulate(
     store = Store(state_dir / "spotbag.db", threaded=False, durable=False, group_commit=True)
     await store.open()
     try:
+        book = make_model_book(
+            config, driver_name="sim", boot_delay_s=config.simulation.boot_delay_s, time_scale=1.0
+        )
         driver = make_driver(
             config,
             name="sim",
@@ -62,6 +65,7 @@ async def simulate(
             rng=lifetime_rng,
             boot_delay_s=config.simulation.boot_delay_s,
             time_scale=1.0,
+            book=book,
         )
         executor = SimExecutor(now=clock.now, call_at=clock.call_at, rng=runtime_rng)
         ids = SequentialIds()
@@ -76,6 +80,7 @@ async def simulate(
             settings=settings,
             catalog=config.catalog(),
             controller_id=f"sim-{seed}",
+            book=book,
         )
         bag_row, _ = await admit(
             spec,

@@ -13,6 +13,7 @@ the `migrations` table; `open()` applies the missing ones.
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import sqlite3
 import threading
@@ -126,6 +127,27 @@ MIGRATIONS: list[tuple[str, str]] = [
         "hash of the submitted bag, to tell a retried submission from a different one",
         """
         ALTER TABLE bags ADD COLUMN request_hash TEXT NOT NULL DEFAULT '';
+        """,
+    ),
+    (
+        "VM lifetimes in model time, and the preemption models learned from them",
+        """
+        ALTER TABLE vms ADD COLUMN time_scale REAL NOT NULL DEFAULT 1.0;
+        CREATE INDEX vms_ended ON vms(driver, ended_at) WHERE ended_at IS NOT NULL;
+        CREATE TABLE preemption_models (
+            id INTEGER PRIMARY KEY,
+            key TEXT NOT NULL,
+            model TEXT NOT NULL,
+            parameters TEXT NOT NULL,
+            L REAL,
+            n INTEGER NOT NULL,
+            censored INTEGER NOT NULL,
+            stats TEXT NOT NULL,
+            fitted_at REAL NOT NULL,
+            reason TEXT NOT NULL,
+            active INTEGER NOT NULL
+        );
+        CREATE INDEX preemption_models_active ON preemption_models(key) WHERE active = 1;
         """,
     ),
 ]
@@ -306,6 +328,7 @@ VM_COLUMNS = (
     "requested_at",
     "running_at",
     "ended_at",
+    "time_scale",
 )
 
 
@@ -635,6 +658,15 @@ class Store:
                         "SELECT state, n FROM bag_job_counts WHERE bag_id = ?", (bag["id"],)
                     ).fetchall()
                 )
+                # The latest runtimes of finished jobs, oldest first (runtime estimates).
+                bag["runtimes_s"] = [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT runtime_s FROM jobs WHERE bag_id = ? AND state = 'succeeded' "
+                        "AND runtime_s IS NOT NULL ORDER BY ended_at DESC LIMIT 1000",
+                        (bag["id"],),
+                    ).fetchall()
+                ][::-1]
             return {
                 "bags": bags,
                 "jobs": _rows(
@@ -798,6 +830,66 @@ class Store:
             )
 
         return await self.read(usage)
+
+    async def lifetime_observations(self, driver: str, limit: int = 20_000) -> list[dict[str, Any]]:
+        """Ended VMs that ran, newest first: how long they lived (in model seconds) and
+        whether they were preempted (else their lifetime is censored)."""
+
+        def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            return _rows(
+                conn,
+                "SELECT vm_type, zone, requested_at, (ended_at - requested_at) * time_scale AS lifetime_s, "
+                "state = 'preempted' AS preempted FROM vms "
+                "WHERE driver = ? AND ended_at IS NOT NULL AND running_at IS NOT NULL "
+                "ORDER BY ended_at DESC LIMIT ?",
+                (driver, limit),
+            )
+
+        return await self.read(select)
+
+    async def save_models(self, models: list[dict[str, Any]], reason: str) -> None:
+        """Record newly fitted models as the active ones for their keys (the older
+        ones stay, inactive, as history)."""
+
+        def save(conn: sqlite3.Connection) -> None:
+            for m in models:
+                conn.execute(
+                    "UPDATE preemption_models SET active = 0 WHERE key = ? AND active = 1",
+                    (m["key"],),
+                )
+                conn.execute(
+                    "INSERT INTO preemption_models (key, model, parameters, L, n, censored, stats, fitted_at, "
+                    "reason, active) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                    (
+                        m["key"],
+                        m["model"],
+                        json.dumps(m["parameters"]),
+                        m["L"],
+                        m["n"],
+                        m["censored"],
+                        json.dumps(m["stats"]),
+                        m["fitted_at"],
+                        m.get("reason", reason),
+                    ),
+                )
+
+        await self.write(save)
+
+    async def models(self, *, active_only: bool = True) -> list[dict[str, Any]]:
+        """Learned preemption models (as ModelEntry.to_dict gives them), newest first."""
+
+        def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            where = "WHERE active = 1 " if active_only else ""
+            rows = _rows(
+                conn, f"SELECT * FROM preemption_models {where}ORDER BY fitted_at DESC, id DESC"
+            )
+            for row in rows:
+                row["parameters"] = json.loads(row["parameters"])
+                row["stats"] = json.loads(row["stats"])
+                row["source"] = "learned"
+            return rows
+
+        return await self.read(select)
 
     async def job_state_counts(self, bag_id: str) -> dict[str, int]:
         """Counts by state computed from the jobs themselves (to check the maintained counts)."""

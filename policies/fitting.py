@@ -343,3 +343,34 @@ def fit_all(
 ) -> dict[str, FitResult]:
     """Fit every model family to the same data (for comparison)."""
     return {name: fit(lifetimes_h, preempted, name, method, L) for name in models}
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    distance: float  # KS distance between the recent lifetimes (Kaplan–Meier) and the model
+    threshold: float
+    n: int
+
+    @property
+    def drifted(self) -> bool:
+        return self.distance > self.threshold
+
+
+def drift_test(
+    model: LifetimeModel,
+    lifetimes_h,
+    preempted,
+    *,
+    critical: float = 1.36,
+    deadline_window_h: float = 0.25,
+) -> DriftResult:
+    """Do recent lifetimes still follow `model`? KS distance of their Kaplan–Meier
+    estimate from the model CDF, against critical/sqrt(n) (1.36: the 5% level of the
+    one-sample KS test; with censoring it is an approximation, on the cautious side)."""
+    event = np.asarray(preempted, dtype=bool)
+    t = at_deadline(np.asarray(lifetimes_h, dtype=float), event, model.L, deadline_window_h)
+    n = len(t)
+    if n == 0 or not event.any():
+        return DriftResult(0.0, math.inf, n)
+    _, distance = goodness(model, kaplan_meier(t, event))
+    return DriftResult(distance, critical / math.sqrt(n), n)

@@ -15,7 +15,7 @@ from controller.ids import SequentialIds
 from controller.scheduler import Scheduler
 from controller.simulation import run_scheduler
 from controller.store import Store
-from controller.wiring import make_driver
+from controller.wiring import make_driver, make_model_book
 
 
 def config(**overrides) -> Config:
@@ -108,6 +108,7 @@ async def world(
         store = Store(path / "spotbag.db", threaded=False, durable=False)
         await store.open()
     lifetimes, runtimes = np.random.default_rng(seed).spawn(2)
+    book = make_model_book(cfg, driver_name="sim", boot_delay_s=60, time_scale=1.0)
     driver = driver or make_driver(
         cfg,
         name="sim",
@@ -116,6 +117,7 @@ async def world(
         rng=lifetimes,
         boot_delay_s=60,
         time_scale=1.0,
+        book=book,
     )
     executor = executor or SimExecutor(now=clock.now, call_at=clock.call_at, rng=runtimes)
     settings = cfg.scheduler.model_copy(update={"max_concurrent_calls": 1})
@@ -128,6 +130,7 @@ async def world(
         settings=settings,
         catalog=cfg.catalog(),
         controller_id=f"test-{seed}",
+        book=book,
     )
 
 

@@ -1,0 +1,151 @@
+"""Learning preemption models from the VMs this controller ran (SPEC.md §2, "Drift").
+
+Every VM that ended after running is a lifetime observation: preempted, or
+censored when spotbag (or its user) stopped it. Every `refit_interval_s` the
+learner groups observations by registry key (driver, type, zone, time of day,
+day) and refits the bathtub model for a key when it has `min_samples` lifetimes
+and either has no learned model yet, has 20% more lifetimes than the model was
+fitted on, or its latest `drift_window` lifetimes no longer follow the model in
+use (KS test). New models are stored with the reason; the old ones stay as history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable
+
+from controller.config import PreemptionConfig
+from controller.model_book import ModelBook
+from controller.store import Store
+from policies.fitting import drift_test, fit
+from policies.registry import ModelEntry, ModelKey, Observation, group_by_key
+
+log = logging.getLogger("spotbag.learning")
+
+
+def observations_from(rows: list[dict], driver: str) -> list[Observation]:
+    return [
+        Observation(
+            driver,
+            row["vm_type"],
+            row["zone"] or "*",
+            dt.datetime.fromtimestamp(row["requested_at"], dt.UTC),
+            max(0.0, row["lifetime_s"]) / 3600.0,
+            bool(row["preempted"]),
+        )
+        for row in rows
+    ]
+
+
+def refits_needed(
+    observations: list[Observation], book: ModelBook, settings: PreemptionConfig
+) -> list[tuple[ModelKey, list[Observation], str]]:
+    """(key, its observations, why) for every key whose model should be (re)fitted."""
+    wanted = []
+    for key, group in group_by_key(observations).items():
+        if len(group) < settings.min_samples or not any(o.preempted for o in group):
+            continue
+        current = book.learned.entries.get(key)
+        if current is None:
+            wanted.append((key, group, f"first fit on {len(group)} lifetimes"))
+            continue
+        if len(group) >= 1.2 * current.n + 10:
+            wanted.append((key, group, f"{len(group) - current.n} new lifetimes"))
+            continue
+        recent = group[: settings.drift_window]  # observations come newest first
+        check = drift_test(
+            current.model, [o.lifetime_h for o in recent], [o.preempted for o in recent]
+        )
+        if check.drifted:
+            wanted.append(
+                (
+                    key,
+                    group,
+                    f"drift: KS {check.distance:.3f} > {check.threshold:.3f} on the "
+                    f"latest {check.n} lifetimes",
+                )
+            )
+    return wanted
+
+
+def fit_entries(
+    wanted: list[tuple[ModelKey, list[Observation], str]], deadline_h: float, now: float
+) -> list[tuple[ModelEntry, str]]:
+    """Fit the bathtub model for each key (CPU-bound: run in a thread)."""
+    fitted = []
+    for key, group, reason in wanted:
+        try:
+            result = fit(
+                [o.lifetime_h for o in group],
+                [o.preempted for o in group],
+                "bathtub",
+                "mle",
+                deadline_h,
+            )
+        except ValueError as exc:
+            log.warning("no model for %s: %s", key.text(), exc)
+            continue
+        stats = {
+            "method": "mle",
+            "r2": result.r2,
+            "ks": result.ks,
+            "aic": result.aic,
+            "log_likelihood": result.log_likelihood,
+        }
+        fitted.append(
+            (
+                ModelEntry(key, result.model, result.n, result.censored, stats, "learned", now),
+                reason,
+            )
+        )
+    return fitted
+
+
+class Learner:
+    def __init__(
+        self,
+        store: Store,
+        book: ModelBook,
+        settings: PreemptionConfig,
+        driver: str,
+        now: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.book = book
+        self.settings = settings
+        self.driver = driver
+        self.now = now
+
+    async def load(self) -> int:
+        """Use the models learned before a restart."""
+        entries = [ModelEntry.from_dict(row) for row in await self.store.models()]
+        self.book.learn(entries)
+        return len(entries)
+
+    async def refit_once(self) -> list[ModelEntry]:
+        rows = await self.store.lifetime_observations(self.driver)
+        wanted = refits_needed(observations_from(rows, self.driver), self.book, self.settings)
+        if not wanted:
+            return []
+        fitted = await asyncio.to_thread(fit_entries, wanted, self.settings.deadline_h, self.now())
+        if fitted:
+            await self.store.save_models(
+                [dict(entry.to_dict(), reason=reason) for entry, reason in fitted], ""
+            )
+            self.book.learn([entry for entry, _ in fitted])
+            for entry, reason in fitted:
+                log.info("learned a model for %s (%s): %s", entry.key.text(), reason, entry.model)
+        return [entry for entry, _ in fitted]
+
+    async def run(self) -> None:
+        """Refit every refit_interval_s until cancelled; a failed refit is logged and retried."""
+        while True:
+            await asyncio.sleep(self.settings.refit_interval_s)
+            try:
+                await self.refit_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("refitting preemption models failed")
