@@ -1,7 +1,7 @@
 """Learning preemption models from the VMs this controller ran (SPEC.md §2, "Drift").
 
-Every VM that ended after running is a lifetime observation: preempted, or
-censored when spotbag (or its user) stopped it. Every `refit_interval_s` the
+Every VM that ran is a lifetime observation: preempted, or censored when spotbag
+stopped it or it is still running (at its current age). Every `refit_interval_s` the
 learner groups observations by registry key (driver, type, zone, time of day,
 day) and refits the bathtub model for a key when it has `min_samples` lifetimes
 and either has no learned model yet, has 20% more lifetimes than the model was
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from controller.config import PreemptionConfig
 from controller.model_book import ModelBook
 from controller.store import Store
-from policies.fitting import drift_test, fit
+from policies.fitting import FitResult, drift_test, fit
 from policies.registry import ModelEntry, ModelKey, Observation, group_by_key
 
 log = logging.getLogger("spotbag.learning")
@@ -54,7 +54,7 @@ def refits_needed(
         if len(group) >= 1.2 * current.n + 10:
             wanted.append((key, group, f"{len(group) - current.n} new lifetimes"))
             continue
-        recent = group[: settings.drift_window]  # observations come newest first
+        recent = group[: settings.drift_window]  # observations come most recently launched first
         check = drift_test(
             current.model, [o.lifetime_h for o in recent], [o.preempted for o in recent]
         )
@@ -73,19 +73,26 @@ def refits_needed(
 def fit_entries(
     wanted: list[tuple[ModelKey, list[Observation], str]], deadline_h: float, now: float
 ) -> list[tuple[ModelEntry, str]]:
-    """Fit the bathtub model for each key (CPU-bound: run in a thread)."""
+    """Fit the bathtub model for each key (CPU-bound: run in a thread). Keys whose
+    groups hold the very same lifetimes (common: a zone with one VM type) share one fit."""
     fitted = []
+    results: dict[tuple[int, ...], FitResult | ValueError] = {}
     for key, group, reason in wanted:
-        try:
-            result = fit(
-                [o.lifetime_h for o in group],
-                [o.preempted for o in group],
-                "bathtub",
-                "mle",
-                deadline_h,
-            )
-        except ValueError as exc:
-            log.warning("no model for %s: %s", key.text(), exc)
+        members = tuple(id(o) for o in group)
+        if members not in results:
+            try:
+                results[members] = fit(
+                    [o.lifetime_h for o in group],
+                    [o.preempted for o in group],
+                    "bathtub",
+                    "mle",
+                    deadline_h,
+                )
+            except ValueError as exc:
+                results[members] = exc
+        result = results[members]
+        if isinstance(result, ValueError):
+            log.warning("no model for %s: %s", key.text(), result)
             continue
         stats = {
             "method": "mle",
@@ -125,7 +132,7 @@ class Learner:
         return len(entries)
 
     async def refit_once(self) -> list[ModelEntry]:
-        rows = await self.store.lifetime_observations(self.driver)
+        rows = await self.store.lifetime_observations(self.driver, self.now())
         wanted = refits_needed(observations_from(rows, self.driver), self.book, self.settings)
         if not wanted:
             return []

@@ -831,18 +831,23 @@ class Store:
 
         return await self.read(usage)
 
-    async def lifetime_observations(self, driver: str, limit: int = 20_000) -> list[dict[str, Any]]:
-        """Ended VMs that ran, newest first: how long they lived (in model seconds) and
-        whether they were preempted (else their lifetime is censored)."""
+    async def lifetime_observations(
+        self, driver: str, now: float, limit: int = 20_000
+    ) -> list[dict[str, Any]]:
+        """VMs that ran, most recently launched first: how long they lived (model seconds)
+        and whether they were preempted. A VM still running, or stopped by spotbag, is
+        censored at its age. Ordering by launch, with the live ones included, keeps a
+        window of recent VMs unbiased (ordering by end would favour long lives)."""
 
         def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             return _rows(
                 conn,
-                "SELECT vm_type, zone, requested_at, (ended_at - requested_at) * time_scale AS lifetime_s, "
+                "SELECT vm_type, zone, requested_at, "
+                "(coalesce(ended_at, :now) - requested_at) * time_scale AS lifetime_s, "
                 "state = 'preempted' AS preempted FROM vms "
-                "WHERE driver = ? AND ended_at IS NOT NULL AND running_at IS NOT NULL "
-                "ORDER BY ended_at DESC LIMIT ?",
-                (driver, limit),
+                "WHERE driver = :driver AND running_at IS NOT NULL "
+                "ORDER BY requested_at DESC LIMIT :limit",
+                {"driver": driver, "now": now, "limit": limit},
             )
 
         return await self.read(select)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.preemption import LifetimeModel, make_model
 
@@ -206,10 +206,15 @@ def fit_registry(
     from policies.fitting import fit, fit_all  # fitting is heavier; import on use
 
     entries: dict[ModelKey, ModelEntry] = {}
+    shared: dict[tuple[int, ...], ModelEntry] = {}  # keys with the very same lifetimes share a fit
     for key, group in group_by_key(observations).items():
         lifetimes = [o.lifetime_h for o in group]
         preempted = [o.preempted for o in group]
         if len(group) < min_samples or not any(preempted):
+            continue
+        members = tuple(id(o) for o in group)
+        if members in shared:
+            entries[key] = replace(shared[members], key=key)
             continue
         if compare:
             results = fit_all(lifetimes, preempted, method=method, L=L)
@@ -231,7 +236,7 @@ def fit_registry(
         }
         if alternatives:
             stats["alternatives"] = alternatives
-        entries[key] = ModelEntry(
+        entries[key] = shared[members] = ModelEntry(
             key, result.model, result.n, result.censored, stats, source, fitted_at
         )
     return ModelRegistry(entries, min_samples)
