@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/accept_bag.py
 	$(BIN)/python bench/simulate_fleet.py
+	$(BIN)/python bench/preemption_models.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

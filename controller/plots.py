@@ -43,7 +43,8 @@ def plot_fits(
         for name, result in fits.items():
             label = f"{name} (AIC {result.aic:.0f}, KS {result.ks:.3f})"
             cdf_axis.plot(t, result.model.cdf(t), label=label)
-            hazard_axis.plot(t[:-1], result.model.hazard(t[:-1]), label=name)
+            # Weibull's hazard is infinite at 0: start just after it.
+            hazard_axis.plot(t[1:-1], result.model.hazard(t[1:-1]), label=name)
         cdf_axis.set(
             title=f"{title}: CDF of VM lifetime",
             xlabel="hours since launch",
@@ -51,10 +52,11 @@ def plot_fits(
         )
         cdf_axis.legend(fontsize=7)
         hazard_axis.set(
-            title=f"{title}: hazard rate",
+            title=f"{title}: hazard rate (the deadline mass at L is not drawn)",
             xlabel="hours since launch",
             ylabel="preemptions per hour",
             yscale="log",
+            ylim=(1e-3, 20.0),
         )
         hazard_axis.legend(fontsize=7)
     figure.tight_layout()
