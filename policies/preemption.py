@@ -385,6 +385,14 @@ class Bathtub(LifetimeModel):
         return super().deadline_mass()
 
 
+def fit(lifetimes_h, preempted, model: str = "bathtub", method: str = "mle", L: float | None = 24.0):
+    """Fit a model to lifetimes (hours) and preempted flags; see policies.fitting.fit
+    (censoring-aware MLE by default, the paper's least squares with method="lsq")."""
+    from policies.fitting import fit as fit_model  # fitting builds on this module
+
+    return fit_model(lifetimes_h, preempted, model=model, method=method, L=L)
+
+
 def quad_first_moment(model: LifetimeModel, a: float, b: float) -> float:
     """∫_a^b t f(t) dt by adaptive quadrature (to check the closed forms and grids)."""
     value, _ = integrate.quad(lambda t: t * float(model.pdf(t)), a, b, limit=200, points=None)
@@ -409,12 +417,3 @@ def make_model(name: str, parameters: dict[str, float], L: float | None) -> Life
     if cls is NoPreemption:
         return NoPreemption()
     return cls(**parameters, L=L)
-
-
-def lifetime_model(name: str, *, mttf_h: float, max_lifetime_h: float | None) -> LifetimeModel:
-    """The model called `name` ("none" or "exponential") with its parameters."""
-    if name == "none":
-        return NoPreemption()
-    if name == "exponential":
-        return Exponential(mttf_h=mttf_h, L=max_lifetime_h)
-    raise ValueError(f"unknown preemption model {name!r}; known: none, exponential")

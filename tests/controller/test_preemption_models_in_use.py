@@ -16,20 +16,41 @@ from controller.store import Store, WriteBatch
 from policies.preemption import Bathtub
 from tests.controller.simworld import rows, run_until, world
 
-ONE_SLOT = [{"name": "v", "cpus": 2, "memory_gb": 8, "spot_price_per_hour": 0.02, "on_demand_price_per_hour": 0.1}]
+ONE_SLOT = [
+    {
+        "name": "v",
+        "cpus": 2,
+        "memory_gb": 8,
+        "spot_price_per_hour": 0.02,
+        "on_demand_price_per_hour": 0.1,
+    }
+]
 
 
 def bathtub_config(policy: str, **extra):
-    return load_config(None, **{
-        "scheduler.max_vms": 5, "scheduler.idle_timeout_s": 60.0, "preemption.model": "bathtub",
-        "preemption.reuse_policy": policy, "vm_types": ONE_SLOT, **extra,
-    })
+    return load_config(
+        None,
+        **{
+            "scheduler.max_vms": 5,
+            "scheduler.idle_timeout_s": 60.0,
+            "preemption.model": "bathtub",
+            "preemption.reuse_policy": policy,
+            "vm_types": ONE_SLOT,
+            **extra,
+        },
+    )
 
 
 def six_hour_jobs(n: int) -> dict:
-    return {"account": "a", "command": "run {i}", "parameters": {"i": {"range": [0, n]}},
-            "resources": {"cpus": 2, "memory_gb": 4}, "max_runtime_s": 8 * 3600,
-            "estimated_runtime_s": 6 * 3600, "max_attempts": 50}
+    return {
+        "account": "a",
+        "command": "run {i}",
+        "parameters": {"i": {"range": [0, n]}},
+        "resources": {"cpus": 2, "memory_gb": 4},
+        "max_runtime_s": 8 * 3600,
+        "estimated_runtime_s": 6 * 3600,
+        "max_attempts": 50,
+    }
 
 
 async def test_the_model_policy_interrupts_far_fewer_jobs_than_always_reusing(tmp_path):
@@ -37,8 +58,12 @@ async def test_the_model_policy_interrupts_far_fewer_jobs_than_always_reusing(tm
     for policy in ("always", "model"):
         total = 0
         for seed in range(3):
-            result = await simulate(six_hour_jobs(60), bathtub_config(policy), seed=seed,
-                                    state_dir=tmp_path / f"{policy}{seed}")
+            result = await simulate(
+                six_hour_jobs(60),
+                bathtub_config(policy),
+                seed=seed,
+                state_dir=tmp_path / f"{policy}{seed}",
+            )
             assert result.bag["state"] == "succeeded"
             total += result.bag["usage"]["interrupted_attempts"]
         interrupted[policy] = total
@@ -48,9 +73,16 @@ async def test_the_model_policy_interrupts_far_fewer_jobs_than_always_reusing(tm
 async def test_a_stable_idle_vm_is_kept_as_a_hot_spare(tmp_path):
     spec = {**six_hour_jobs(1), "estimated_runtime_s": 3600, "max_runtime_s": 7200}
     for model, reason in (("bathtub", "hot spare idle for 3600 s"), ("none", "idle for 60 s")):
-        config = load_config(None, **{"scheduler.idle_timeout_s": 60.0, "preemption.model": model,
-                                      "preemption.hot_spare_h": 1.0, "vm_types": ONE_SLOT,
-                                      "preemption.bathtub_A": 0.01})  # rarely preempted: the VM lives on
+        config = load_config(
+            None,
+            **{
+                "scheduler.idle_timeout_s": 60.0,
+                "preemption.model": model,
+                "preemption.hot_spare_h": 1.0,
+                "vm_types": ONE_SLOT,
+                "preemption.bathtub_A": 0.01,
+            },
+        )  # rarely preempted: the VM lives on
         await simulate(spec, config, seed=1, state_dir=tmp_path / model)
         assert rows(tmp_path / model, "SELECT reason FROM vms") == [(reason,)]
 
@@ -61,25 +93,53 @@ async def test_an_old_vm_is_released_for_a_job_it_could_not_finish(tmp_path):
     clock = SimClock(0.0)
     scheduler = await world(tmp_path, clock, 2, config)
     spec = {**six_hour_jobs(2), "estimated_runtime_s": 20 * 3600, "max_runtime_s": 22 * 3600}
-    await admit(spec, store=scheduler.store, scheduler=scheduler, catalog=config.catalog(), bag_id="b0000000001",
-                now=0.0, max_jobs=10, offload=False)
+    await admit(
+        spec,
+        store=scheduler.store,
+        scheduler=scheduler,
+        catalog=config.catalog(),
+        bag_id="b0000000001",
+        now=0.0,
+        max_jobs=10,
+        offload=False,
+    )
     await run_until(scheduler, clock, 4 * 86400)
     await scheduler.store.close()
     vms = rows(tmp_path, "SELECT reason FROM vms ORDER BY requested_at")
-    assert vms[0][0].startswith("released: a fresh VM is better for 20.0 h jobs than this one at 20.0 h")
+    assert vms[0][0].startswith(
+        "released: a fresh VM is better for 20.0 h jobs than this one at 20.0 h"
+    )
     # Neither job was cut short: the second one ran on a fresh VM.
-    assert rows(tmp_path, "SELECT state, count(*) FROM attempts GROUP BY state") == [("succeeded", 2)]
+    assert rows(tmp_path, "SELECT state, count(*) FROM attempts GROUP BY state") == [
+        ("succeeded", 2)
+    ]
 
 
 def vm_rows(lifetimes_h, preempted, *, start_id: int, ended_base: float) -> WriteBatch:
     batch = WriteBatch()
     for i, (life, dead) in enumerate(zip(lifetimes_h, preempted, strict=True)):
         requested = 1_767_225_600.0 + 60.0 * (start_id + i)
-        batch.vm({"id": f"vm-{start_id + i:012x}", "provider_id": "", "driver": "sim", "vm_type": "v",
-                  "zone": "z-a", "spot": 1, "state": "preempted" if dead else "terminated", "reason": "",
-                  "cpus": 2, "gpus": 0, "memory_gb": 8.0, "spot_price_per_hour": 0.02,
-                  "on_demand_price_per_hour": 0.1, "requested_at": requested, "running_at": requested,
-                  "ended_at": requested + life * 3600.0 + ended_base, "time_scale": 1.0})
+        batch.vm(
+            {
+                "id": f"vm-{start_id + i:012x}",
+                "provider_id": "",
+                "driver": "sim",
+                "vm_type": "v",
+                "zone": "z-a",
+                "spot": 1,
+                "state": "preempted" if dead else "terminated",
+                "reason": "",
+                "cpus": 2,
+                "gpus": 0,
+                "memory_gb": 8.0,
+                "spot_price_per_hour": 0.02,
+                "on_demand_price_per_hour": 0.1,
+                "requested_at": requested,
+                "running_at": requested,
+                "ended_at": requested + life * 3600.0 + ended_base,
+                "time_scale": 1.0,
+            }
+        )
     return batch
 
 
@@ -105,7 +165,9 @@ async def test_models_are_learned_from_observed_lifetimes_and_refit_on_drift(tmp
     assert await learner.refit_once() == []  # nothing new: no refit
 
     # The provider changes its behaviour: 60 new VMs (under 20% more) that die fast.
-    await store.apply(vm_rows(rng.exponential(0.3, 60), np.ones(60, bool), start_id=500, ended_base=86400.0))
+    await store.apply(
+        vm_rows(rng.exponential(0.3, 60), np.ones(60, bool), start_id=500, ended_base=86400.0)
+    )
     refit = {e.key.text(): e for e in await learner.refit_once()}
     assert "sim/v/z-a/*/*" in refit
     history = await store.models(active_only=False)
@@ -116,15 +178,23 @@ async def test_models_are_learned_from_observed_lifetimes_and_refit_on_drift(tmp
     # After a restart the learned models are used again.
     fresh_book = ModelBook(config.preemption, "sim", {}, launch_h=0.02)
     assert await Learner(store, fresh_book, config.preemption, "sim", lambda: 0.0).load() == len(
-        [m for m in history if m["active"]])
+        [m for m in history if m["active"]]
+    )
     assert fresh_book.belief(config.catalog()[0], "z-a").model == refit["sim/v/z-a/*/*"].model
     await store.close()
 
 
 def test_fitted_mode_samples_from_the_shipped_model_for_the_type_key():
-    config = load_config(None, **{"preemption.model": "fitted",
-                                  "vm_types": [{**ONE_SLOT[0], "model_key": "gce/n1-highcpu-16/us-central1-c"}]})
-    book = ModelBook(config.preemption, "local", {"v": "gce/n1-highcpu-16/us-central1-c"}, launch_h=0.02)
+    config = load_config(
+        None,
+        **{
+            "preemption.model": "fitted",
+            "vm_types": [{**ONE_SLOT[0], "model_key": "gce/n1-highcpu-16/us-central1-c"}],
+        },
+    )
+    book = ModelBook(
+        config.preemption, "local", {"v": "gce/n1-highcpu-16/us-central1-c"}, launch_h=0.02
+    )
     belief = book.configured(config.catalog()[0])
     assert belief.source == "default" and belief.key.startswith("gce/n1-highcpu-16/")
     assert isinstance(belief.model, Bathtub)

@@ -217,3 +217,73 @@ def test_logs_follow_a_job_through_its_retries(make_daemon, tmp_path):
     followed = spotbag("logs", f"{bag_id}-0", "--follow", state_dir=daemon.state_dir)
     assert followed.stdout == "attempt 1\nattempt 2\n"
     assert "--- attempt 2 ---" in followed.stderr
+
+
+def write_lifetimes(path, n=400, seed=3):
+    """A lifetimes CSV in the format of ../shared/data/goog-preemption, from a known bathtub."""
+    import csv
+
+    import numpy as np
+
+    from policies.preemption import Bathtub
+
+    rng = np.random.default_rng(seed)
+    truth = Bathtub(A=0.4, tau1=1.5, tau2=1.0, b=25.0, L=24.0)
+    lives, stops = truth.sample_h(rng, n), rng.exponential(15.0, n)
+    with path.open("w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(
+            [
+                "name",
+                "machine_type",
+                "zone",
+                "insert_time",
+                "end_time",
+                "lifetime_s",
+                "event",
+                "idle",
+            ]
+        )
+        for i, (life, stop) in enumerate(zip(lives, stops, strict=True)):
+            kind = "n1-highcpu-16" if i % 2 else "n1-highcpu-4"
+            out.writerow(
+                [
+                    f"vm{i}",
+                    kind,
+                    "us-east1-b",
+                    "2019-03-25T12:00:00-07:00",
+                    "",
+                    min(life, stop) * 3600,
+                    "preempted" if life <= stop else "stop",
+                    "non-idle",
+                ]
+            )
+
+
+def test_fit_prints_every_model_per_group_and_writes_plot_and_registry(tmp_path):
+    data = tmp_path / "lifetimes.csv"
+    write_lifetimes(data)
+    table = spotbag("fit", str(data), "--by", "machine_type").stdout
+    for group in ("machine_type=n1-highcpu-16", "machine_type=n1-highcpu-4"):
+        assert group in table
+    for model in ("bathtub", "exponential", "weibull", "gompertz_makeham"):
+        assert table.count(model) == 2
+    fits = json.loads(spotbag("fit", str(data), "--json", "--method", "lsq").stdout)
+    assert len(fits) == 1 and fits[0]["n"] == 400
+    assert set(fits[0]["fits"]) == {"bathtub", "exponential", "weibull", "gompertz_makeham"}
+    assert fits[0]["fits"]["bathtub"]["method"] == "lsq"
+    plot, registry = tmp_path / "fits.png", tmp_path / "registry.json"
+    spotbag(
+        "fit", str(data), "--plot", str(plot), "--registry", str(registry), "--min-samples", "100"
+    )
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from controller.model_book import load_registry
+
+    loaded = load_registry(str(registry))
+    assert loaded.lookup("gce", "n1-highcpu-16", "us-east1-b").key.vm_type == "n1-highcpu-16"
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "name,machine_type,zone,insert_time,lifetime_s,event\nx,t,z,2019-01-01T00:00:00,-5,preempted\n"
+    )
+    failed = spotbag("fit", str(bad), check=False)
+    assert failed.returncode == 1 and "bad.csv:2: lifetime_s must be >= 0" in failed.stderr

@@ -131,6 +131,15 @@ def test_bag_completes_through_injected_and_sampled_preemptions(make_daemon, tmp
         == live
     )
     assert metrics["spotbag_vm_launches_total", (("result", "ok"), ("vm_type", "local-2"))] >= 4
+
+    models = client.request("GET", "/v1/models")
+    assert (
+        models["configured"]["model"] == "exponential"
+        and models["configured"]["reuse_policy"] == "model"
+    )
+    assert models["learned"] == []  # fewer lifetimes than min_samples so far
+    for vm in models["in_use"]:
+        assert vm["model"] == "exponential" and vm["source"] == "config" and vm["age_h"] >= 0
     assert daemon.stop() == 0
 
 
@@ -415,3 +424,57 @@ def test_openapi_document_matches_the_routes(make_daemon):
                 method,
                 path,
             )
+
+
+def test_learned_models_are_loaded_at_start_and_shown(make_daemon):
+    import asyncio
+
+    from controller.store import Store
+    from policies.preemption import Bathtub
+
+    daemon = make_daemon(model="exponential", mttf_h=2.0, time_scale=3600.0)
+    client = daemon.start()
+    assert client.request("GET", "/v1/models")["learned"] == []
+    assert daemon.stop() == 0
+
+    async def learn_offline() -> None:  # as the learner would have stored them
+        store = Store(daemon.state_dir / "spotbag.db")
+        await store.open()
+        model = Bathtub(A=0.3, tau1=1.0, tau2=0.8, b=24.0, L=24.0)
+        await store.save_models(
+            [
+                {
+                    "key": "local/local-2/local/*/*",
+                    "model": "bathtub",
+                    "parameters": model.parameters,
+                    "L": 24.0,
+                    "n": 120,
+                    "censored": 40,
+                    "stats": {"ks": 0.04, "r2": 0.98, "aic": 300.0},
+                    "fitted_at": 1.0e9,
+                }
+            ],
+            "first fit on 120 lifetimes",
+        )
+        await store.close()
+
+    asyncio.run(learn_offline())
+    client = daemon.start()
+    models = client.request("GET", "/v1/models")
+    (learned,) = models["learned"]
+    assert (learned["key"], learned["n"], learned["stats"]["ks"], learned["reason"]) == (
+        "local/local-2/local/*/*",
+        120,
+        0.04,
+        "first fit on 120 lifetimes",
+    )
+    bag = client.submit({"account": "a", "command": "sleep 2", "max_runtime_s": 30})
+    wait_until(lambda: client.request("GET", "/v1/models")["in_use"], 20, what="a live VM")
+    (vm,) = client.request("GET", "/v1/models")["in_use"]
+    assert (
+        vm["source"] == "learned"
+        and vm["model"] == "bathtub"
+        and vm["key"] == "local/local-2/local/*/*"
+    )
+    client.cancel(bag["id"])
+    assert daemon.stop() == 0

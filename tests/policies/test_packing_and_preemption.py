@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from policies.cost import vm_share
 from policies.packing import PricedType, Shape, cheapest_type, copies_that_fit, zone_allowed
-from policies.preemption import Exponential, NoPreemption, lifetime_model
+from policies.preemption import Exponential, NoPreemption
+from policies.preemption import fit as preemption_fit
 
 
 def test_copies_that_fit_takes_the_tightest_dimension():
@@ -74,10 +75,10 @@ def test_exponential_sampling_matches_its_mean_and_deadline():
     assert np.all(np.diff(capped.cdf(np.linspace(0, 30, 301))) >= 0)
 
 
-def test_no_preemption_and_the_model_factory():
+def test_no_preemption_and_the_public_fit():
     assert np.all(np.isinf(NoPreemption().sample_h(np.random.default_rng(0), 3)))
-    assert lifetime_model("exponential", mttf_h=2.0, max_lifetime_h=None) == Exponential(2.0)
-    with pytest.raises(ValueError, match="unknown preemption model"):
-        lifetime_model("weibull", mttf_h=1.0, max_lifetime_h=None)
+    draws = Exponential(3.0, L=24.0).sample_h(np.random.default_rng(1), 4000)
+    result = preemption_fit(draws, np.ones(len(draws), bool), model="exponential")
+    assert result.model.mttf_h == pytest.approx(3.0, rel=0.05)
     with pytest.raises(ValueError, match="mttf_h"):
         Exponential(0.0)

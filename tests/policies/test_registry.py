@@ -45,15 +45,21 @@ def test_lookup_falls_back_from_specific_keys_with_too_few_samples():
     assert keys[0] == ModelKey("gce", "n1-highcpu-16", "us-central1-c", "night", "weekend")
     assert keys[4] == ModelKey("gce", "n1-highcpu-16", "us-central1", "*", "*")
     assert keys[-1] == ModelKey()
-    registry = ModelRegistry({
-        e.key: e for e in [
-            entry("gce/n1-highcpu-16/us-central1-c/night/weekend", 12, 1.0),  # too few
-            entry("gce/n1-highcpu-16/us-central1", 40, 2.0),
-            entry("gce", 500, 3.0),
-            entry("*", 900, 4.0),
-        ]
-    }, min_samples=30)
-    assert registry.lookup("gce", "n1-highcpu-16", "us-central1-c", SATURDAY_NIGHT).model.mttf_h == 2.0
+    registry = ModelRegistry(
+        {
+            e.key: e
+            for e in [
+                entry("gce/n1-highcpu-16/us-central1-c/night/weekend", 12, 1.0),  # too few
+                entry("gce/n1-highcpu-16/us-central1", 40, 2.0),
+                entry("gce", 500, 3.0),
+                entry("*", 900, 4.0),
+            ]
+        },
+        min_samples=30,
+    )
+    assert (
+        registry.lookup("gce", "n1-highcpu-16", "us-central1-c", SATURDAY_NIGHT).model.mttf_h == 2.0
+    )
     assert registry.lookup("gce", "n1-highcpu-32", "us-east1-b").model.mttf_h == 3.0
     assert registry.lookup("aws", "c5.large", "us-east-1a").model.mttf_h == 4.0
     assert ModelRegistry({}, 30).lookup("gce", "x", "y") is None
@@ -65,8 +71,10 @@ def test_fit_registry_fits_every_key_with_enough_lifetimes():
     rng = np.random.default_rng(5)
     truth = Bathtub(A=0.4, tau1=1.5, tau2=1.0, b=25.0, L=24.0)
     lives = truth.sample_h(rng, 120)
-    observations = [Observation("gce", "t1" if i % 2 else "t2", "us-east1-b", SATURDAY_NIGHT, float(life), True)
-                    for i, life in enumerate(lives)]
+    observations = [
+        Observation("gce", "t1" if i % 2 else "t2", "us-east1-b", SATURDAY_NIGHT, float(life), True)
+        for i, life in enumerate(lives)
+    ]
     registry = fit_registry(observations, min_samples=50, L=24.0)
     assert ModelKey("gce", "t1", "us-east1-b") in registry.entries  # 60 each
     assert ModelKey("gce", "t1", "us-east1-b", "night", "weekend") in registry.entries
@@ -91,7 +99,9 @@ def test_the_shipped_pooled_model_is_what_the_data_gives():
     import csv
 
     rows = list(csv.DictReader(DATA.open()))
-    result = fit([float(r["lifetime_s"]) / 3600 for r in rows], [r["event"] == "preempted" for r in rows])
+    result = fit(
+        [float(r["lifetime_s"]) / 3600 for r in rows], [r["event"] == "preempted" for r in rows]
+    )
     shipped = load_registry().entries[ModelKey()].model
     grid = np.linspace(0, 24, 97)
     assert np.max(np.abs(result.model.cdf(grid) - shipped.cdf(grid))) < 0.005

@@ -23,7 +23,9 @@ from policies.reuse import (
 PAPERLIKE = Bathtub(A=0.45, tau1=1.0, tau2=0.8, b=24.0, L=24.0)
 
 
-def simulate_makespan(model, age_h: float, length_h: float, launch_h: float, rng, runs: int = 40_000) -> float:
+def simulate_makespan(
+    model, age_h: float, length_h: float, launch_h: float, rng, runs: int = 40_000
+) -> float:
     """Monte Carlo of the policy's world: start on a VM of age s (alive at s); on a
     preemption, wait R for a fresh VM and restart from scratch there."""
     total = np.zeros(runs)
@@ -60,8 +62,10 @@ def test_memoryless_lifetimes_always_reuse():
     ages = np.linspace(0.0, 30.0, 31)[:, None]
     lengths = np.linspace(0.25, 20.0, 40)[None, :]
     assert should_reuse(model, ages, lengths, 0.1).all()
-    assert np.allclose(expected_makespan_reuse_h(model, ages, lengths, 0.1),
-                       expected_makespan_fresh_h(model, lengths, 0.1))
+    assert np.allclose(
+        expected_makespan_reuse_h(model, ages, lengths, 0.1),
+        expected_makespan_fresh_h(model, lengths, 0.1),
+    )
 
 
 def test_the_paper_scheduling_result():
@@ -100,7 +104,8 @@ def test_tables_match_the_exact_decision_and_crossover():
 def test_the_papers_literal_formulas_are_kept_for_comparison():
     # Eq. 7 and 8 count one failure at most and integrate t, not t - s.
     assert float(paper_expected_runtime_h(PAPERLIKE, 4.0)) == pytest.approx(
-        4.0 + float(PAPERLIKE.first_moment(0.0, 4.0)))
+        4.0 + float(PAPERLIKE.first_moment(0.0, 4.0))
+    )
     late = paper_expected_runtime_at_age_h(PAPERLIKE, 20.0, 6.0)
     assert float(late) > float(paper_expected_runtime_h(PAPERLIKE, 6.0))
     assert not bool(paper_should_reuse(PAPERLIKE, 20.0, 6.0))
