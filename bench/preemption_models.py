@@ -11,8 +11,9 @@ Prints:
    <= 50 µs), and of one table lookup as the scheduler makes it;
 4. the paper's scheduling result for the n1-highcpu-16 model: 6-hour jobs started at
    VM ages 0-23 h, job failure probability when always reusing the VM (memoryless
-   thinking) versus the model policy, a Monte Carlo check of both, and the means over
-   job lengths 1-20 h. Plots go to bench/results/.
+   thinking) versus the model policy, a simulation of both with the model's own
+   sampler (a check of the formulas, not of the model), and the means over job
+   lengths 1-20 h. Plots go to bench/results/.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def main() -> None:
     always = failure_probability(model, start_ages, job_h, LAUNCH_H, "always")
     policy = failure_probability(model, start_ages, job_h, LAUNCH_H, "model")
     reuse = should_reuse(model, start_ages, job_h, LAUNCH_H)
-    fresh = float(model.conditional_failure(0.0, job_h))
+    fresh = float(model.conditional_failure(LAUNCH_H, job_h))  # a replacement starts at its boot age
     print(f"  fresh VM: {fresh:.3f}")
     print(f"  {'age h':>5s} {'always':>7s} {'(MC)':>7s} {'model':>7s} {'(MC)':>7s}  decision")
     mc_rng = np.random.default_rng(2)

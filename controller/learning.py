@@ -16,6 +16,8 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 
+import numpy as np
+
 from controller.config import PreemptionConfig
 from controller.model_book import ModelBook
 from controller.store import Store
@@ -40,9 +42,23 @@ def observations_from(rows: list[dict], driver: str) -> list[Observation]:
 
 
 def refits_needed(
-    observations: list[Observation], book: ModelBook, settings: PreemptionConfig
+    observations: list[Observation],
+    book: ModelBook,
+    settings: PreemptionConfig,
+    rng: np.random.Generator,
+    checked: dict[ModelKey, float] | None = None,
 ) -> list[tuple[ModelKey, list[Observation], str]]:
-    """(key, its observations, why) for every key whose model should be (re)fitted."""
+    """(key, the observations to fit, why) for every key whose model should be (re)fitted.
+
+    Observations come most recently launched first. A key is fitted the first time
+    it has `min_samples` lifetimes, refitted (on the model's window plus the new
+    lifetimes) once 20% more were launched after its model's data, and
+    tested for drift once `drift_window`/2 VMs were launched after its model's data;
+    a drifted key is refitted on its recent lifetimes only (the old ones are what
+    drifted away), so the next check waits for new data instead of looping. `checked`
+    remembers the newest launch each key was tested on: the same data is not tested
+    twice (repeated tests of one sample would raise false alarms)."""
+    checked = checked if checked is not None else {}
     wanted = []
     for key, group in group_by_key(observations).items():
         if len(group) < settings.min_samples or not any(o.preempted for o in group):
@@ -51,43 +67,62 @@ def refits_needed(
         if current is None:
             wanted.append((key, group, f"first fit on {len(group)} lifetimes"))
             continue
-        if len(group) >= 1.2 * current.n + 10:
-            wanted.append((key, group, f"{len(group) - current.n} new lifetimes"))
+        oldest_used = current.stats.get("oldest_launch", 0.0)
+        newest_used = current.stats.get("newest_launch", 0.0)
+        fresh = sum(1 for o in group if o.launched.timestamp() > newest_used)
+        if fresh >= max(10, 0.2 * current.n):
+            # More of the same: refit on the model's own window plus the new lifetimes.
+            window = [o for o in group if o.launched.timestamp() >= oldest_used]
+            wanted.append((key, window, f"{fresh} new lifetimes"))
             continue
-        recent = group[: settings.drift_window]  # observations come most recently launched first
+        if fresh < settings.drift_window // 2:
+            continue
+        recent = group[: settings.drift_window]
+        newest = recent[0].launched.timestamp()
+        if checked.get(key) == newest:
+            continue
+        checked[key] = newest
         check = drift_test(
-            current.model, [o.lifetime_h for o in recent], [o.preempted for o in recent]
+            current.model, [o.lifetime_h for o in recent], [o.preempted for o in recent], rng=rng
         )
         if check.drifted:
+            keep = group[: max(settings.min_samples, 2 * settings.drift_window)]
             wanted.append(
                 (
                     key,
-                    group,
-                    f"drift: KS {check.distance:.3f} > {check.threshold:.3f} on the "
-                    f"latest {check.n} lifetimes",
+                    keep,
+                    f"drift: KS {check.distance:.3f} > {check.threshold:.3f} on the latest "
+                    f"{len(recent)} lifetimes; refitted on the latest {len(keep)}",
                 )
             )
     return wanted
 
 
+def family_of(settings: PreemptionConfig) -> tuple[str, float | None]:
+    """The model family to learn, and its deadline: what the configuration says VMs
+    follow (a bathtub with L for bathtub/fitted, else exponential, with a deadline
+    only when one is configured)."""
+    if settings.model in ("bathtub", "fitted"):
+        return "bathtub", settings.deadline_h
+    return "exponential", settings.max_lifetime_h
+
+
 def fit_entries(
-    wanted: list[tuple[ModelKey, list[Observation], str]], deadline_h: float, now: float
+    wanted: list[tuple[ModelKey, list[Observation], str]],
+    family: str,
+    deadline_h: float | None,
+    now: float,
 ) -> list[tuple[ModelEntry, str]]:
-    """Fit the bathtub model for each key (CPU-bound: run in a thread). Keys whose
-    groups hold the very same lifetimes (common: a zone with one VM type) share one fit."""
+    """Fit `family` for each key (CPU-bound: run in a thread). Keys whose groups hold
+    the very same lifetimes (common: a zone with one VM type) share one fit."""
     fitted = []
     results: dict[tuple[int, ...], FitResult | ValueError] = {}
     for key, group, reason in wanted:
         members = tuple(id(o) for o in group)
         if members not in results:
+            lifetimes, preempted = [o.lifetime_h for o in group], [o.preempted for o in group]
             try:
-                results[members] = fit(
-                    [o.lifetime_h for o in group],
-                    [o.preempted for o in group],
-                    "bathtub",
-                    "mle",
-                    deadline_h,
-                )
+                results[members] = fit(lifetimes, preempted, family, "mle", deadline_h)
             except ValueError as exc:
                 results[members] = exc
         result = results[members]
@@ -100,13 +135,12 @@ def fit_entries(
             "ks": result.ks,
             "aic": result.aic,
             "log_likelihood": result.log_likelihood,
+            # The launches it saw: new data and drift are judged against them.
+            "oldest_launch": min(o.launched.timestamp() for o in group),
+            "newest_launch": max(o.launched.timestamp() for o in group),
         }
-        fitted.append(
-            (
-                ModelEntry(key, result.model, result.n, result.censored, stats, "learned", now),
-                reason,
-            )
-        )
+        entry = ModelEntry(key, result.model, result.n, result.censored, stats, "learned", now)
+        fitted.append((entry, reason))
     return fitted
 
 
@@ -124,6 +158,8 @@ class Learner:
         self.settings = settings
         self.driver = driver
         self.now = now
+        self.rng = np.random.default_rng()  # the drift test's bootstrap
+        self.checked: dict[ModelKey, float] = {}  # key -> newest launch its drift was tested on
 
     async def load(self) -> int:
         """Use the models learned before a restart."""
@@ -133,10 +169,18 @@ class Learner:
 
     async def refit_once(self) -> list[ModelEntry]:
         rows = await self.store.lifetime_observations(self.driver, self.now())
-        wanted = refits_needed(observations_from(rows, self.driver), self.book, self.settings)
+        wanted = await asyncio.to_thread(
+            refits_needed,
+            observations_from(rows, self.driver),
+            self.book,
+            self.settings,
+            self.rng,
+            self.checked,
+        )
         if not wanted:
             return []
-        fitted = await asyncio.to_thread(fit_entries, wanted, self.settings.deadline_h, self.now())
+        family, deadline_h = family_of(self.settings)
+        fitted = await asyncio.to_thread(fit_entries, wanted, family, deadline_h, self.now())
         if fitted:
             await self.store.save_models(
                 [dict(entry.to_dict(), reason=reason) for entry, reason in fitted], ""

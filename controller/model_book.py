@@ -105,8 +105,10 @@ class ModelBook:
         return Belief(entry.model, entry.key.text(), entry.source)
 
     def belief(self, vm_type: VmType, zone: str, when: dt.datetime | None = None) -> Belief:
+        """A learned model when one applies; one learned over all VM types does not
+        override a configured model that is specific to this type (fitted mode)."""
         entry = self.learned.lookup(self.driver_name, vm_type.name, zone or "*", when)
-        if entry is not None:
+        if entry is not None and (entry.key.vm_type != "*" or self._fixed is not None):
             return Belief(entry.model, entry.key.text(), "learned")
         return self.configured(vm_type, when)
 

@@ -845,7 +845,8 @@ class Store:
                 "SELECT vm_type, zone, requested_at, "
                 "(coalesce(ended_at, :now) - requested_at) * time_scale AS lifetime_s, "
                 "state = 'preempted' AS preempted FROM vms "
-                "WHERE driver = :driver AND running_at IS NOT NULL "
+                # VMs that ran, and VMs preempted before they finished booting (early hazard).
+                "WHERE driver = :driver AND (running_at IS NOT NULL OR state = 'preempted') "
                 "ORDER BY requested_at DESC LIMIT :limit",
                 {"driver": driver, "now": now, "limit": limit},
             )

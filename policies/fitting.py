@@ -92,18 +92,33 @@ class FitResult:
         }
 
 
-def goodness(model: LifetimeModel, km: KaplanMeier) -> tuple[float, float]:
-    """(R², KS) of the model CDF against the Kaplan–Meier CDF at its jump times.
+def goodness(
+    model: LifetimeModel,
+    km: KaplanMeier,
+    deadline_window_h: float = 0.25,
+    until_h: float | None = None,
+) -> tuple[float, float]:
+    """(R², KS) of the model CDF against the Kaplan–Meier CDF.
 
-    KS compares both sides of every jump (the estimate just before and at t_i)."""
-    if len(km.times) == 0:
+    KS compares both sides of every jump of the estimate. Preemptions within
+    `deadline_window_h` of the deadline are reported at L (see `at_deadline`), so the
+    comparison stops where that window starts (there both are compared once, from the
+    left), and, with `until_h`, also covers the flat stretch after the last jump."""
+    cutoff = model.L - deadline_window_h if model.L is not None else math.inf
+    keep = km.times < cutoff
+    times, empirical = km.times[keep], 1.0 - km.survival[keep]
+    if len(times) == 0:
         return math.nan, math.nan
-    fitted = model.cdf(km.times)
-    empirical = 1.0 - km.survival
+    fitted = model.cdf(times)
     before = np.concatenate([[0.0], empirical[:-1]])
-    # Just before a deadline jump the model is at F_c(L-), not 1.
-    fitted_before = model.cdf(np.nextafter(km.times, -np.inf))
-    ks = float(max(np.max(np.abs(fitted - empirical)), np.max(np.abs(fitted_before - before))))
+    fitted_before = model.cdf(np.nextafter(times, -np.inf))
+    gaps = [np.abs(fitted - empirical), np.abs(fitted_before - before)]
+    end = (
+        min(cutoff, until_h) if until_h is not None else (cutoff if math.isfinite(cutoff) else None)
+    )
+    if end is not None:  # from the last jump up to the window or the end of follow-up
+        gaps.append(np.abs(model.cdf(np.array([end])) - empirical[-1]))
+    ks = float(max(np.max(g) for g in gaps))
     residual = np.sum((empirical - fitted) ** 2)
     total = np.sum((empirical - empirical.mean()) ** 2)
     r2 = float(1.0 - residual / total) if total > 0 else math.nan
@@ -320,7 +335,7 @@ def fit(
         else _fit_lsq(family, t, event, L)
     )
     log_likelihood = fitted.log_likelihood(t, event, deadline_window_h)
-    r2, ks = goodness(fitted, kaplan_meier(t, event))
+    r2, ks = goodness(fitted, kaplan_meier(t, event), deadline_window_h, until_h=float(t.max()))
     return FitResult(
         model=fitted,
         method=method,
@@ -345,10 +360,19 @@ def fit_all(
     return {name: fit(lifetimes_h, preempted, name, method, L) for name in models}
 
 
+def sample_kaplan_meier(km: KaplanMeier, rng: np.random.Generator, n: int) -> np.ndarray:
+    """n draws from a Kaplan–Meier estimate (inverse transform over its jumps); the
+    mass it leaves undetermined after its last jump is drawn as infinity."""
+    cdf = 1.0 - km.survival
+    index = np.searchsorted(cdf, rng.random(n), side="right")
+    times = np.append(km.times, np.inf)
+    return times[np.minimum(index, len(km.times))]
+
+
 @dataclass(frozen=True)
 class DriftResult:
     distance: float  # KS distance between the recent lifetimes (Kaplan–Meier) and the model
-    threshold: float
+    threshold: float  # the distance a sample from the model exceeds with probability alpha
     n: int
 
     @property
@@ -361,16 +385,39 @@ def drift_test(
     lifetimes_h,
     preempted,
     *,
-    critical: float = 1.36,
+    rng: np.random.Generator,
+    alpha: float = 0.05,
+    draws: int = 200,
     deadline_window_h: float = 0.25,
 ) -> DriftResult:
-    """Do recent lifetimes still follow `model`? KS distance of their Kaplan–Meier
-    estimate from the model CDF, against critical/sqrt(n) (1.36: the 5% level of the
-    one-sample KS test; with censoring it is an approximation, on the cautious side)."""
+    """Do recent lifetimes still follow `model`?
+
+    The KS distance of their Kaplan–Meier estimate from the model CDF, against a
+    parametric bootstrap: `draws` samples of the same size from the model, censored
+    by times drawn from the sample's own censoring distribution (the reverse
+    Kaplan–Meier: stops as events, preemptions as censored), give the distance that
+    only a fraction `alpha` exceed. KS tables assume no censoring and would raise
+    too many false alarms here."""
     event = np.asarray(preempted, dtype=bool)
     t = at_deadline(np.asarray(lifetimes_h, dtype=float), event, model.L, deadline_window_h)
     n = len(t)
     if n == 0 or not event.any():
         return DriftResult(0.0, math.inf, n)
-    _, distance = goodness(model, kaplan_meier(t, event))
-    return DriftResult(distance, critical / math.sqrt(n), n)
+
+    def distance(times: np.ndarray, died: np.ndarray) -> float:
+        return goodness(
+            model, kaplan_meier(times, died), deadline_window_h, until_h=float(times.max())
+        )[1]
+
+    observed = distance(t, event)
+    censoring = kaplan_meier(t, ~event)
+    simulated = []
+    for _ in range(draws):
+        lives = model.sample_h(rng, n)
+        stop = sample_kaplan_meier(censoring, rng, n)
+        died = lives <= stop
+        if died.any():
+            times = at_deadline(np.minimum(lives, stop), died, model.L, deadline_window_h)
+            simulated.append(distance(times, died))
+    threshold = float(np.quantile(simulated, 1.0 - alpha)) if simulated else math.inf
+    return DriftResult(observed, threshold, n)

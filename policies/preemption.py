@@ -67,8 +67,24 @@ class LifetimeModel:
         """Where the distribution ends: the deadline L (or a horizon when there is none)."""
         return self.L if self.L is not None else self._horizon_h()
 
+    @functools.cached_property
+    def _horizon(self) -> float:
+        """Without a deadline: where nearly every VM has died (F_c >= 1 - 1e-10)."""
+        t = 1.0
+        while t < 1e8 and float(self._cdf_c(np.array(t))) < 1.0 - 1e-10:
+            t *= 2.0
+        return t
+
     def _horizon_h(self) -> float:
-        return 1000.0
+        return self._horizon
+
+    def _grid(self) -> np.ndarray:
+        """Evaluation points on [0, end]: even steps, plus geometric ones that resolve the
+        mass near 0 of heavy-tailed models over a long horizon."""
+        end = self.end_h
+        even = np.linspace(0.0, end, _GRID_POINTS)
+        geometric = np.geomspace(end * 1e-9, end, _GRID_POINTS)
+        return np.unique(np.concatenate([even, geometric]))
 
     @property
     def parameters(self) -> dict[str, float]:
@@ -151,15 +167,13 @@ class LifetimeModel:
 
     @functools.cached_property
     def _inverse_grid(self) -> tuple[np.ndarray, np.ndarray]:
-        end = self.end_h
-        t = np.linspace(0.0, end, _GRID_POINTS)
+        t = self._grid()
         cdf = np.clip(self._cdf_c(t), 0.0, 1.0)
         return t, np.maximum.accumulate(cdf)
 
     @functools.cached_property
     def _moment_grid(self) -> tuple[np.ndarray, np.ndarray]:
-        end = self.end_h
-        t = np.linspace(0.0, end, _GRID_POINTS)
+        t = self._grid()
         values = t * np.where(self._cdf_c(t) < 1.0, self._pdf_c(t), 0.0)
         cumulative = np.concatenate([[0.0], np.cumsum((values[1:] + values[:-1]) / 2 * np.diff(t))])
         return t, cumulative
@@ -183,24 +197,25 @@ class LifetimeModel:
     def log_likelihood(
         self, lifetimes_h: np.ndarray, preempted: np.ndarray, deadline_window_h: float = 0.25
     ) -> float:
-        """Σ log f(t) over preemptions before the deadline window, log(deadline mass) over
-        preemptions within `deadline_window_h` of L (or after), log S(t) over censored VMs
-        (stopped by their user, or still running)."""
+        """Censored log-likelihood (SPEC.md §2): log f(t) per preemption before the deadline
+        window; log P(L - w < ℒ <= L) per preemption within `deadline_window_h` = w of L
+        or after it (reported at the deadline: it died in the window or at L, so the
+        window's continuous mass counts too, not only the point mass); log S(t) per VM
+        stopped by its user or still running."""
         t = _arr(lifetimes_h)
         event = np.asarray(preempted, dtype=bool)
-        at_deadline = (
-            t >= self.L - deadline_window_h if self.L is not None else np.zeros_like(event)
-        )
+        window_start = self.L - deadline_window_h if self.L is not None else math.inf
+        at_deadline = t >= window_start
         early, late, censored = event & ~at_deadline, event & at_deadline, ~event
         if self.L is not None:  # a VM stopped at or after L was alive just before it
             t = np.where(censored, np.minimum(t, self.L - 1e-9), t)
-        mass = self.deadline_mass()
-        if late.any() and mass <= 0:
+        window_mass = float(self.sf(window_start)) if late.any() else 1.0
+        if window_mass <= 0:
             return -math.inf
         with np.errstate(divide="ignore"):
             total = (
                 float(np.sum(np.log(self.pdf(t[early]))))
-                + float(late.sum()) * (math.log(mass) if late.any() else 0.0)
+                + float(late.sum()) * math.log(window_mass)
                 + float(np.sum(np.log(self.sf(t[censored]))))
             )
         return total if math.isfinite(total) else -math.inf
@@ -275,9 +290,6 @@ class Weibull(LifetimeModel):
     L: float | None = None
     name = "weibull"
 
-    def _horizon_h(self) -> float:
-        return self.lam * (50.0 ** (1.0 / self.k))
-
     def _cdf_c(self, t):
         return -np.expm1(-((_arr(t) / self.lam) ** self.k))
 
@@ -300,12 +312,10 @@ class GompertzMakeham(LifetimeModel):
     L: float | None = None
     name = "gompertz_makeham"
 
-    def _horizon_h(self) -> float:
-        return 200.0
-
     def _cumhaz(self, t):
         t = _arr(t)
-        return self.lam * t + self.alpha / self.beta * np.expm1(self.beta * t)
+        with np.errstate(over="ignore"):  # far beyond the horizon: the hazard is infinite
+            return self.lam * t + self.alpha / self.beta * np.expm1(self.beta * t)
 
     def _cdf_c(self, t):
         return -np.expm1(-self._cumhaz(t))
@@ -385,7 +395,9 @@ class Bathtub(LifetimeModel):
         return super().deadline_mass()
 
 
-def fit(lifetimes_h, preempted, model: str = "bathtub", method: str = "mle", L: float | None = 24.0):
+def fit(
+    lifetimes_h, preempted, model: str = "bathtub", method: str = "mle", L: float | None = 24.0
+):
     """Fit a model to lifetimes (hours) and preempted flags; see policies.fitting.fit
     (censoring-aware MLE by default, the paper's least squares with method="lsq")."""
     from policies.fitting import fit as fit_model  # fitting builds on this module

@@ -137,13 +137,23 @@ class ModelRegistry:
     entries: dict[ModelKey, ModelEntry]
     min_samples: int = 30
 
+    @property
+    def min_preemptions(self) -> int:
+        """Preemptions a model must have seen: lifetimes that are nearly all censored
+        early tell little about the rest of a VM's life."""
+        return max(10, self.min_samples // 2)
+
     def lookup(
         self, provider: str, vm_type: str, zone: str, when: dt.datetime | None = None
     ) -> ModelEntry | None:
-        """The most specific model with enough samples, or None when none applies."""
+        """The most specific model with enough samples and preemptions, or None."""
         for key in fallback_keys(provider, vm_type, zone, when):
             entry = self.entries.get(key)
-            if entry is not None and entry.n >= self.min_samples:
+            if (
+                entry is not None
+                and entry.n >= self.min_samples
+                and entry.n - entry.censored >= self.min_preemptions
+            ):
                 return entry
         return None
 

@@ -9,8 +9,9 @@ M(a, b) = E[ℒ; a < ℒ <= b] and P(a, b) = P(a < ℒ <= b) (deadline mass incl
     Es = [T·S(s+T) + M(s, s+T) - s·P(s, s+T) + (R + E0)·P(s, s+T)] / S(s)
          the same when starting on a VM of age s, given that it is alive at s.
 
-Reuse the VM when Es <= E0 + R (a fresh VM first costs R). For a memoryless
-model this always holds. `ReuseTable` tabulates the decision over ages and job
+Reuse the VM when Es <= R + Es(R): a replacement costs R and, as ages count from
+the launch, starts at age R (SPEC.md §3's E0 + R for R = 0; see `should_reuse`).
+For a memoryless model this always holds. `ReuseTable` tabulates the decision over ages and job
 lengths per model so that the scheduler decides by lookup, with only a rough
 runtime estimate; `crossover_h` gives T*(s), the longest job worth starting at
 age s. The paper's own formulas (eq. 7 and 8: one failure at most, t instead of
@@ -59,21 +60,38 @@ def expected_makespan_reuse_h(
     return _safe_divide(numerator, model.sf(s))
 
 
+REUSE_TOLERANCE = 1e-9  # relative: equal expectations must not be split by rounding
+
+
 def should_reuse(
     model: LifetimeModel, age_h: ArrayLike, length_h: ArrayLike, launch_h: float
 ) -> np.ndarray:
-    """True where starting the job on the VM of age s beats launching a fresh VM: Es <= E0 + R."""
-    fresh = expected_makespan_fresh_h(model, length_h, launch_h)
-    reuse = expected_makespan_reuse_h(model, age_h, length_h, launch_h)
+    """True where starting the job on the VM of age s is no worse than releasing it for
+    a replacement: Es(s) <= R + Es(R).
+
+    SPEC.md §3 writes E0 + R, with E0 from age 0. Ages here count from the launch, so a
+    replacement is already R old when its job starts: comparing with Es(R) keeps a VM
+    that just booted from being refused in favour of an identical one (which would
+    loop forever); for R = 0 the two rules are the same. A VM no older than a
+    replacement is always used, one past its life (S(s) = 0) never."""
+    s, t = np.broadcast_arrays(np.asarray(age_h, dtype=float), np.asarray(length_h, dtype=float))
+    here = expected_makespan_reuse_h(model, s, t, launch_h)
+    replacement = launch_h + expected_makespan_reuse_h(
+        model, np.full_like(s, launch_h), t, launch_h
+    )
+    alive = model.sf(s) > 0
     with np.errstate(invalid="ignore"):
-        return (reuse <= fresh + launch_h) | (np.isinf(reuse) & np.isinf(fresh))
+        better = here <= replacement * (1.0 + REUSE_TOLERANCE) + REUSE_TOLERANCE
+        hopeless = np.isinf(here) & np.isinf(replacement)  # no VM can finish it: do not churn
+    return alive & (better | hopeless | (s <= launch_h))
 
 
 def is_stable(model: LifetimeModel, age_h: ArrayLike, horizon_h: float = 1.0) -> np.ndarray:
     """A VM past its risky start: its chance of being preempted within the next
-    `horizon_h` is below a fresh VM's (the paper keeps such VMs as hot spares)."""
+    `horizon_h` is at most half a fresh VM's (the paper keeps such VMs as hot spares;
+    "half" keeps a VM a few minutes old, barely safer than a new one, out of it)."""
     fresh = model.conditional_failure(0.0, horizon_h)
-    return model.conditional_failure(age_h, horizon_h) < fresh
+    return model.conditional_failure(age_h, horizon_h) <= 0.5 * fresh
 
 
 def failure_probability(
@@ -87,7 +105,7 @@ def failure_probability(
         return on_this_vm
     if policy != "model":
         raise ValueError(f"unknown policy {policy!r}; known: always, model")
-    on_fresh = model.conditional_failure(0.0, length_h)
+    on_fresh = model.conditional_failure(launch_h, length_h)  # a replacement starts at age R
     return np.where(should_reuse(model, age_h, length_h, launch_h), on_this_vm, on_fresh)
 
 

@@ -46,6 +46,7 @@ def snap(
     idle_timeout_s=60.0,
     blocked=None,
     catalog=(SMALL, BIG, GPU),
+    hot_spare_s=0.0,
 ):
     return Snapshot(
         now=now,
@@ -55,6 +56,7 @@ def snap(
         alive_vms=len(vms) if alive is None else alive,
         max_vms=max_vms,
         idle_timeout_s=idle_timeout_s,
+        hot_spare_s=hot_spare_s,
         blocked_until=blocked or {},
     )
 
@@ -128,3 +130,53 @@ def test_jobs_no_type_can_hold_are_reported_not_dropped():
     )
     assert why_unplaceable(ONE, ("nope",), None, [SMALL]).startswith("no VM type is allowed")
     assert why_unplaceable(ONE, None, None, [SMALL]) is None
+
+
+# --- the reuse policy, hot spares and release (SPEC.md §3) ------------------------------
+
+from policies.preemption import Bathtub  # noqa: E402
+from policies.reuse import ReuseTable  # noqa: E402
+
+TABLE = ReuseTable.build(Bathtub(A=0.45, tau1=1.0, tau2=0.8, b=24.0, L=24.0), launch_h=0.05)
+
+
+def old_vm(vm_id, age_h, *, idle_since=900.0):
+    """An idle running VM of the given age, under the bathtub model's reuse table."""
+    return vm(vm_id, idle_since=idle_since)._replace(age_h=age_h, table=TABLE)
+
+
+def test_an_old_vm_gets_short_jobs_but_not_long_ones():
+    late = old_vm("late", 20.0)
+    short = plan(snap([DemandGroup("b", ONE, 1, runtime_h=2.0)], [late]))
+    assert short.places == [Place("late", "b", 1)]
+    long = plan(snap([DemandGroup("b", ONE, 1, runtime_h=6.0)], [late]))
+    assert long.places == [] and long.launches == [Launch("small", 1, "b")]
+    # A VM that just booted is never refused, whatever the job.
+    booted = old_vm("new", 0.05)
+    assert plan(snap([DemandGroup("b", ONE, 1, runtime_h=23.0)], [booted])).places == [
+        Place("new", "b", 1)
+    ]
+
+
+def test_a_refused_idle_vm_is_released_when_max_vms_blocks_a_launch():
+    late = old_vm("late", 20.0)
+    result = plan(snap([DemandGroup("b", ONE, 1, runtime_h=6.0)], [late], max_vms=1))
+    assert result.launches == []
+    assert result.terminations == [
+        Terminate("late", "released: a fresh VM is better for 6.0 h jobs than this one at 20.0 h")
+    ]
+    # With room for a fresh VM it is not released early (it may serve shorter jobs).
+    just_idle = old_vm("late", 20.0, idle_since=990.0)
+    assert (
+        plan(snap([DemandGroup("b", ONE, 1, runtime_h=6.0)], [just_idle], max_vms=2)).terminations
+        == []
+    )
+
+
+def test_stable_idle_vms_are_hot_spares():
+    stable, risky = old_vm("stable", 8.0, idle_since=0.0), old_vm("risky", 0.2, idle_since=0.0)
+    result = plan(snap([], [stable, risky], now=1000.0, idle_timeout_s=60.0, hot_spare_s=3600.0))
+    assert result.terminations == [Terminate("risky", "idle for 1000 s")]
+    assert result.next_wake_at == 3600.0
+    later = plan(snap([], [stable], now=3600.0, idle_timeout_s=60.0, hot_spare_s=3600.0))
+    assert later.terminations == [Terminate("stable", "hot spare idle for 3600 s")]
