@@ -1,0 +1,481 @@
+"""Checkpoint schedules under a preemption model (SPEC.md §4).
+
+A job has W hours of work. It may stop after i hours of work since its last
+checkpoint to write a checkpoint, which takes δ hours; the last segment needs
+none. When the VM is preempted the job loses the work since its last checkpoint,
+waits R hours for a fresh VM (age 0) and resumes there.
+
+`optimal_schedule` is the dynamic program of SPEC.md §4 (the paper's recursion
+with its typos corrected): on a grid of `step_h`, with J steps of work left on a
+VM of age t and segment duration d (i + δ, or i for the last segment),
+
+    p    = S(t + d) / S(t)                    the segment survives
+    lost = E[x - t | t < x <= t + d]          time lost if it does not
+    M(J, t) = min_i  p·(d + M(J - i, t + d)) + (1 - p)·(lost + R + M(J, 0))
+
+with M(J, 0) solved in closed form first. After every restart the remaining
+schedule is recomputed from (J, 0), which is what `expected_makespan_h` assumes.
+The table is kept skewed, N[J, J + t] = M(J, t), so that M(J - i, t + i + δ) for
+all i is one contiguous slice: each J is a few whole-array numpy operations.
+
+`expected_makespan` evaluates ANY fixed list of intervals exactly under the model
+(after a restart the same remaining intervals resume on a fresh VM);
+`simulate_makespan` is its Monte Carlo counterpart; `young_daly_schedule` and
+`fixed_schedule` are the classic periodic schedules.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.preemption import LifetimeModel
+
+
+@dataclass(frozen=True)
+class Schedule:
+    intervals_h: tuple[float, ...]  # work between consecutive checkpoints, in order
+    expected_makespan_h: float
+    work_h: float
+    delta_h: float
+    policy: str
+
+    @property
+    def checkpoints(self) -> int:
+        return max(0, len(self.intervals_h) - 1)
+
+    @property
+    def overhead(self) -> float:
+        """Expected time beyond the work itself, as a fraction of the work."""
+        return self.expected_makespan_h / self.work_h - 1.0 if self.work_h > 0 else 0.0
+
+    def checkpoint_times_h(self) -> list[float]:
+        """When (hours after the start, if nothing fails) each checkpoint begins."""
+        times, elapsed = [], 0.0
+        for interval in self.intervals_h[:-1]:
+            elapsed += interval
+            times.append(elapsed)
+            elapsed += self.delta_h
+        return times
+
+
+_SNAP_H = 1e-9  # ages this close to the deadline are the deadline (sums of steps round)
+
+
+def _snap(model: LifetimeModel, t_h):
+    """Ages within _SNAP_H of the deadline L are L: a segment that ends at L is
+    reclaimed with the deadline mass, whatever rounding put it a hair before."""
+    if model.L is None:
+        return t_h
+    return np.where(np.abs(np.asarray(t_h, dtype=float) - model.L) <= _SNAP_H, model.L, t_h)
+
+
+def _segment(model: LifetimeModel, age_h: float, duration_h: float) -> tuple[float, float]:
+    """(p survive, expected loss if not) of a segment of `duration_h` started at `age_h`."""
+    age_h = float(_snap(model, age_h))
+    end_h = float(_snap(model, age_h + duration_h))
+    alive = float(model.sf(age_h))
+    if alive <= 0:
+        return 0.0, 0.0
+    fail = float(model.mass(age_h, end_h))
+    p = max(0.0, 1.0 - fail / alive)
+    lost = (float(model.first_moment(age_h, end_h)) - age_h * fail) / fail if fail > 0 else 0.0
+    return p, lost
+
+
+def expected_makespan(
+    model: LifetimeModel,
+    intervals_h,
+    delta_h: float,
+    start_age_h: float = 0.0,
+    restart_h: float = 0.0,
+    replan: CheckpointTable | Callable[[float], Sequence[float]] | None = None,
+) -> float:
+    """Exact expected makespan of a schedule (intervals of work between checkpoints).
+
+    E(k, t): expected time to finish segments k.. from VM age t (alive at t):
+        E(k, t) = p·(d_k + E(k+1, t + d_k)) + (1 - p)·(lost + R + E'(k)),
+    where E'(k), the time to finish after a preemption in segment k, is E(k, 0) when
+    the same remaining intervals resume on the new VM (solved in closed form, as it
+    is on both sides), or, with `replan` (a CheckpointTable, or a function from the
+    remaining work to the intervals to use on a fresh VM), the value of the new
+    schedule for the work left, evaluated the same way: the DP policy, which
+    recomputes the schedule after every restart (SPEC.md §4). Infinite when some
+    segment can never survive."""
+    if replan is None:
+        return _fixed_makespan(model, _positive(intervals_h), delta_h, start_age_h, restart_h)
+    plan_fresh = (
+        (lambda work_h: replan.schedule(work_h, 0.0).intervals_h)
+        if isinstance(replan, CheckpointTable)
+        else replan
+    )
+
+    @functools.cache
+    def fresh(work_key: float) -> float:
+        intervals = _positive(plan_fresh(work_key))
+        return _fixed_makespan(model, intervals, delta_h, 0.0, restart_h, after_failure, True)
+
+    def after_failure(work_left_h: float) -> float:
+        return fresh(round(work_left_h, 9))
+
+    intervals = _positive(intervals_h)
+    return _fixed_makespan(model, intervals, delta_h, start_age_h, restart_h, after_failure)
+
+
+def _positive(intervals_h) -> list[float]:
+    return [float(i) for i in intervals_h if i > 0]
+
+
+def _fixed_makespan(
+    model: LifetimeModel,
+    intervals: list[float],
+    delta_h: float,
+    start_age_h: float,
+    restart_h: float,
+    after_failure: Callable[[float], float] | None = None,
+    is_fresh_plan: bool = False,
+) -> float:
+    """E(0, start age) of `expected_makespan`. `after_failure(work left)`, when given, is
+    the time to finish after a restart; but a schedule that IS the fresh plan for its
+    work (`is_fresh_plan`) restarts itself after a failure in its first segment, which
+    puts E(0, 0) on both sides: closed form."""
+    n = len(intervals)
+    if n == 0:
+        return 0.0
+    durations = [w + (delta_h if k < n - 1 else 0.0) for k, w in enumerate(intervals)]
+    work_from = [sum(intervals[k:]) for k in range(n)]
+
+    def closed_form(k: int) -> bool:
+        return after_failure is None or (k == 0 and is_fresh_plan)
+
+    @functools.cache
+    def from_restart(k: int) -> float:
+        if k == n:
+            return 0.0
+        if not closed_form(k):
+            return after_failure(work_from[k])
+        p, lost = _segment(model, 0.0, durations[k])
+        if p <= 0:
+            return math.inf
+        rest = from_age(k + 1, durations[k])
+        return (p * (durations[k] + rest) + (1 - p) * (lost + restart_h)) / p
+
+    @functools.cache
+    def from_age(k: int, age_h: float) -> float:
+        if k == n:
+            return 0.0
+        if age_h == 0.0 and closed_form(k):
+            return from_restart(k)
+        p, lost = _segment(model, age_h, durations[k])
+        again = from_restart(k)
+        if math.isinf(again) and p < 1:
+            return math.inf
+        ahead = from_age(k + 1, age_h + durations[k]) if p > 0 else 0.0
+        return p * (durations[k] + ahead) + (1 - p) * (lost + restart_h + again)
+
+    return from_age(0, float(start_age_h))
+
+
+def _split(work_h: float, period_h: float) -> tuple[float, ...]:
+    count = max(1, math.ceil(work_h / period_h - 1e-9))
+    intervals = [period_h] * (count - 1)
+    intervals.append(work_h - period_h * (count - 1))
+    return tuple(i for i in intervals if i > 1e-12)
+
+
+def fixed_schedule(
+    model: LifetimeModel,
+    work_h: float,
+    period_h: float,
+    delta_h: float,
+    start_age_h: float = 0.0,
+    restart_h: float = 0.0,
+    policy: str = "fixed",
+) -> Schedule:
+    """Checkpoint after every `period_h` of work (the last interval takes the rest)."""
+    intervals = _split(work_h, period_h)
+    makespan = expected_makespan(model, intervals, delta_h, start_age_h, restart_h)
+    return Schedule(intervals, makespan, work_h, delta_h, policy)
+
+
+def young_daly_schedule(
+    model: LifetimeModel,
+    work_h: float,
+    delta_h: float,
+    mttf_h: float | None = None,
+    start_age_h: float = 0.0,
+    restart_h: float = 0.0,
+) -> Schedule:
+    """Young–Daly: a period of sqrt(2·δ·MTTF) (memoryless thinking), evaluated exactly
+    under `model`. MTTF defaults to the model's expected lifetime."""
+    mttf = mttf_h if mttf_h is not None else model.expected_lifetime_h()
+    period = math.sqrt(2.0 * delta_h * mttf)
+    return fixed_schedule(
+        model, work_h, period, delta_h, start_age_h, restart_h, f"young-daly (mttf {mttf:g} h)"
+    )
+
+
+@dataclass(frozen=True)
+class CheckpointTable:
+    """The solved dynamic program for one (model, δ, R, step), for jobs up to `max_steps`
+    of work and VM ages up to the deadline (ages past it mean a dead VM: restart)."""
+
+    step_h: float
+    delta_steps: int
+    restart_h: float
+    max_steps: int  # of work
+    ages: int  # age grid points 0 .. ages - 1 (the last is the deadline or horizon)
+    makespan: np.ndarray  # makespan[J, t] = M(J, t), in hours
+    choice: np.ndarray  # choice[J, t] = the best first interval, in steps
+
+    def _at(self, work_steps: int, age_steps: int) -> tuple[float, int]:
+        age_steps = min(age_steps, self.ages - 1)
+        return float(self.makespan[work_steps, age_steps]), int(self.choice[work_steps, age_steps])
+
+    def schedule(self, work_h: float, start_age_h: float = 0.0) -> Schedule:
+        """The optimal intervals for `work_h` starting on a VM of `start_age_h`, by lookup:
+        the first interval for (J, t), then for what is left at the age it ends, and so on
+        (the path when nothing fails; after a failure the caller asks again from age 0)."""
+        steps = min(self.max_steps, max(1, round(work_h / self.step_h)))
+        age = max(0, round(start_age_h / self.step_h))
+        expected, _ = self._at(steps, age)
+        intervals, left = [], steps
+        while left > 0:
+            if age >= self.ages - 1:
+                age = 0  # the VM reached its deadline: the rest runs on a new one
+            _, first = self._at(left, age)
+            first = max(1, min(first, left))
+            intervals.append(first * self.step_h)
+            age += first + (self.delta_steps if first < left else 0)
+            left -= first
+        return Schedule(
+            tuple(intervals),
+            expected,
+            steps * self.step_h,
+            self.delta_steps * self.step_h,
+            "optimal",
+        )
+
+
+def build_table(
+    model: LifetimeModel,
+    max_work_h: float,
+    delta_h: float,
+    restart_h: float = 0.0,
+    step_h: float = 1 / 60,
+    max_interval_h: float | None = None,
+    chunk: int = 96,
+) -> CheckpointTable:
+    """Solve the DP for every amount of work up to `max_work_h` and every VM age (up to
+    the deadline L, or 48 h without one), on a grid of `step_h`.
+
+    Multiplying the recursion by S(t), with u = t + d the end of the first segment,
+    G(u) = E[X; X <= u] the partial first moment and C = R + M(J, 0):
+
+        S(t)·candidate_i = T(J - i, u) + C·F(u)  -  t - G(t) + t·F(t) - C·F(t),
+        T(J', u) = S(u)·(u + M(J', u)) + G(u)
+
+    ((1 - p)·lost is (G(u) - G(t) - t·(F(u) - F(t))) / S(t), and -t·S(u) - t·F(u) = -t).
+    Only the first two terms depend on i. T is kept skewed and transposed,
+    Tk[J' + u, n - J'], so that the checkpointed candidates of (J, t) for i = 1, 2, ..
+    are consecutive entries of row J + δ + t: for each J the candidates of every age
+    form one (ages × i) block, and F(t + i + δ) is a sliding window over F. One
+    multiply-add and one argmin over that block solve the whole row J. The float32
+    block only ranks candidates; the winner is re-evaluated in float64.
+    At t = 0, M(J, 0) is on both sides and solves to min_i (T_i + R·F_i) / S(u_i).
+
+    `max_interval_h` bounds the work before the first checkpoint (finishing in one go
+    is always considered); None allows any interval. The bound only saves time.
+    `chunk` is how many first intervals are ranked per block (a speed knob; any value
+    gives the same table)."""
+    n = max(1, round(max_work_h / step_h))
+    delta = max(0, round(delta_h / step_h))
+    longest = n if max_interval_h is None else max(1, min(n, round(max_interval_h / step_h)))
+    horizon_h = model.L if model.L is not None else 48.0
+    ages = round(horizon_h / step_h) + 1  # t = 0 .. ages - 1 (the last is the deadline)
+    reach = ages + n + delta + 1  # ages a segment can end at
+    u = _snap(model, np.arange(reach) * step_h)
+    F = np.asarray(model.cdf(u), dtype=float)
+    G = np.asarray(model.first_moment(0.0, u), dtype=float)
+    S = 1.0 - F
+    makespan = np.zeros((n + 1, ages))
+    choice = np.zeros((n + 1, ages), dtype=np.int32)
+    Tk = np.zeros((n + reach + 1, n + 1), dtype=np.float32)  # Tk[J' + u, n - J']
+    Tk[0:reach, n] = S * u + G  # M(0, u) = 0
+    F_window = np.lib.stride_tricks.sliding_window_view(F.astype(np.float32), max(1, longest))
+    dead_from = int(np.argmax(S <= 0)) if (S <= 0).any() else reach + ages  # first dead age
+    t = np.arange(ages)
+    th = t * step_h
+    S_t, F_t = S[:ages], F[:ages]
+    alive = S_t > 0
+    tail = -th - G[:ages] + th * F_t  # the i-independent terms, without -C·F(t)
+    block = np.empty((ages, min(chunk, max(1, longest))), dtype=np.float32)
+
+    def ahead(rows: np.ndarray, ages_at: np.ndarray) -> np.ndarray:
+        """M(rows, ages_at) with ages past the horizon like the horizon (S = 0 there
+        under a deadline, so their value never counts)."""
+        return makespan[rows, np.minimum(ages_at, ages - 1)]
+
+    for J in range(1, n + 1):
+        # M(J, 0) in closed form over all first intervals i = 1 .. J (float64).
+        firsts = np.arange(1, J + 1)
+        ends = firsts + np.where(firsts < J, delta, 0)
+        survive = S[ends]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_i = survive * (u[ends] + _finite(ahead(J - firsts, ends))) + G[ends]
+            at_zero = np.where(survive > 0, (t_i + restart_h * F[ends]) / survive, np.inf)
+        best0 = int(np.argmin(at_zero))
+        m0 = float(at_zero[best0])
+        C = restart_h + m0 if math.isfinite(m0) else 0.0
+        # Finishing in one go (u = t + J, no checkpoint) ...
+        end = t + J
+        best = S[end] * u[end] + G[end] + C * F[end]
+        chosen = np.full(ages, J, dtype=np.int32)
+        # ... against checkpointing after i = 1 .. min(J - 1, longest) steps, in chunks of
+        # i so that segments ending past the deadline (certain loss; finishing in one go
+        # is never worse than them) are left out: about a third less work.
+        top = min(J - 1, longest)
+        rank = np.full(ages, np.inf, dtype=np.float32)
+        first = np.zeros(ages, dtype=np.int64)
+        for i0 in range(1, top + 1, chunk) if math.isfinite(m0) else ():
+            i1 = min(top, i0 + chunk - 1)
+            rows = min(ages, dead_from - i0 - delta)  # ages t whose segment i0 can survive
+            if rows <= 0:
+                break
+            cand = block[:rows, : i1 - i0 + 1]
+            np.multiply(
+                F_window[delta + 1 : delta + 1 + rows, i0 - 1 : i1], np.float32(C), out=cand
+            )
+            cand += Tk[J + delta : J + delta + rows, n - J + i0 : n - J + i1 + 1]
+            pick = np.argmin(cand, axis=1)
+            low = cand[np.arange(rows), pick]
+            improved = low < rank[:rows]
+            rank[:rows] = np.where(improved, low, rank[:rows])
+            first[:rows] = np.where(improved, pick + i0, first[:rows])
+        some = first > 0
+        if some.any():
+            at = np.where(some, t + first + delta, 0)
+            exact = S[at] * (u[at] + _finite(ahead(J - first, at))) + G[at] + C * F[at]
+            better = some & (exact < best)
+            best = np.where(better, exact, best)
+            chosen = np.where(better, first, chosen).astype(np.int32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = np.where(alive, (best + tail - C * F_t) / np.where(alive, S_t, 1.0), C)
+        # A VM past its deadline is already gone: restart (R) and start over from age 0.
+        chosen = np.where(alive, chosen, firsts[best0]).astype(np.int32)
+        values[0], chosen[0] = m0, firsts[best0]
+        if not math.isfinite(m0):
+            values[:] = np.inf  # this much work can never finish under the model
+        makespan[J], choice[J] = values, chosen
+        # Ages past the horizon (no deadline) behave like the horizon.
+        extended = np.concatenate([values, np.full(reach - ages, values[-1])])
+        Tk[J : J + reach, n - J] = S * (u + _finite(extended)) + G
+    return CheckpointTable(step_h, delta, restart_h, n, ages, makespan, choice)
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    """Infinite makespans only ever appear where the survival weight is 0: drop them."""
+    return np.where(np.isfinite(values), values, 0.0)
+
+
+def reference_table(
+    model: LifetimeModel,
+    max_work_h: float,
+    delta_h: float,
+    restart_h: float = 0.0,
+    step_h: float = 1 / 60,
+) -> dict[tuple[int, int], tuple[float, int]]:
+    """The same DP as a straightforward pure-Python recursion over (J, t), for checking
+    `build_table` and measuring its speed-up: {(J, t): (M(J, t), best first interval)}."""
+    n, delta = max(1, round(max_work_h / step_h)), max(0, round(delta_h / step_h))
+    horizon = model.L if model.L is not None else 48.0
+    ages = round(horizon / step_h) + 1
+    table: dict[tuple[int, int], tuple[float, int]] = {}
+
+    def value(J: int, t: int) -> float:
+        if J == 0:
+            return 0.0
+        return table[(J, min(t, ages - 1))][0]
+
+    for J in range(1, n + 1):
+        options = []
+        for i in range(1, J + 1):
+            d = i + (delta if i < J else 0)
+            p, lost = _segment(model, 0.0, d * step_h)
+            if p > 0:
+                options.append(
+                    ((p * (d * step_h + value(J - i, d)) + (1 - p) * (lost + restart_h)) / p, i)
+                )
+        m0, c0 = min(options) if options else (math.inf, J)
+        table[(J, 0)] = (m0, c0)
+        for t in range(1, ages):
+            best = (math.inf, J)
+            for i in range(1, J + 1):
+                d = i + (delta if i < J else 0)
+                p, lost = _segment(model, t * step_h, d * step_h)
+                ahead = value(J - i, t + d) if p > 0 else 0.0
+                best = min(best, (p * (d * step_h + ahead) + (1 - p) * (lost + restart_h + m0), i))
+            table[(J, t)] = best
+    return table
+
+
+def optimal_schedule(
+    model: LifetimeModel,
+    work_h: float,
+    delta_h: float,
+    start_age_h: float = 0.0,
+    restart_h: float = 0.0,
+    step_h: float = 1 / 60,
+) -> Schedule:
+    """The DP schedule for one job (builds the table up to `work_h`)."""
+    return build_table(model, work_h, delta_h, restart_h, step_h).schedule(work_h, start_age_h)
+
+
+def simulate_makespan(
+    model: LifetimeModel,
+    intervals_h,
+    delta_h: float,
+    rng: np.random.Generator,
+    start_age_h: float = 0.0,
+    restart_h: float = 0.0,
+    runs: int = 20_000,
+    replan: CheckpointTable | None = None,
+) -> tuple[float, float]:
+    """Monte Carlo makespan (mean, standard error): run the segments, lose the work
+    since the last checkpoint on a preemption, wait R, resume on a fresh VM. With
+    `replan`, the remaining schedule is looked up again after every restart (the DP
+    policy); otherwise the same remaining intervals resume."""
+    intervals = [float(i) for i in intervals_h if i > 0]
+    totals = np.empty(runs)
+    for run in range(runs):
+        plan = list(intervals)
+        age = start_age_h
+        life = _life_from(model, rng, age)
+        total = 0.0
+        while plan:
+            work = plan[0]
+            duration = work + (delta_h if len(plan) > 1 else 0.0)
+            if age + duration < life - _SNAP_H:
+                total += duration
+                age += duration
+                plan.pop(0)
+                continue
+            total += (life - age) + restart_h
+            age, life = 0.0, _life_from(model, rng, 0.0)
+            if replan is not None:
+                plan = list(replan.schedule(sum(plan), 0.0).intervals_h)
+        totals[run] = total
+    return float(totals.mean()), float(totals.std(ddof=1) / math.sqrt(runs))
+
+
+def _life_from(model: LifetimeModel, rng: np.random.Generator, age_h: float) -> float:
+    """A lifetime conditional on being alive at `age_h`."""
+    while True:
+        draws = model.sample_h(rng, 64)
+        alive = draws[draws > age_h]
+        if len(alive):
+            return float(alive[0])
