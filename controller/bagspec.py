@@ -115,7 +115,17 @@ class BagSpec(_Strict):
     estimated_runtime_s: float | None = Field(
         None, gt=0, le=MAX_RUNTIME_S, description="Expected runtime of a job, if known."
     )
-    checkpointable: bool = Field(False, description="Jobs can checkpoint and resume.")
+    checkpointable: bool = Field(
+        False,
+        description="Jobs checkpoint on SIGUSR1 into $SPOTBAG_CHECKPOINT_DIR and resume from it; "
+        "the controller signals them on a schedule fitted to their VM's preemption model.",
+    )
+    checkpoint_cost_s: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_RUNTIME_S,
+        description="How long a job takes to write one checkpoint, seconds (δ of the schedule).",
+    )
     max_attempts: int = Field(
         5, ge=1, le=100, description="Attempts per job, preemptions included."
     )

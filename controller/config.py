@@ -182,6 +182,49 @@ class PreemptionConfig(_Section):
         return value
 
 
+CHECKPOINT_POLICIES = ("optimal", "young-daly", "none")
+
+
+class CheckpointConfig(_Section):
+    policy: str = Field(
+        "optimal",
+        description="When checkpointable jobs are signalled: optimal (the dynamic program over "
+        "the VM's preemption model, from its age and the job's remaining work, SPEC.md §4); "
+        "young-daly (every sqrt(2·δ·MTTF), MTTF from the model); none (never).",
+    )
+    step_s: float = Field(
+        60.0,
+        gt=0,
+        description="Grid of the optimal schedule, model seconds: checkpoints fall on multiples of it.",
+    )
+    max_work_h: float = Field(
+        24.0,
+        gt=0,
+        description="Longest remaining work the schedule tables cover, model hours (longer jobs "
+        "are planned as if this much were left).",
+    )
+    confirm_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A job that has not written its checkpoint this long (real seconds, at least "
+        "5 × its checkpoint_cost_s) after the signal is taken not to have checkpointed.",
+    )
+    min_interval_s: float = Field(
+        1.0,
+        ge=0,
+        description="Never signal a job again sooner than this (real seconds) after its last checkpoint.",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in CHECKPOINT_POLICIES:
+            raise ValueError(
+                f"unknown checkpoint policy {value!r}; known: {', '.join(CHECKPOINT_POLICIES)}"
+            )
+        return value
+
+
 class ExecutorConfig(_Section):
     kill_grace_s: float = Field(
         5.0,
@@ -257,6 +300,7 @@ class Config(_Section):
     scheduler: SchedulerConfig = SchedulerConfig()
     driver: DriverConfig = DriverConfig()
     preemption: PreemptionConfig = PreemptionConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     executor: ExecutorConfig = ExecutorConfig()
     simulation: SimulationConfig = SimulationConfig()
     vm_types: tuple[VmTypeConfig, ...] = Field(

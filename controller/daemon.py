@@ -23,6 +23,7 @@ import numpy as np
 from aiohttp import web
 
 from controller.api import build_app
+from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
 from controller.config import Config
 from controller.executors.local import LocalExecutor
@@ -109,6 +110,13 @@ class Controller:
             metrics=self.metrics,
             book=self.book,
             time_scale=self.config.driver.time_scale,
+            checkpointing=self.config.checkpoint,
+            tables=TableCache(
+                self.state_dir / "checkpoint-tables",
+                step_h=self.config.checkpoint.step_s / 3600.0,
+                restart_h=self.book.launch_h,
+                max_work_h=self.config.checkpoint.max_work_h,
+            ),
         )
         self.metrics.watch(self.scheduler.gauges)
         self.learner = Learner(

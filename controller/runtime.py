@@ -80,6 +80,8 @@ class JobRun:
     started_at: float | None = None
     exit_code: int | None = None
     reason: str = ""
+    work_saved_s: float = 0.0  # runtime its last checkpoint holds: a retry resumes there
+    checkpoints: int = 0
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,10 +99,19 @@ class AttemptRun:
     log_path: str
     shape: Shape
     cancelling: bool = False
+    # Checkpoints. Work is measured in seconds of the job's runtime: `saved_s` is what
+    # the job had saved at `mark_at` (the attempt's start, or its last checkpoint), so
+    # the work done by time x is saved_s + (x - mark_at) and a preemption loses x - mark_at.
+    saved_s: float = 0.0
+    mark_at: float = 0.0
+    due_at: float | None = None  # when the scheduler next signals (or reviews) it
+    signalled_at: float | None = None  # a checkpoint asked for and not yet confirmed
+    missed_checkpoints: int = 0  # in a row; the job is left alone after a few
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.id = f"{job_id_of(self.bag_id, self.idx)}.{self.number}"
+        self.mark_at = self.mark_at or self.started_at
 
 
 @dataclass(slots=True)

@@ -9,7 +9,15 @@ the only writer of job, attempt and VM state. Each pass (`tick`):
 2. asks the pure planner what to do;
 3. records the intents (attempts STARTING, VMs PENDING) in one transaction
    *before* acting, so a crash never leaves an unrecorded VM or process;
-4. starts attempts, launches and terminates VMs, and records the results.
+4. starts attempts, launches and terminates VMs, signals checkpoints, and
+   records the results.
+
+Checkpointable jobs are signalled on the schedule of SPEC.md §4: whenever one
+starts, completes a checkpoint, or reaches a planned review, the next checkpoint
+is looked up from its VM's age and its remaining work (the bag's runtime estimate
+less the work saved), in the VM's preemption model (policies.checkpoint). A
+preemption loses the work since the last checkpoint; the retry resumes from it on
+a fresh VM, where the schedule starts again from age 0.
 
 The daemon runs `run()`, which ticks when woken by an event or a submission
 and at least every `poll_interval_s`; the simulator calls `tick()` itself
@@ -23,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import heapq
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,8 +42,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from controller.bagspec import BagSpec, render_command
-from controller.config import SchedulerConfig
-from controller.executors.base import AttemptEvent, AttemptSpec, Executor, ExecutorError, Outcome
+from controller.checkpoint_tables import TableCache
+from controller.config import CheckpointConfig, SchedulerConfig
+from controller.executors.base import (
+    AttemptEvent,
+    AttemptSpec,
+    CheckpointEvent,
+    Executor,
+    ExecutorError,
+    Outcome,
+)
 from controller.metrics import Metrics
 from controller.model_book import ModelBook
 from controller.models import AttemptState, BagState, JobState, check_transition
@@ -49,6 +67,7 @@ from drivers.base import (
     VmStatus,
     VmType,
 )
+from policies.checkpoint import next_checkpoint_h
 from policies.cost import vm_share
 
 log = logging.getLogger("spotbag.scheduler")
@@ -91,6 +110,8 @@ class Scheduler:
         metrics: Metrics | None = None,
         book: ModelBook | None = None,
         time_scale: float = 1.0,
+        checkpointing: CheckpointConfig | None = None,
+        tables: TableCache | None = None,
     ) -> None:
         self.store = store
         self.book = book  # preemption models; None: no reuse policy, no hot spares
@@ -115,13 +136,24 @@ class Scheduler:
         self._idle: dict[str, None] = {}  # running VMs with no attempt
         self._by_provider_id: dict[str, str] = {}
         self._backoff: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
-        self._inbox: list[VmStatus | AttemptEvent] = []
+        self._inbox: list[VmStatus | AttemptEvent | CheckpointEvent] = []
         self._commands: list[_Admit | _Cancel] = []
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_describe = 0.0
         self._replan = False  # an action failed: plan again at once, not at the next event
         self._call_slots = asyncio.Semaphore(settings.max_concurrent_calls)
+        self.checkpointing = checkpointing or CheckpointConfig()
+        self.tables = tables or TableCache(
+            None,
+            step_h=self.checkpointing.step_s / 3600.0,
+            restart_h=book.launch_h if book else 0.0,
+            max_work_h=self.checkpointing.max_work_h,
+            inline=True,
+        )
+        self.tables.on_ready = self._tables_ready
+        self._due: list[tuple[float, str, bool]] = []  # (when, attempt id, signal or review)
+        self._replan_checkpoints = False
         self.ticks = 0
         driver.subscribe(self._on_vm_status)
         executor.subscribe(self._on_attempt_event)
@@ -132,8 +164,13 @@ class Scheduler:
         self._inbox.append(status)
         self._wake.set()
 
-    def _on_attempt_event(self, event: AttemptEvent) -> None:
+    def _on_attempt_event(self, event: AttemptEvent | CheckpointEvent) -> None:
         self._inbox.append(event)
+        self._wake.set()
+
+    def _tables_ready(self) -> None:
+        """A checkpoint table finished solving: plan the running jobs with it."""
+        self._replan_checkpoints = True
         self._wake.set()
 
     def bag_admitted(self, bag_id: str, spec: BagSpec, params: Sequence[dict[str, Any]]) -> None:
@@ -195,6 +232,8 @@ class Scheduler:
                 counted=row["counted_attempts"],
                 vm_id=row["vm_id"],
                 started_at=row["started_at"],
+                work_saved_s=row["work_saved_s"],
+                checkpoints=row["checkpoints"],
             )
             self.jobs[(job.bag_id, job.idx)] = job
             if job.state is JobState.QUEUED:
@@ -255,7 +294,10 @@ class Scheduler:
                 started_at=row["started_at"],
                 log_path=row["log_path"],
                 shape=bag.shape,
+                mark_at=row["checkpointed_at"] or row["started_at"],
             )
+            job = self.jobs.get((attempt.bag_id, attempt.idx))
+            attempt.saved_s = job.work_saved_s if job is not None else 0.0
             self.attempts[attempt.id] = attempt
             bag.live_attempts += 1
             attempts.append(attempt)
@@ -270,6 +312,8 @@ class Scheduler:
             if attempt.id in adopted and alive:
                 vm.attempts[attempt.id] = None
                 vm.free = vm.free.minus(attempt.shape)
+                if attempt.state is AttemptState.RUNNING:
+                    self._plan_checkpoint(attempt, now)
                 continue
             if attempt.id in ended:
                 continue
@@ -308,6 +352,7 @@ class Scheduler:
         self.vms.clear()
         for index in (self._pending, self._roomy, self._idle, self._by_provider_id):
             index.clear()
+        self._due.clear()
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -392,7 +437,7 @@ class Scheduler:
             if status.state is not vm.state:
                 self._push(status)
 
-    def _push(self, item: VmStatus | AttemptEvent) -> None:
+    def _push(self, item: VmStatus | AttemptEvent | CheckpointEvent) -> None:
         self._inbox.append(item)
         self._wake.set()
 
@@ -421,11 +466,15 @@ class Scheduler:
 
         batch = self.store.new_batch()
         self._replan = False
-        await self._execute(starts, launches, cancels, decision.terminations, batch)
+        signals = self._due_checkpoints(now)
+        await self._execute(starts, launches, cancels, decision.terminations, batch, signals)
         await self.store.apply(batch)
         if self.metrics is not None:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
-        return now if self._replan else decision.next_wake_at
+        if self._replan:
+            return now
+        wanted = [t for t in (decision.next_wake_at, self._next_due()) if t is not None]
+        return min(wanted) if wanted else None
 
     # --- commands and events ------------------------------------------------------
 
@@ -488,7 +537,9 @@ class Scheduler:
         return cancels
 
     async def _handle_events(
-        self, batch: WriteBatch, events: list[VmStatus | AttemptEvent] | None = None
+        self,
+        batch: WriteBatch,
+        events: list[VmStatus | AttemptEvent | CheckpointEvent] | None = None,
     ) -> None:
         """Handle events oldest first (by default, every event waiting in the inbox)."""
         if events is None:
@@ -497,6 +548,8 @@ class Scheduler:
         for event in events:
             if isinstance(event, VmStatus):
                 await self._on_status(event, batch)
+            elif isinstance(event, CheckpointEvent):
+                self._on_checkpoint(event, batch)
             else:
                 self._on_attempt_end(event, batch)
 
@@ -527,6 +580,50 @@ class Scheduler:
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
             self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
+
+    def _on_checkpoint(self, event: CheckpointEvent, batch: WriteBatch) -> None:
+        """A checkpoint we asked for ended. Written: the job's saved work moves on to
+        what it had done when signalled, and work from now on is at risk only back to
+        here. Either way the next one is planned."""
+        attempt = self.attempts.get(event.attempt_id)
+        if attempt is None or attempt.signalled_at is None:
+            return  # the attempt ended first: its retry resumes from the last one written
+        attempt.signalled_at = None
+        job = self.jobs.get((attempt.bag_id, attempt.idx))
+        vm = self.vms.get(attempt.vm_id)
+        age_h = (
+            max(0.0, event.requested_at - vm.requested_at) * self.time_scale / 3600.0
+            if vm is not None
+            else 0.0
+        )
+        if event.ok and job is not None:
+            attempt.missed_checkpoints = 0
+            attempt.saved_s += max(0.0, event.requested_at - attempt.mark_at)
+            attempt.mark_at = event.at
+            job.work_saved_s = attempt.saved_s
+            job.checkpoints += 1
+        else:
+            attempt.missed_checkpoints += 1
+            log.warning(
+                "attempt %s did not checkpoint (%s)%s",
+                attempt.id,
+                event.detail or "no reason given",
+                "; not asking it again" if attempt.missed_checkpoints >= 3 else "",
+            )
+        batch.checkpoint(
+            attempt.bag_id,
+            attempt.idx,
+            attempt.number,
+            requested_at=event.requested_at,
+            at=event.at,
+            ok=event.ok and job is not None,
+            work_saved_s=attempt.saved_s,
+            checkpoints=job.checkpoints if job is not None else 0,
+            vm_age_h=age_h,
+            detail=event.detail,
+        )
+        if attempt.state is AttemptState.RUNNING:
+            self._plan_checkpoint(attempt, event.at)
 
     def _on_attempt_end(self, event: AttemptEvent, batch: WriteBatch) -> None:
         attempt = self.attempts.get(event.attempt_id)
@@ -580,8 +677,11 @@ class Scheduler:
         """
         check_transition("attempt", attempt.state, state)
         del self.attempts[attempt.id]
+        attempt.due_at = None
         bag = self.bags[attempt.bag_id]
         bag.live_attempts -= 1
+        if state is AttemptState.PREEMPTED:
+            batch.work_lost(bag.id, max(0.0, at - attempt.mark_at))
         vm = self.vms.get(attempt.vm_id)
         if vm is not None and attempt.id in vm.attempts:
             del vm.attempts[attempt.id]
@@ -615,7 +715,11 @@ class Scheduler:
             job.counted += 1
         job.exit_code = exit_code
         if state is AttemptState.SUCCEEDED:
-            self._job_to(job, JobState.SUCCEEDED, at, batch, "", runtime_s=at - attempt.started_at)
+            # The job's runtime: the work its checkpoints carried over from earlier
+            # attempts plus this attempt's since its last checkpoint (= the attempt's
+            # running time when it never checkpointed). Runtime estimates learn from it.
+            work_s = attempt.saved_s + max(0.0, at - attempt.mark_at)
+            self._job_to(job, JobState.SUCCEEDED, at, batch, "", runtime_s=work_s)
         elif state is AttemptState.LOST or (
             retry
             and state in (AttemptState.PREEMPTED, AttemptState.FAILED)
@@ -880,6 +984,7 @@ class Scheduler:
             now,
             self.executor.log_path(bag.id, job.id, job.attempts),
             bag.shape,
+            saved_s=job.work_saved_s,
         )
         self.attempts[attempt.id] = attempt
         bag.live_attempts += 1
@@ -904,6 +1009,8 @@ class Scheduler:
             max_runtime_s=spec.max_runtime_s,
             estimated_runtime_s=spec.estimated_runtime_s,
             simulation=spec.simulation,
+            resume_work_s=job.work_saved_s if spec.checkpointable else 0.0,
+            checkpoint_cost_s=spec.checkpoint_cost_s,
         )
 
     # --- acting ------------------------------------------------------------------------------
@@ -960,14 +1067,19 @@ class Scheduler:
         cancels: list[str],
         terminations: list[Terminate],
         batch: WriteBatch,
+        signals: Sequence[tuple[str, float]] = (),
     ) -> None:
-        if not (starts or launches or cancels or terminations):
+        if not (starts or launches or cancels or terminations or signals):
             return
         results = await self._run_all(
             [
                 *(lambda s=s: self._start(s) for s in starts),
                 *(lambda v=v: self._launch(v) for v in launches),
                 *(lambda a=a: self._call(self.executor.cancel(a)) for a in cancels),
+                *(
+                    lambda a=a, t=t: self._call(self.executor.signal_checkpoint(a, t))
+                    for a, t in signals
+                ),
             ]
         )
         now = self.clock.now()
@@ -990,6 +1102,7 @@ class Scheduler:
                     "",
                     attempt.log_path,
                 )
+                self._plan_checkpoint(attempt, now)
             else:
                 self._on_attempt_end(
                     AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, error), batch
@@ -1065,6 +1178,79 @@ class Scheduler:
             for vm in vms:
                 vm.terminating = False
                 self._refresh_vm_sets(vm)
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def _plan_checkpoint(self, attempt: AttemptRun, now: float) -> None:
+        """When to signal a running checkpointable attempt next (SPEC.md §4), from its VM's
+        age and its job's remaining work, both in model hours. When the schedule says to
+        run to the end, the plan is reviewed when the job should have ended (a job that
+        outruns its estimate is planned again with a tenth of the estimate left)."""
+        attempt.due_at = None
+        bag = self.bags.get(attempt.bag_id)
+        vm = self.vms.get(attempt.vm_id)
+        settings = self.checkpointing
+        if (
+            bag is None
+            or vm is None
+            or vm.belief is None
+            or not bag.spec.checkpointable
+            or settings.policy == "none"
+            or attempt.cancelling
+            or attempt.missed_checkpoints >= 3
+        ):
+            return
+        to_h = self.time_scale / 3600.0  # real seconds -> model hours
+        step_s = settings.step_s / self.time_scale  # one grid step in real seconds
+        estimate_s = bag.runtime_estimate_s
+        done_s = attempt.saved_s + max(0.0, now - attempt.mark_at)
+        left_s = max(estimate_s - done_s, 0.1 * estimate_s, step_s)
+        age_h = max(0.0, now - vm.requested_at) * to_h
+        delta_h = bag.spec.checkpoint_cost_s * to_h
+        model = vm.belief.model
+        table = None
+        if settings.policy == "optimal" and math.isfinite(model.expected_lifetime_h()):
+            table = self.tables.lookup(model, delta_h, left_s * to_h)
+        interval_h = next_checkpoint_h(settings.policy, model, left_s * to_h, age_h, delta_h, table)
+        if interval_h is None:
+            due = now + left_s  # review
+        else:
+            due = max(now + interval_h / to_h, attempt.mark_at + settings.min_interval_s)
+        attempt.due_at = due
+        heapq.heappush(self._due, (due, attempt.id, interval_h is not None))
+
+    def _next_due(self) -> float | None:
+        while self._due:
+            due, attempt_id, _ = self._due[0]
+            attempt = self.attempts.get(attempt_id)
+            if attempt is not None and attempt.due_at == due:
+                return due
+            heapq.heappop(self._due)  # stale: the attempt ended or was planned again
+        return None
+
+    def _due_checkpoints(self, now: float) -> list[tuple[str, float]]:
+        """Attempts to signal now, with how long each may take to confirm; plans that
+        were due for review are made again."""
+        if self._replan_checkpoints:
+            self._replan_checkpoints = False
+            for attempt in self.attempts.values():
+                if attempt.due_at is not None and attempt.signalled_at is None:
+                    self._plan_checkpoint(attempt, now)
+        signals = []
+        while (due := self._next_due()) is not None and due <= now:
+            _, attempt_id, signal = heapq.heappop(self._due)
+            attempt = self.attempts[attempt_id]
+            attempt.due_at = None
+            if attempt.state is not AttemptState.RUNNING or attempt.cancelling:
+                continue
+            if not signal:
+                self._plan_checkpoint(attempt, now)
+                continue
+            attempt.signalled_at = now
+            spec = self.bags[attempt.bag_id].spec
+            timeout_s = max(self.checkpointing.confirm_timeout_s, 5 * spec.checkpoint_cost_s)
+            signals.append((attempt_id, timeout_s))
+        return signals
 
     # --- observability ---------------------------------------------------------------------
 

@@ -81,6 +81,7 @@ async def simulate(
             catalog=config.catalog(),
             controller_id=f"sim-{seed}",
             book=book,
+            checkpointing=config.checkpoint,
         )
         bag_row, _ = await admit(
             spec,

@@ -150,6 +150,30 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX preemption_models_active ON preemption_models(key) WHERE active = 1;
         """,
     ),
+    (
+        "checkpoints: work each job has saved, every checkpoint, and per bag the time spent "
+        "checkpointing and the work lost to preemptions",
+        """
+        ALTER TABLE jobs ADD COLUMN work_saved_s REAL NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN checkpoints INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE bags ADD COLUMN checkpoints INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE bags ADD COLUMN checkpoint_s REAL NOT NULL DEFAULT 0;
+        ALTER TABLE bags ADD COLUMN lost_s REAL NOT NULL DEFAULT 0;
+        CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY,
+            bag_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            number INTEGER NOT NULL,  -- the attempt
+            requested_at REAL NOT NULL,  -- when the job was signalled
+            at REAL NOT NULL,  -- when it completed (or was given up on)
+            ok INTEGER NOT NULL,
+            work_s REAL NOT NULL,  -- work saved by it, seconds of the job's runtime
+            vm_age_h REAL NOT NULL,  -- model hours, when signalled
+            detail TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX checkpoints_by_job ON checkpoints(bag_id, idx, number);
+        """,
+    ),
 ]
 
 
@@ -194,9 +218,21 @@ class WriteBatch:
         default_factory=lambda: defaultdict(int)
     )
     usage_deltas: dict[str, list[float]] = field(default_factory=dict)
+    progress: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (saved s, count)
+    checkpoints: list[tuple] = field(default_factory=list)
+    checkpoint_deltas: dict[str, list[float]] = field(default_factory=dict)  # n, seconds, lost
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.attempts or self.vms or self.bags or self.transitions)
+        return bool(
+            self.jobs
+            or self.attempts
+            or self.vms
+            or self.bags
+            or self.transitions
+            or self.progress
+            or self.checkpoints
+            or self.checkpoint_deltas
+        )
 
     def size(self) -> int:
         return len(self.jobs) + len(self.attempts) + len(self.vms) + len(self.transitions)
@@ -212,6 +248,12 @@ class WriteBatch:
             self.count_deltas[key] += n
         for bag_id, totals in later.usage_deltas.items():
             mine = self.usage_deltas.setdefault(bag_id, [0, 0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            for i, value in enumerate(totals):
+                mine[i] += value
+        self.progress.update(later.progress)
+        self.checkpoints.extend(later.checkpoints)
+        for bag_id, totals in later.checkpoint_deltas.items():
+            mine = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
             for i, value in enumerate(totals):
                 mine[i] += value
 
@@ -310,6 +352,36 @@ class WriteBatch:
         totals[5] += spot_cost_usd
         totals[6] += on_demand_cost_usd
 
+    def checkpoint(
+        self,
+        bag_id: str,
+        idx: int,
+        number: int,
+        *,
+        requested_at: float,
+        at: float,
+        ok: bool,
+        work_saved_s: float,
+        checkpoints: int,
+        vm_age_h: float,
+        detail: str = "",
+    ) -> None:
+        """One checkpoint of an attempt ended (`ok`: the job wrote it); a written one
+        moves the job's saved work on and adds its duration to the bag's total."""
+        self.checkpoints.append(
+            (bag_id, idx, number, requested_at, at, int(ok), work_saved_s, vm_age_h, detail)
+        )
+        if ok:
+            self.progress[(bag_id, idx)] = (work_saved_s, checkpoints, bag_id, idx)
+            totals = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
+            totals[0] += 1
+            totals[1] += max(0.0, at - requested_at)
+
+    def work_lost(self, bag_id: str, lost_s: float) -> None:
+        """Work a preemption threw away (since the job's last checkpoint)."""
+        totals = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
+        totals[2] += lost_s
+
 
 VM_COLUMNS = (
     "id",
@@ -371,6 +443,23 @@ def _apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
             "spot_cost_usd = spot_cost_usd + ?, on_demand_cost_usd = on_demand_cost_usd + ? "
             "WHERE id = ?",
             [(*totals, bag_id) for bag_id, totals in batch.usage_deltas.items()],
+        )
+    if batch.progress:
+        conn.executemany(
+            "UPDATE jobs SET work_saved_s=?, checkpoints=? WHERE bag_id=? AND idx=?",
+            batch.progress.values(),
+        )
+    if batch.checkpoints:
+        conn.executemany(
+            "INSERT INTO checkpoints (bag_id, idx, number, requested_at, at, ok, work_s, "
+            "vm_age_h, detail) VALUES (?,?,?,?,?,?,?,?,?)",
+            batch.checkpoints,
+        )
+    if batch.checkpoint_deltas:
+        conn.executemany(
+            "UPDATE bags SET checkpoints = checkpoints + ?, checkpoint_s = checkpoint_s + ?, "
+            "lost_s = lost_s + ? WHERE id = ?",
+            [(*totals, bag_id) for bag_id, totals in batch.checkpoint_deltas.items()],
         )
     if batch.bags:
         conn.executemany("UPDATE bags SET state=?, finished_at=? WHERE id=?", batch.bags.values())
@@ -672,12 +761,17 @@ class Store:
                 "jobs": _rows(
                     conn,
                     "SELECT j.bag_id, j.idx, j.params, j.state, j.attempts, j.counted_attempts, "
-                    "j.vm_id, j.started_at FROM jobs j JOIN bags b ON b.id = j.bag_id "
+                    "j.vm_id, j.started_at, j.work_saved_s, j.checkpoints "
+                    "FROM jobs j JOIN bags b ON b.id = j.bag_id "
                     "WHERE b.state = 'active' AND j.state IN ('queued', 'held', 'running') "
                     "ORDER BY b.created_at, j.bag_id, j.idx",
                 ),
+                # With each live attempt, when its last checkpoint completed (if any).
                 "attempts": _rows(
-                    conn, "SELECT * FROM attempts WHERE state IN ('starting', 'running')"
+                    conn,
+                    "SELECT a.*, (SELECT max(c.at) FROM checkpoints c WHERE c.bag_id = a.bag_id "
+                    "AND c.idx = a.idx AND c.number = a.number AND c.ok) AS checkpointed_at "
+                    "FROM attempts a WHERE a.state IN ('starting', 'running')",
                 ),
                 "vms": _rows(conn, "SELECT * FROM vms WHERE state IN ('pending', 'running')"),
             }
@@ -773,6 +867,12 @@ class Store:
                 conn,
                 "SELECT at, from_state, to_state, reason FROM transitions WHERE entity_id = ? ORDER BY id",
                 (job_id_of(bag_id, idx),),
+            )
+            job["checkpoint_list"] = _rows(
+                conn,
+                "SELECT number AS attempt, requested_at, at, ok, work_s, vm_age_h, detail "
+                "FROM checkpoints WHERE bag_id = ? AND idx = ? ORDER BY id",
+                (bag_id, idx),
             )
             return job
 

@@ -62,6 +62,9 @@ def bag_view(bag: dict[str, Any], now: float) -> dict[str, Any]:
             "interrupted_attempts": bag["preemptions"],
             "attempt_hours": _hours(attempt_s),
             "preempted_attempt_hours": _hours(bag["preempted_s"]),
+            "lost_hours": _hours(bag.get("lost_s", 0.0)),
+            "checkpoints": bag.get("checkpoints", 0),
+            "checkpoint_hours": _hours(bag.get("checkpoint_s", 0.0)),
             "vm_hours": _hours(vm_s),
             "spot_cost_usd": spot,
             "on_demand_cost_usd": on_demand,
@@ -86,6 +89,9 @@ def job_view(job: dict[str, Any]) -> dict[str, Any]:
         "started_at": job["started_at"],
         "ended_at": job["ended_at"],
         "runtime_s": job["runtime_s"],
+        "work_saved_s": job.get("work_saved_s", 0.0),
+        "checkpoints": job.get("checkpoints", 0),
+        "checkpoint_list": job.get("checkpoint_list", []),
         "log_path": attempts[-1]["log_path"] if attempts else None,
         "attempt_list": [
             {
@@ -159,8 +165,10 @@ def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) ->
         f"{title}: {view['state']} after {_duration(view['elapsed_s'])}",
         f"  jobs        {c['succeeded']:,} succeeded, {c['failed']:,} failed, {c['cancelled']:,} cancelled"
         f", {c['running']:,} running, {c['queued'] + c['held']:,} waiting (of {view['job_count']:,})",
-        f"  attempts    {u['attempts']:,} ({u['interrupted_attempts']:,} interrupted by VM preemptions, "
-        f"{_duration(u['preempted_attempt_hours'] * 3600)} of work lost)",
+        f"  attempts    {u['attempts']:,} ({u['interrupted_attempts']:,} interrupted by VM preemptions: "
+        f"{_duration(u['preempted_attempt_hours'] * 3600)} of their running time, "
+        f"{_duration(u['lost_hours'] * 3600)} of work lost since the last checkpoint)",
+        f"  checkpoints {u['checkpoints']:,} written, {_duration(u['checkpoint_hours'] * 3600)} spent writing them",
         f"  VM-hours    {u['vm_hours']:.3f}: this bag's share of its VMs (its jobs ran "
         f"{u['attempt_hours']:.3f} h in all, each on part of a VM)",
         f"  cost        spot {_money(u['spot_cost_usd'])} vs on-demand {_money(u['on_demand_cost_usd'])}"

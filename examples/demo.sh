@@ -31,7 +31,8 @@ for _ in $(seq 100); do
 done
 echo "   listening on $(cat "$STATE_DIR/api.url")"
 
-echo "== submitting examples/logistic-sweep.yaml (VMs live 3 model hours on average = 7.5 s here)"
+echo "== submitting examples/logistic-sweep.yaml (checkpointable jobs; VMs die like Google n1-highcpu-16"
+echo "   spot VMs, with 24 model hours = 1 real minute)"
 BAG=$(spotbag submit --quiet examples/logistic-sweep.yaml)
 spotbag watch "$BAG"
 

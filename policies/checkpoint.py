@@ -479,3 +479,25 @@ def _life_from(model: LifetimeModel, rng: np.random.Generator, age_h: float) -> 
         alive = draws[draws > age_h]
         if len(alive):
             return float(alive[0])
+
+
+def next_checkpoint_h(
+    policy: str,
+    model: LifetimeModel,
+    work_left_h: float,
+    age_h: float,
+    delta_h: float,
+    table: CheckpointTable | None = None,
+) -> float | None:
+    """Work (hours) before a running job should next checkpoint, or None to run to the
+    end without one. `policy`: "optimal" looks up the DP `table` at (work left, VM age)
+    and falls back to Young–Daly while none is at hand; "young-daly" checkpoints every
+    sqrt(2·δ·MTTF) (MTTF from the model); "none" never checkpoints. A VM that is never
+    preempted needs no checkpoints."""
+    if policy == "none" or work_left_h <= 0 or not math.isfinite(model.expected_lifetime_h()):
+        return None
+    if policy == "optimal" and table is not None:
+        intervals = table.schedule(work_left_h, age_h).intervals_h
+        return intervals[0] if len(intervals) > 1 else None
+    period_h = math.sqrt(2.0 * delta_h * model.expected_lifetime_h())
+    return period_h if period_h < work_left_h else None

@@ -3,8 +3,9 @@
 Attempt specs and events are NamedTuples (immutable, cheap to create: a large
 simulation makes one of each per attempt).
 
-An executor reports what happens to attempts as `AttemptEvent`s pushed to its
-subscribers. It never decides retries or states: the scheduler does.
+An executor reports what happens to attempts as `AttemptEvent`s (and the
+checkpoints it was asked for as `CheckpointEvent`s) pushed to its subscribers.
+It never decides retries or states: the scheduler does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ class AttemptEvent(NamedTuple):
     detail: str = ""
 
 
+class CheckpointEvent(NamedTuple):
+    """A checkpoint the scheduler asked for ended: the job wrote it (`ok`), or it did
+    not within the time allowed, or the attempt ended first."""
+
+    attempt_id: str
+    requested_at: float  # when the job was signalled, epoch seconds
+    at: float  # when the checkpoint was seen complete (or given up on)
+    ok: bool
+    detail: str = ""
+
+
 class AttemptSpec(NamedTuple):
     """Everything an executor needs to run one attempt of one job."""
 
@@ -46,9 +58,11 @@ class AttemptSpec(NamedTuple):
     max_runtime_s: float
     estimated_runtime_s: float | None = None
     simulation: SimulationHints | None = None
+    resume_work_s: float = 0.0  # work already saved in the job's checkpoint (sim executor)
+    checkpoint_cost_s: float = 0.0  # how long the job takes to write one (sim executor)
 
 
-AttemptListener = Callable[[AttemptEvent], None]
+AttemptListener = Callable[[AttemptEvent | CheckpointEvent], None]
 
 
 class ExecutorError(Exception):
@@ -65,6 +79,10 @@ class Executor(Protocol):
 
     async def start(self, spec: AttemptSpec) -> None:
         """Start the attempt; raise ExecutorError if it cannot start."""
+
+    async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
+        """Ask a running attempt to write a checkpoint now; returns at once. Whether it
+        did (within `timeout_s`) is reported as a CheckpointEvent."""
 
     async def cancel(self, attempt_id: str) -> None:
         """Stop the attempt; its end is reported as an event (Outcome.KILLED)."""

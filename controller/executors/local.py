@@ -27,6 +27,7 @@ from controller.executors.base import (
     AttemptEvent,
     AttemptListener,
     AttemptSpec,
+    CheckpointEvent,
     ExecutorError,
     Outcome,
 )
@@ -34,16 +35,20 @@ from controller.executors.base import (
 RUN_KEY = "SPOTBAG_RUN_KEY"
 
 # Every job runs under this POSIX sh wrapper ($1: the command, $2: the exit-status file).
-# It runs the command in the background of its own process group, forwards TERM and
-# USR1 (the checkpoint signal) to it, and records the command's exit status in $2 once
-# it ends, so that an attempt that finishes while the daemon is down is still known
-# to have finished (recover()). `wait` returns early when a trapped signal arrives,
-# hence the loop until the command is really gone.
+# It runs the command in the background of its own process group, forwards TERM to
+# it, and records the command's exit status in $2 once it ends, so that an attempt
+# that finishes while the daemon is down is still known to have finished (recover()).
+# `wait` returns early when a trapped signal arrives, hence the loop until the command
+# is really gone.
+# The checkpoint signal, SIGUSR1, goes to the whole process group. The wrapper ignores
+# it before it starts the command, so the shells in between (and programs that do not
+# checkpoint) inherit "ignore" and live on, while a program that installs a handler
+# (Python's signal.signal, C's sigaction) gets it.
 WRAPPER = """\
+trap '' USR1
 /bin/sh -c "$1" &
 child=$!
 trap 'kill -TERM "$child" 2>/dev/null' TERM
-trap 'kill -USR1 "$child" 2>/dev/null' USR1
 while :; do
     wait "$child"
     code=$?
@@ -61,6 +66,7 @@ class _Running:
     watcher: asyncio.Task | None = None
     stop_reason: str = ""  # set when we stopped it on purpose
     killed: asyncio.Event = field(default_factory=asyncio.Event)
+    checkpoint: asyncio.Task | None = None  # waiting for a checkpoint it was asked for
 
 
 class LocalExecutor:
@@ -73,12 +79,14 @@ class LocalExecutor:
         controller_id: str,
         now: Callable[[], float],
         kill_grace_s: float = 5.0,
+        checkpoint_poll_s: float = 0.02,
     ) -> None:
         self._logs = state_dir / "logs"
         self._checkpoints = state_dir / "checkpoints"
         self._controller_id = controller_id
         self._now = now
         self._grace_s = kill_grace_s
+        self._checkpoint_poll_s = checkpoint_poll_s
         self._running: dict[str, _Running] = {}
         self._stoppers: set[asyncio.Task] = set()
         self._listeners: list[AttemptListener] = []
@@ -167,9 +175,55 @@ class LocalExecutor:
                 _end_event(spec, process.returncode, running.stop_reason, timed_out, self._now())
             )
 
-    def _emit(self, event: AttemptEvent) -> None:
+    def _emit(self, event: AttemptEvent | CheckpointEvent) -> None:
         for listener in self._listeners:
             listener(event)
+
+    async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
+        """SIGUSR1 to the attempt's process group, then watch its checkpoint directory:
+        the checkpoint is written when a file in it appears or is replaced (temporary
+        names, starting with '.' or ending in '.tmp', do not count: write to one and
+        rename it into place)."""
+        running = self._running.get(attempt_id)
+        if running is None or running.stop_reason or running.checkpoint is not None:
+            return
+        spec = running.spec
+        directory = self.checkpoint_dir(spec.bag_id, spec.job_id)
+        before = await asyncio.to_thread(checkpoint_fingerprint, directory)
+        requested_at = self._now()
+        _signal_group(running.process.pid, signal.SIGUSR1)
+        running.checkpoint = asyncio.create_task(
+            self._await_checkpoint(running, directory, before, requested_at, timeout_s),
+            name=f"checkpoint {attempt_id}",
+        )
+
+    async def _await_checkpoint(
+        self,
+        running: _Running,
+        directory: Path,
+        before: tuple,
+        requested_at: float,
+        timeout_s: float,
+    ) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        ok, detail = False, f"no checkpoint written within {timeout_s:g} s"
+        try:
+            while True:
+                ended = running.process.returncode is not None
+                if await asyncio.to_thread(checkpoint_fingerprint, directory) != before:
+                    ok, detail = True, ""
+                    break
+                if ended:
+                    detail = "the attempt ended before it wrote the checkpoint"
+                    break
+                if asyncio.get_running_loop().time() >= deadline:
+                    break
+                await asyncio.sleep(self._checkpoint_poll_s)
+        finally:
+            running.checkpoint = None
+            self._emit(
+                CheckpointEvent(running.spec.attempt_id, requested_at, self._now(), ok, detail)
+            )
 
     async def _stop(self, running: _Running, reason: str, *, grace_s: float) -> None:
         running.stop_reason = running.stop_reason or reason
@@ -287,6 +341,23 @@ def _read_exit_status(path: Path) -> tuple[int, float] | None:
         return int(path.read_text().strip()), path.stat().st_mtime
     except (OSError, ValueError):
         return None
+
+
+def checkpoint_fingerprint(directory: Path) -> tuple:
+    """What identifies the checkpoint files in `directory` now: (name, inode, mtime,
+    size) of each, temporary names left out. A rename into place changes the inode."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return ()
+    found = []
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name.endswith(".tmp"):
+            continue
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            found.append((entry.name, st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(sorted(found))
 
 
 def _prepare_dirs(*paths: Path) -> None:

@@ -5,6 +5,10 @@ An attempt's runtime is the bag's `simulation.runtime_s`, else its
 it is lognormal with that mean and coefficient of variation. An attempt fails
 with `simulation.failure_probability`. Runtimes beyond max_runtime_s time out.
 Draws come from one seeded generator in start order, so a run is reproducible.
+
+Checkpoints: an attempt runs only the work its job has not saved yet
+(`resume_work_s`). Asked to checkpoint, it pauses for `checkpoint_cost_s`, then
+reports the checkpoint written and carries on; its end moves back by that much.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from controller.executors.base import AttemptEvent, AttemptListener, AttemptSpec, Outcome
+from controller.executors.base import (
+    AttemptEvent,
+    AttemptListener,
+    AttemptSpec,
+    CheckpointEvent,
+    Outcome,
+)
 
 
 class SimExecutor:
@@ -32,6 +42,8 @@ class SimExecutor:
         self._call_at = call_at
         self._rng = rng
         self._timers: dict[str, tuple[str, Any]] = {}  # attempt id -> (vm id, timer)
+        self._ends: dict[str, tuple[AttemptSpec, AttemptEvent, float]] = {}  # -> (spec, end, at)
+        self._writing: dict[str, Any] = {}  # attempt id -> timer of its checkpoint in progress
         self._by_vm: dict[str, dict[str, None]] = {}  # vm id -> its attempt ids (ordered)
         self._normals: list[float] = []  # standard normal draws, taken in blocks (fast)
         self._listeners: list[AttemptListener] = []
@@ -56,7 +68,7 @@ class SimExecutor:
         return math.exp(math.log(mean) - sigma2 / 2 + math.sqrt(sigma2) * z)
 
     async def start(self, spec: AttemptSpec) -> None:
-        runtime_s = self._runtime_s(spec)
+        runtime_s = max(0.0, self._runtime_s(spec) - spec.resume_work_s)
         hints = spec.simulation
         fails = bool(
             hints and hints.failure_probability and self._rng.random() < hints.failure_probability
@@ -74,12 +86,37 @@ class SimExecutor:
             end = AttemptEvent(spec.attempt_id, 0.0, Outcome.EXITED, hints.failure_exit_code)
         else:
             end = AttemptEvent(spec.attempt_id, 0.0, Outcome.EXITED, 0)
-        timer = self._call_at(self._now() + runtime_s, lambda: self._finish(end))
+        end_at = self._now() + runtime_s
+        timer = self._call_at(end_at, lambda: self._finish(end))
         self._timers[spec.attempt_id] = (spec.vm_id, timer)
+        self._ends[spec.attempt_id] = (spec, end, end_at)
         self._by_vm.setdefault(spec.vm_id, {})[spec.attempt_id] = None
+
+    async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
+        if attempt_id not in self._timers or attempt_id in self._writing:
+            return
+        spec, end, end_at = self._ends[attempt_id]
+        requested_at = self._now()
+        cost_s = spec.checkpoint_cost_s
+        if end.outcome is not Outcome.TIMED_OUT:  # a time limit does not move
+            vm_id, timer = self._timers[attempt_id]
+            timer.cancel()
+            end_at += cost_s
+            self._timers[attempt_id] = (vm_id, self._call_at(end_at, lambda: self._finish(end)))
+            self._ends[attempt_id] = (spec, end, end_at)
+
+        def written() -> None:
+            self._writing.pop(attempt_id, None)
+            self._emit(CheckpointEvent(attempt_id, requested_at, self._now(), True))
+
+        self._writing[attempt_id] = self._call_at(requested_at + cost_s, written)
 
     def _forget(self, attempt_id: str) -> Any:
         vm_id, timer = self._timers.pop(attempt_id)
+        self._ends.pop(attempt_id, None)
+        writing = self._writing.pop(attempt_id, None)
+        if writing is not None:
+            writing.cancel()
         self._by_vm[vm_id].pop(attempt_id, None)
         return timer
 
@@ -89,7 +126,7 @@ class SimExecutor:
             AttemptEvent(end.attempt_id, self._now(), end.outcome, end.exit_code, end.detail)
         )
 
-    def _emit(self, event: AttemptEvent) -> None:
+    def _emit(self, event: AttemptEvent | CheckpointEvent) -> None:
         for listener in self._listeners:
             listener(event)
 
@@ -99,8 +136,9 @@ class SimExecutor:
             self._emit(AttemptEvent(attempt_id, self._now(), Outcome.KILLED, None, "cancelled"))
 
     async def vm_lost(self, vm_id: str) -> None:
-        for attempt_id in list(self._by_vm.pop(vm_id, {})):
-            self._timers.pop(attempt_id)[1].cancel()
+        for attempt_id in list(self._by_vm.get(vm_id, {})):
+            self._forget(attempt_id).cancel()
+        self._by_vm.pop(vm_id, None)
 
     async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
         return {a for a in attempt_ids if a in self._timers}
@@ -108,5 +146,9 @@ class SimExecutor:
     async def shutdown(self) -> None:
         for _, timer in self._timers.values():
             timer.cancel()
+        for timer in self._writing.values():
+            timer.cancel()
         self._timers.clear()
+        self._ends.clear()
+        self._writing.clear()
         self._by_vm.clear()

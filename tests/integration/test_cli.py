@@ -209,7 +209,10 @@ def test_logs_follow_a_job_through_its_retries(make_daemon, tmp_path):
         "account": "lab",
         "max_runtime_s": 30,
         "retryable_exit_codes": [75],
-        "command": 'echo "attempt $SPOTBAG_ATTEMPT"; sleep 1; [ "$SPOTBAG_ATTEMPT" -gt 1 ] || exit 75',
+        # The first attempt lasts long enough that `logs --follow` (which starts with
+        # the latest attempt) surely starts during it, even on a loaded machine.
+        "command": 'echo "attempt $SPOTBAG_ATTEMPT"; if [ "$SPOTBAG_ATTEMPT" = 1 ]; then '
+        "sleep 4; exit 75; fi; sleep 1",
     }
     bag_id = spotbag(
         "submit", "-", "-q", state_dir=daemon.state_dir, input_text=json.dumps(spec)
