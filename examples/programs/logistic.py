@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=3.0, help="target wall time")
     parser.add_argument("--chunks", type=int, default=200, help="checkpointable points")
+    parser.add_argument("--progress", action="store_true", help="print every chunk done")
     args = parser.parse_args()
     signal.signal(signal.SIGUSR1, request_checkpoint)
 
@@ -63,6 +64,8 @@ def main() -> None:
             x = args.r * x * (1.0 - x)
             total += math.log(max(abs(args.r * (1.0 - 2.0 * x)), 1e-300))
         done = min(args.iterations, done + per_chunk)
+        if args.progress:
+            print(f"iteration {done}", flush=True)
         if checkpoint_requested:
             checkpoint_requested = False
             save(checkpoint, {"x": x, "done": done, "total": total})

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.executors.base import AttemptEvent, AttemptSpec, ExecutorError, Outcome
-from controller.executors.local import LocalExecutor, kill_orphans
+from controller.executors.base import (
+    AttemptEvent,
+    AttemptSpec,
+    CheckpointEvent,
+    ExecutorError,
+    Outcome,
+)
+from controller.executors.local import LocalExecutor, checkpoint_fingerprint, kill_orphans
 
 
 def spec(
@@ -139,3 +145,112 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+# --- checkpoints -------------------------------------------------------------------------
+
+CHECKPOINTER = r"""
+import os, signal, sys, time
+from pathlib import Path
+asked = []
+signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
+out = Path(os.environ["SPOTBAG_CHECKPOINT_DIR"]) / "state"
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    if asked:
+        asked.clear()
+        tmp = out.with_name(".state.tmp")
+        tmp.write_text(str(time.time()))
+        time.sleep(0.2)  # a slow write: only the rename completes it
+        os.replace(tmp, out)
+        print("checkpointed", flush=True)
+    time.sleep(0.01)
+"""
+
+
+async def _checkpoint_events(executor, n: int, timeout_s: float = 20.0) -> list[CheckpointEvent]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [e for e in executor.events if isinstance(e, CheckpointEvent)]
+        if len(found) >= n:
+            return found
+        assert time.monotonic() < deadline, "no checkpoint event"
+        await asyncio.sleep(0.02)
+
+
+async def _wait_for_line(path: Path, text: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("shell", ["direct", "compound"])
+async def test_a_job_that_handles_sigusr1_checkpoints_and_goes_on(executor, tmp_path, shell):
+    program = tmp_path / "checkpointer.py"
+    program.write_text(CHECKPOINTER)
+    command = f"python3 {program} 3"
+    if shell == "compound":  # shells in between must survive the signal
+        command = f"cd {tmp_path} && {command} && echo done"
+    attempt = spec(command)
+    await executor.start(attempt)
+    log = Path(executor.log_path(attempt.bag_id, attempt.job_id, 1))
+    await _wait_for_line(log, "ready")
+    asked_at = time.time()
+    await executor.signal_checkpoint(attempt.attempt_id, timeout_s=10)
+    (event,) = await _checkpoint_events(executor, 1)
+    assert event.ok and event.detail == ""
+    # Complete only once renamed into place, i.e. after the 0.2 s write.
+    assert event.requested_at >= asked_at and event.at - event.requested_at >= 0.2
+    assert (executor.checkpoint_dir(attempt.bag_id, attempt.job_id) / "state").exists()
+    await executor.signal_checkpoint(attempt.attempt_id, timeout_s=10)
+    await _checkpoint_events(executor, 2)
+    while not any(isinstance(e, AttemptEvent) for e in executor.events):
+        await asyncio.sleep(0.05)
+    (end,) = [e for e in executor.events if isinstance(e, AttemptEvent)]
+    assert end.outcome is Outcome.EXITED and end.exit_code == 0
+    assert log.read_text().count("checkpointed") == 2
+    if shell == "compound":
+        assert log.read_text().endswith("done\n")
+
+
+async def test_a_job_that_ignores_the_signal_is_not_killed_by_it(executor):
+    attempt = spec("sleep 1.5; echo survived")
+    await executor.start(attempt)
+    await asyncio.sleep(0.2)
+    await executor.signal_checkpoint(attempt.attempt_id, timeout_s=0.5)
+    (event,) = await _checkpoint_events(executor, 1)
+    assert not event.ok and "no checkpoint written within 0.5 s" in event.detail
+    while not any(isinstance(e, AttemptEvent) for e in executor.events):
+        await asyncio.sleep(0.05)
+    (end,) = [e for e in executor.events if isinstance(e, AttemptEvent)]
+    assert end.outcome is Outcome.EXITED and end.exit_code == 0
+    log = Path(executor.log_path(attempt.bag_id, attempt.job_id, 1))
+    assert log.read_text() == "survived\n"
+
+
+async def test_a_job_that_ends_before_checkpointing_reports_it(executor):
+    attempt = spec("sleep 0.3")
+    await executor.start(attempt)
+    await executor.signal_checkpoint(attempt.attempt_id, timeout_s=30)
+    (event,) = await _checkpoint_events(executor, 1, timeout_s=10)
+    assert not event.ok and "ended before" in event.detail
+    # Signalling an attempt that is not running does nothing.
+    await executor.signal_checkpoint("b0000000001-9.1", timeout_s=1)
+    await asyncio.sleep(0.1)
+    assert len([e for e in executor.events if isinstance(e, CheckpointEvent)]) == 1
+
+
+def test_temporary_files_do_not_count_as_a_checkpoint(tmp_path):
+    empty = checkpoint_fingerprint(tmp_path / "missing")
+    assert empty == ()
+    (tmp_path / ".state.tmp").write_text("half")
+    (tmp_path / "state.json.tmp").write_text("half")
+    assert checkpoint_fingerprint(tmp_path) == ()
+    (tmp_path / ".state.tmp").replace(tmp_path / "state.json")
+    first = checkpoint_fingerprint(tmp_path)
+    assert [name for name, *_ in first] == ["state.json"]
+    (tmp_path / "next.tmp").write_text("again")
+    (tmp_path / "next.tmp").replace(tmp_path / "state.json")
+    assert checkpoint_fingerprint(tmp_path) != first
