@@ -632,6 +632,87 @@ def _print_fit_table(groups, skipped: list[str], method: str, classic_deadline: 
         console.print(f"skipped (too few lifetimes): {', '.join(skipped)}", highlight=False)
 
 
+@cli.command("checkpoint-plan")
+@click.option(
+    "--model",
+    "model_key",
+    required=True,
+    help="Preemption model key, e.g. gce/n1-highcpu-16 (the shipped registry, or --registry).",
+)
+@click.option("--work", required=True, help="The job's work: 5h, 90m, 1h30m, ...")
+@click.option("--delta", default="1m", show_default=True, help="Time to write one checkpoint.")
+@click.option("--age", default="0h", show_default=True, help="Age of the VM the job starts on.")
+@click.option("--restart", default="0m", show_default=True, help="Time to get a fresh VM.")
+@click.option("--step", default="1m", show_default=True, help="Grid of the optimal schedule.")
+@click.option(
+    "--compare",
+    multiple=True,
+    help="Also evaluate: young-daly, none (no checkpoints) or periodic:<duration>; repeatable.",
+)
+@click.option("--mttf", help="MTTF for young-daly (default: the model's mean lifetime).")
+@click.option("--registry", "registry_path", default="", help="A model registry JSON file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the schedules as JSON.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    help="Save the checkpoint times over the hazard rate to this PNG.",
+)
+@click.pass_context
+def checkpoint_plan_command(
+    ctx: click.Context,
+    model_key: str,
+    work: str,
+    delta: str,
+    age: str,
+    restart: str,
+    step: str,
+    compare: tuple[str, ...],
+    mttf: str | None,
+    registry_path: str,
+    as_json: bool,
+    plot_path: str | None,
+) -> None:
+    """When a job should checkpoint (the optimal schedule of SPEC.md §4), and the
+    expected overhead of each policy, under a VM type's preemption model."""
+    from controller import checkpoint_plan as cp
+    from controller.checkpoint_tables import TableCache
+
+    try:
+        model, found_key = cp.resolve_model(model_key, registry_path)
+        request = cp.PlanRequest(
+            model=model,
+            model_key=found_key,
+            work_h=cp.parse_duration_h(work, "--work"),
+            delta_h=cp.parse_duration_h(delta, "--delta"),
+            start_age_h=cp.parse_duration_h(age, "--age"),
+            restart_h=cp.parse_duration_h(restart, "--restart"),
+            step_h=cp.parse_duration_h(step, "--step"),
+            compare=compare,
+            mttf_h=cp.parse_duration_h(mttf, "--mttf") if mttf else None,
+        )
+        cp.validate(request)
+    except (cp.PlanError, OSError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    state_dir = ctx.obj.get("state_dir")
+    tables = TableCache(
+        Path(state_dir) / "checkpoint-tables" if state_dir else None,
+        step_h=request.step_h,
+        restart_h=request.restart_h,
+        max_work_h=max(24.0, request.work_h),
+        inline=True,
+    )
+    schedules = cp.plan(request, tables)
+    if as_json:
+        click.echo(json.dumps(cp.as_dict(request, schedules), indent=2))
+    else:
+        click.echo(cp.render(request, schedules))
+    sys.stdout.flush()
+    if plot_path:
+        cp.write_plot(request, schedules, plot_path)
+        err_console.print(f"plot written to {plot_path}")
+
+
 @cli.group()
 def config() -> None:
     """Show or check configuration."""

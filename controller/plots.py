@@ -101,3 +101,121 @@ def plot_reuse_evaluation(
     figure.tight_layout()
     figure.savefig(out, dpi=110)
     plt.close(figure)
+
+
+def plot_checkpoint_evaluation(
+    ages_h: np.ndarray,
+    by_age: Mapping[str, np.ndarray],
+    lengths_h: np.ndarray,
+    by_length: Mapping[str, np.ndarray],
+    job_h: float,
+    title: str,
+    out: str | Path,
+    target: float = 0.05,
+) -> None:
+    """Expected checkpointing overhead (expected makespan / work - 1) of each policy: for a
+    `job_h` job by the VM age it starts at, and for jobs of each length on a fresh VM
+    (the paper's figure 8). `by_age` / `by_length` map a policy label to overheads
+    (fractions); the first policy is drawn solid, the others dashed."""
+    plt = _pyplot()
+    figure, (age_axis, length_axis) = plt.subplots(1, 2, figsize=(12, 4.2))
+    markers = "os^vDx"
+    for axis, x, curves in ((age_axis, ages_h, by_age), (length_axis, lengths_h, by_length)):
+        for k, (label, overhead) in enumerate(curves.items()):
+            axis.plot(
+                x,
+                100.0 * np.asarray(overhead, dtype=float),
+                marker=markers[k % len(markers)],
+                linestyle="-" if k == 0 else "--",
+                markersize=4,
+                label=label,
+            )
+        axis.axhline(100.0 * target, color="gray", linestyle=":", label=f"{100 * target:g}%")
+        axis.set_ylim(bottom=0.0)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    age_axis.set(
+        title=f"{title}: {job_h:g}-hour job by VM age at start",
+        xlabel="VM age when the job starts (hours)",
+        ylabel="expected increase in running time (%)",
+    )
+    length_axis.set(
+        title=f"{title}: jobs started on a fresh VM",
+        xlabel="job length (hours of work)",
+        ylabel="expected increase in running time (%)",
+    )
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+
+
+def plot_checkpoint_plan(model, schedules, start_age_h: float, out: str | Path) -> None:
+    """The checkpoint times of one or more schedules (policies.checkpoint.Schedule), one
+    row per policy labelled with its expected overhead, on the time since the job
+    started (if nothing fails), over the model's hazard rate at the VM's age then
+    (start age + elapsed; the deadline mass is not drawn)."""
+    plt = _pyplot()
+    schedules = list(schedules)
+    figure, rows_axis = plt.subplots(figsize=(12, 1.6 + 0.7 * max(1, len(schedules))))
+    spans = [sum(s.intervals_h) + s.delta_h * s.checkpoints for s in schedules]
+    span = max(spans, default=1.0) or 1.0
+
+    # The hazard, behind the rows, on its own axis.
+    hazard_axis = rows_axis.twinx()
+    rows_axis.set_zorder(hazard_axis.get_zorder() + 1)
+    rows_axis.patch.set_visible(False)
+    elapsed = np.linspace(0.0, span, 800)
+    hazard = np.asarray(model.hazard(start_age_h + elapsed), dtype=float)
+    shown = np.isfinite(hazard)
+    hazard_axis.fill_between(elapsed[shown], hazard[shown], color="tab:red", alpha=0.12, lw=0)
+    hazard_axis.plot(elapsed[shown], hazard[shown], color="tab:red", alpha=0.6, lw=1)
+    positive = hazard[shown]
+    if positive.size and (positive > 0).all():
+        hazard_axis.set_yscale("log")
+    hazard_axis.set_ylabel(f"hazard at VM age {start_age_h:g} h + elapsed (1/h)", color="tab:red")
+    hazard_axis.tick_params(axis="y", colors="tab:red")
+    if model.L is not None and start_age_h + span > model.L:
+        rows_axis.axvline(model.L - start_age_h, color="black", linestyle=":", lw=1)
+        rows_axis.text(
+            model.L - start_age_h, len(schedules) - 0.5, " deadline", fontsize=8, va="top"
+        )
+
+    labels = []
+    for row, (schedule, end) in enumerate(zip(schedules, spans, strict=True)):
+        y = len(schedules) - 1 - row  # the first schedule on top
+        times = schedule.checkpoint_times_h()
+        rows_axis.plot([0.0, end], [y, y], color="gray", lw=1)
+        rows_axis.plot([0.0, end], [y, y], "|", color="gray", markersize=12)
+        for t in times:  # each checkpoint takes δ
+            rows_axis.plot([t, t + schedule.delta_h], [y, y], color="tab:blue", lw=6)
+        rows_axis.plot(times, [y] * len(times), "v", color="tab:blue", markersize=6)
+        if len(schedule.intervals_h) <= 16:
+            starts = [0.0] + [t + schedule.delta_h for t in times]
+            for begin, interval in zip(starts, schedule.intervals_h, strict=True):
+                rows_axis.text(
+                    begin + interval / 2,
+                    y + 0.12,
+                    f"{interval * 60:.0f}",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
+        labels.append(
+            f"{schedule.policy}\n{schedule.checkpoints} checkpoints, "
+            f"overhead {100 * schedule.overhead:.1f}%"
+        )
+    rows_axis.set_yticks(range(len(schedules)), list(reversed(labels)), fontsize=8)
+    rows_axis.set_ylim(-0.6, len(schedules) - 0.4)
+    rows_axis.set_xlim(0.0, span * 1.01)
+    work = schedules[0].work_h if schedules else 0.0
+    delta_min = schedules[0].delta_h * 60 if schedules else 0.0
+    rows_axis.set(
+        title=(
+            f"checkpoints of a {work:g}-hour job started at VM age {start_age_h:g} h "
+            f"(δ = {delta_min:g} min; numbers: minutes of work between checkpoints)"
+        ),
+        xlabel="hours since the job started (if nothing fails)",
+    )
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
