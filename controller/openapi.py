@@ -30,7 +30,16 @@ _USAGE = {
         "attempts": _INT,
         "interrupted_attempts": {**_INT, "description": "Attempts cut short by a VM preemption."},
         "attempt_hours": _NUM,
-        "preempted_attempt_hours": _NUM,
+        "preempted_attempt_hours": {
+            **_NUM,
+            "description": "Running time of the attempts a preemption cut short.",
+        },
+        "lost_hours": {
+            **_NUM,
+            "description": "Work those preemptions lost: the time since each one's last checkpoint.",
+        },
+        "checkpoints": {**_INT, "description": "Checkpoints the bag's jobs wrote."},
+        "checkpoint_hours": {**_NUM, "description": "Time spent writing them."},
         "vm_hours": {**_NUM, "description": "The bag's share of its VMs' time."},
         "spot_cost_usd": _NUM,
         "on_demand_cost_usd": {**_NUM, "description": "The same VM-hours at on-demand prices."},
@@ -115,7 +124,33 @@ _SCHEMAS: dict[str, Any] = {
             "vm_id": {"type": ["string", "null"]},
             "started_at": _NULLABLE_NUM,
             "ended_at": _NULLABLE_NUM,
-            "runtime_s": _NULLABLE_NUM,
+            "runtime_s": {
+                **_NULLABLE_NUM,
+                "description": "Work it took: its last attempt plus what earlier ones checkpointed.",
+            },
+            "work_saved_s": {
+                **_NUM,
+                "description": "Runtime its last checkpoint holds; a retry resumes there.",
+            },
+            "checkpoints": _INT,
+            "checkpoint_list": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "attempt": _INT,
+                        "requested_at": {**_NUM, "description": "When the job was signalled."},
+                        "at": {**_NUM, "description": "When the checkpoint was seen complete."},
+                        "ok": {
+                            **_INT,
+                            "description": "1: written; 0: not within the time allowed.",
+                        },
+                        "work_s": {**_NUM, "description": "Work saved by it, seconds of runtime."},
+                        "vm_age_h": {**_NUM, "description": "VM age when signalled, model hours."},
+                        "detail": _STR,
+                    },
+                },
+            },
             "log_path": {"type": ["string", "null"]},
             "attempt_list": {"type": "array", "items": {"$ref": "#/components/schemas/Attempt"}},
             "transitions": {"type": "array", "items": {"type": "object"}},
