@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/accept_bag.py
 	$(BIN)/python bench/simulate_fleet.py
 	$(BIN)/python bench/preemption_models.py
+	$(BIN)/python bench/checkpoint_schedules.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

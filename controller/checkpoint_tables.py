@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.checkpoint import CheckpointTable, build_table
+from policies.checkpoint import CheckpointTable, build_table, delta_steps
 from policies.preemption import LifetimeModel
 
 log = logging.getLogger("spotbag.checkpoints")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SIZE_LADDER_H = (1.0, 2.0, 4.0, 8.0, 16.0, 24.0)
 
 TableKey = tuple[LifetimeModel, int, float, float, float]  # model, δ steps, R h, step h, size h
@@ -76,9 +76,14 @@ class TableCache:
         self.loaded = 0  # tables read from disk
 
     def key(self, model: LifetimeModel, delta_h: float, work_h: float) -> TableKey:
-        delta_steps = max(0, round(delta_h / self.step_h))
         size = table_size_h(work_h, self.max_work_h)
-        return (model, delta_steps, round(self.restart_h, 9), self.step_h, size)
+        return (
+            model,
+            delta_steps(delta_h, self.step_h),
+            round(self.restart_h, 9),
+            self.step_h,
+            size,
+        )
 
     def lookup(self, model: LifetimeModel, delta_h: float, work_h: float) -> CheckpointTable | None:
         """The table for (model, δ) that covers `work_h`, or None while it is being solved
@@ -138,8 +143,8 @@ class TableCache:
                 with self._lock:
                     self.loaded += 1
                 return table
-        model, delta_steps, restart_h, step_h, size_h = key
-        table = build_table(model, size_h, delta_steps * step_h, restart_h, step_h)
+        model, delta, restart_h, step_h, size_h = key
+        table = build_table(model, size_h, delta * step_h, restart_h, step_h)
         with self._lock:
             self.solved += 1
         if path is not None:
@@ -159,9 +164,9 @@ def _sizes_from(size_h: float, max_work_h: float) -> list[float]:
 
 
 def _describe(key: TableKey) -> str:
-    model, delta_steps, restart_h, step_h, size_h = key
+    model, delta, restart_h, step_h, size_h = key
     return (
-        f"v{FORMAT_VERSION} {model!r} delta_steps={delta_steps} restart_h={restart_h!r} "
+        f"v{FORMAT_VERSION} {model!r} delta_steps={delta} restart_h={restart_h!r} "
         f"step_h={step_h!r} size_h={size_h!r}"
     )
 
@@ -174,7 +179,14 @@ def _save(path: Path, description: str, table: CheckpointTable) -> None:
             out,
             key=np.array(description),
             scalars=np.array(
-                [table.step_h, table.delta_steps, table.restart_h, table.max_steps, table.ages]
+                [
+                    table.step_h,
+                    table.delta_steps,
+                    table.restart_h,
+                    table.max_steps,
+                    table.ages,
+                    float(table.deadline),
+                ]
             ),
             makespan=table.makespan,
             choice=table.choice,
@@ -188,15 +200,16 @@ def _load(path: Path, description: str) -> CheckpointTable | None:
         with np.load(path, allow_pickle=False) as data:
             if str(data["key"]) != description:
                 return None  # a hash collision or an older format: solve again
-            step_h, delta_steps, restart_h, max_steps, ages = data["scalars"].tolist()
+            step_h, delta, restart_h, max_steps, ages, deadline = data["scalars"].tolist()
             return CheckpointTable(
                 step_h,
-                int(delta_steps),
+                int(delta),
                 restart_h,
                 int(max_steps),
                 int(ages),
                 data["makespan"],
                 data["choice"],
+                bool(deadline),
             )
     except FileNotFoundError:
         return None

@@ -156,7 +156,7 @@ def plot_checkpoint_plan(model, schedules, start_age_h: float, out: str | Path) 
     (start age + elapsed; the deadline mass is not drawn)."""
     plt = _pyplot()
     schedules = list(schedules)
-    figure, rows_axis = plt.subplots(figsize=(12, 1.6 + 0.7 * max(1, len(schedules))))
+    figure, rows_axis = plt.subplots(figsize=(12, 2.4 + 0.7 * max(1, len(schedules))))
     spans = [sum(s.intervals_h) + s.delta_h * s.checkpoints for s in schedules]
     span = max(spans, default=1.0) or 1.0
 
@@ -169,10 +169,12 @@ def plot_checkpoint_plan(model, schedules, start_age_h: float, out: str | Path) 
     shown = np.isfinite(hazard)
     hazard_axis.fill_between(elapsed[shown], hazard[shown], color="tab:red", alpha=0.12, lw=0)
     hazard_axis.plot(elapsed[shown], hazard[shown], color="tab:red", alpha=0.6, lw=1)
-    positive = hazard[shown]
-    if positive.size and (positive > 0).all():
-        hazard_axis.set_yscale("log")
-    hazard_axis.set_ylabel(f"hazard at VM age {start_age_h:g} h + elapsed (1/h)", color="tab:red")
+    drawn = hazard[shown]
+    if drawn.size and (drawn > 0).all() and drawn.max() > 20 * drawn.min():
+        hazard_axis.set_yscale("log")  # the bathtub's steep ends
+    else:
+        hazard_axis.set_ylim(bottom=0.0)
+    hazard_axis.set_ylabel("hazard at the VM's age (1/h)", color="tab:red")
     hazard_axis.tick_params(axis="y", colors="tab:red")
     if model.L is not None and start_age_h + span > model.L:
         rows_axis.axvline(model.L - start_age_h, color="black", linestyle=":", lw=1)

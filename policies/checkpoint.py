@@ -63,6 +63,7 @@ class Schedule:
         return times
 
 
+_FLOAT32_SAFE_S = 0.05  # ages with S(t) below this are ranked in float64 (build_table)
 _SNAP_H = 1e-9  # ages this close to the deadline are the deadline (sums of steps round)
 
 
@@ -84,7 +85,8 @@ def _segment(model: LifetimeModel, age_h: float, duration_h: float) -> tuple[flo
     fail = float(model.mass(age_h, end_h))
     p = max(0.0, 1.0 - fail / alive)
     lost = (float(model.first_moment(age_h, end_h)) - age_h * fail) / fail if fail > 0 else 0.0
-    return p, lost
+    # The loss lies in [0, duration]; a tiny failure mass can round it outside.
+    return p, min(max(lost, 0.0), end_h - age_h)
 
 
 def expected_makespan(
@@ -142,42 +144,70 @@ def _fixed_makespan(
     """E(0, start age) of `expected_makespan`. `after_failure(work left)`, when given, is
     the time to finish after a restart; but a schedule that IS the fresh plan for its
     work (`is_fresh_plan`) restarts itself after a failure in its first segment, which
-    puts E(0, 0) on both sides: closed form."""
+    puts E(0, 0) on both sides: closed form.
+
+    Iterative (no recursion limit on long schedules): E(k, 0) after a restart at
+    segment k is solved for k = n-1 down to 0, each from the no-failure path that
+    starts there on a fresh VM; the segment probabilities of a path are one
+    vectorised model call. O(n²) arithmetic, O(n) model calls."""
     n = len(intervals)
     if n == 0:
         return 0.0
-    durations = [w + (delta_h if k < n - 1 else 0.0) for k, w in enumerate(intervals)]
-    work_from = [sum(intervals[k:]) for k in range(n)]
+    durations = np.array([w + (delta_h if k < n - 1 else 0.0) for k, w in enumerate(intervals)])
+    work_from = np.cumsum(np.asarray(intervals, dtype=float)[::-1])[::-1]
 
     def closed_form(k: int) -> bool:
         return after_failure is None or (k == 0 and is_fresh_plan)
 
-    @functools.cache
-    def from_restart(k: int) -> float:
-        if k == n:
+    from_restart = np.zeros(n + 1)  # E(k, 0) after a preemption in segment k
+
+    def along_path(k0: int, age_h: float) -> float:
+        """E(k0, age): the segments k0.. from a VM of that age, failures restarting."""
+        if k0 == n:
             return 0.0
+        d = durations[k0:]
+        ages = age_h + np.concatenate(([0.0], np.cumsum(d[:-1])))
+        p, lost = _segments(model, ages, d)
+        value = 0.0
+        for j in range(n - 1, k0 - 1, -1):
+            pj, again = p[j - k0], from_restart[j]
+            if math.isinf(again) and pj < 1:
+                value = math.inf
+                continue
+            ahead = value if pj > 0 else 0.0
+            value = pj * (d[j - k0] + ahead) + (1 - pj) * (lost[j - k0] + restart_h + again)
+        return float(value)
+
+    for k in range(n - 1, -1, -1):
         if not closed_form(k):
-            return after_failure(work_from[k])
-        p, lost = _segment(model, 0.0, durations[k])
-        if p <= 0:
-            return math.inf
-        rest = from_age(k + 1, durations[k])
-        return (p * (durations[k] + rest) + (1 - p) * (lost + restart_h)) / p
+            from_restart[k] = after_failure(float(work_from[k]))
+            continue
+        p0, lost0 = _segment(model, 0.0, float(durations[k]))
+        if p0 <= 0:
+            from_restart[k] = math.inf
+            continue
+        rest = along_path(k + 1, float(durations[k]))
+        from_restart[k] = (p0 * (durations[k] + rest) + (1 - p0) * (lost0 + restart_h)) / p0
+    if float(start_age_h) == 0.0 and closed_form(0):
+        return float(from_restart[0])
+    return along_path(0, float(start_age_h))
 
-    @functools.cache
-    def from_age(k: int, age_h: float) -> float:
-        if k == n:
-            return 0.0
-        if age_h == 0.0 and closed_form(k):
-            return from_restart(k)
-        p, lost = _segment(model, age_h, durations[k])
-        again = from_restart(k)
-        if math.isinf(again) and p < 1:
-            return math.inf
-        ahead = from_age(k + 1, age_h + durations[k]) if p > 0 else 0.0
-        return p * (durations[k] + ahead) + (1 - p) * (lost + restart_h + again)
 
-    return from_age(0, float(start_age_h))
+def _segments(
+    model: LifetimeModel, ages_h: np.ndarray, durations_h: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_segment` for many segments at once: (p survive, expected loss if not)."""
+    ages = _snap(model, np.asarray(ages_h, dtype=float))
+    ends = _snap(model, ages + durations_h)
+    alive = np.asarray(model.sf(ages), dtype=float)
+    fail = np.asarray(model.mass(ages, ends), dtype=float)
+    moment = np.asarray(model.first_moment(ages, ends), dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(alive > 0, np.maximum(0.0, 1.0 - fail / np.where(alive > 0, alive, 1.0)), 0.0)
+        lost = np.where(
+            (alive > 0) & (fail > 0), (moment - ages * fail) / np.where(fail > 0, fail, 1.0), 0.0
+        )
+    return p, np.clip(lost, 0.0, ends - ages)
 
 
 def _split(work_h: float, period_h: float) -> tuple[float, ...]:
@@ -219,10 +249,18 @@ def young_daly_schedule(
     )
 
 
+def delta_steps(delta_h: float, step_h: float) -> int:
+    """δ on the grid: the nearest number of steps, but at least one when δ > 0 (a
+    checkpoint that took no time would be taken after every step)."""
+    steps = round(delta_h / step_h)
+    return max(1, steps) if delta_h > 0 else 0
+
+
 @dataclass(frozen=True)
 class CheckpointTable:
     """The solved dynamic program for one (model, δ, R, step), for jobs up to `max_steps`
-    of work and VM ages up to the deadline (ages past it mean a dead VM: restart)."""
+    of work and VM ages up to the deadline (ages past it mean a dead VM: restart) or,
+    for a model without one, up to a horizon (older VMs are planned like it)."""
 
     step_h: float
     delta_steps: int
@@ -231,6 +269,11 @@ class CheckpointTable:
     ages: int  # age grid points 0 .. ages - 1 (the last is the deadline or horizon)
     makespan: np.ndarray  # makespan[J, t] = M(J, t), in hours
     choice: np.ndarray  # choice[J, t] = the best first interval, in steps
+    deadline: bool = True  # the last age is the model's deadline (else a horizon)
+
+    @property
+    def max_work_h(self) -> float:
+        return self.max_steps * self.step_h
 
     def _at(self, work_steps: int, age_steps: int) -> tuple[float, int]:
         age_steps = min(age_steps, self.ages - 1)
@@ -239,14 +282,21 @@ class CheckpointTable:
     def schedule(self, work_h: float, start_age_h: float = 0.0) -> Schedule:
         """The optimal intervals for `work_h` starting on a VM of `start_age_h`, by lookup:
         the first interval for (J, t), then for what is left at the age it ends, and so on
-        (the path when nothing fails; after a failure the caller asks again from age 0)."""
+        (the path when nothing fails; after a failure the caller asks again from age 0).
+        The work is rounded to the grid; more than the table covers is an error."""
+        if work_h > self.max_work_h + self.step_h / 2:
+            raise ValueError(
+                f"this table plans up to {self.max_work_h:g} h of work, not {work_h:g} h"
+            )
         steps = min(self.max_steps, max(1, round(work_h / self.step_h)))
         age = max(0, round(start_age_h / self.step_h))
         expected, _ = self._at(steps, age)
         intervals, left = [], steps
         while left > 0:
             if age >= self.ages - 1:
-                age = 0  # the VM reached its deadline: the rest runs on a new one
+                # At the deadline the VM is gone: the rest runs on a new one. Past a
+                # horizon (no deadline) it lives on, planned like the horizon.
+                age = 0 if self.deadline else self.ages - 1
             _, first = self._at(left, age)
             first = max(1, min(first, left))
             intervals.append(first * self.step_h)
@@ -293,9 +343,9 @@ def build_table(
     `chunk` is how many first intervals are ranked per block (a speed knob; any value
     gives the same table)."""
     n = max(1, round(max_work_h / step_h))
-    delta = max(0, round(delta_h / step_h))
+    delta = delta_steps(delta_h, step_h)
     longest = n if max_interval_h is None else max(1, min(n, round(max_interval_h / step_h)))
-    horizon_h = model.L if model.L is not None else 48.0
+    horizon_h = _horizon_h(model, step_h)
     ages = round(horizon_h / step_h) + 1  # t = 0 .. ages - 1 (the last is the deadline)
     reach = ages + n + delta + 1  # ages a segment can end at
     u = _snap(model, np.arange(reach) * step_h)
@@ -307,6 +357,16 @@ def build_table(
     Tk = np.zeros((n + reach + 1, n + 1), dtype=np.float32)  # Tk[J' + u, n - J']
     Tk[0:reach, n] = S * u + G  # M(0, u) = 0
     F_window = np.lib.stride_tricks.sliding_window_view(F.astype(np.float32), max(1, longest))
+    # Candidates of age t differ by S(t)·(their difference), so float32 cannot rank them
+    # once S(t) is small (very old VMs of a model without a deadline): those ages are
+    # ranked in float64, from a float64 copy of Tk kept only when such ages exist.
+    fragile = (S[:ages] < _FLOAT32_SAFE_S) & (S[:ages] > 0)
+    precise_from = int(np.argmax(fragile)) if fragile.any() else ages
+    Tk64 = None
+    if precise_from < ages:
+        Tk64 = np.zeros(Tk.shape)
+        Tk64[0:reach, n] = S * u + G
+    F_window64 = np.lib.stride_tricks.sliding_window_view(F, max(1, longest))
     dead_from = int(np.argmax(S <= 0)) if (S <= 0).any() else reach + ages  # first dead age
     t = np.arange(ages)
     th = t * step_h
@@ -314,6 +374,7 @@ def build_table(
     alive = S_t > 0
     tail = -th - G[:ages] + th * F_t  # the i-independent terms, without -C·F(t)
     block = np.empty((ages, min(chunk, max(1, longest))), dtype=np.float32)
+    block64 = np.empty((max(0, ages - precise_from), block.shape[1]))
 
     def ahead(rows: np.ndarray, ages_at: np.ndarray) -> np.ndarray:
         """M(rows, ages_at) with ages past the horizon like the horizon (S = 0 there
@@ -339,23 +400,29 @@ def build_table(
         # i so that segments ending past the deadline (certain loss; finishing in one go
         # is never worse than them) are left out: about a third less work.
         top = min(J - 1, longest)
-        rank = np.full(ages, np.inf, dtype=np.float32)
+        rank = np.full(ages, np.inf)
         first = np.zeros(ages, dtype=np.int64)
         for i0 in range(1, top + 1, chunk) if math.isfinite(m0) else ():
             i1 = min(top, i0 + chunk - 1)
             rows = min(ages, dead_from - i0 - delta)  # ages t whose segment i0 can survive
             if rows <= 0:
                 break
-            cand = block[:rows, : i1 - i0 + 1]
-            np.multiply(
-                F_window[delta + 1 : delta + 1 + rows, i0 - 1 : i1], np.float32(C), out=cand
-            )
-            cand += Tk[J + delta : J + delta + rows, n - J + i0 : n - J + i1 + 1]
-            pick = np.argmin(cand, axis=1)
-            low = cand[np.arange(rows), pick]
-            improved = low < rank[:rows]
-            rank[:rows] = np.where(improved, low, rank[:rows])
-            first[:rows] = np.where(improved, pick + i0, first[:rows])
+            quick = min(rows, precise_from)  # ages ranked in float32
+            if quick > 0:
+                cand = block[:quick, : i1 - i0 + 1]
+                np.multiply(
+                    F_window[delta + 1 : delta + 1 + quick, i0 - 1 : i1], np.float32(C), out=cand
+                )
+                cand += Tk[J + delta : J + delta + quick, n - J + i0 : n - J + i1 + 1]
+                _keep_best(cand, i0, rank[:quick], first[:quick])
+            if rows > precise_from:
+                lo = precise_from
+                cand64 = block64[: rows - lo, : i1 - i0 + 1]
+                np.multiply(
+                    F_window64[delta + 1 + lo : delta + 1 + rows, i0 - 1 : i1], C, out=cand64
+                )
+                cand64 += Tk64[J + delta + lo : J + delta + rows, n - J + i0 : n - J + i1 + 1]
+                _keep_best(cand64, i0, rank[lo:rows], first[lo:rows])
         some = first > 0
         if some.any():
             at = np.where(some, t + first + delta, 0)
@@ -374,7 +441,36 @@ def build_table(
         # Ages past the horizon (no deadline) behave like the horizon.
         extended = np.concatenate([values, np.full(reach - ages, values[-1])])
         Tk[J : J + reach, n - J] = S * (u + _finite(extended)) + G
-    return CheckpointTable(step_h, delta, restart_h, n, ages, makespan, choice)
+        if Tk64 is not None:
+            Tk64[J : J + reach, n - J] = S * (u + _finite(extended)) + G
+    return CheckpointTable(
+        step_h, delta, restart_h, n, ages, makespan, choice, deadline=model.L is not None
+    )
+
+
+_HORIZON_H = 48.0  # ages planned for when a model has no deadline ...
+_HORIZON_SURVIVAL = 1e-6  # ... or until so few VMs are still alive
+
+
+def _horizon_h(model: LifetimeModel, step_h: float) -> float:
+    """The oldest age a table plans for: the deadline L; without one, 48 h or the age
+    (on the grid) by which all but 1e-6 of VMs are gone, whichever comes first. Beyond
+    it values would be rounding noise: the DP's values are divided by S(t)."""
+    if model.L is not None:
+        return model.L
+    grid = np.arange(round(_HORIZON_H / step_h) + 1) * step_h
+    rare = np.flatnonzero(np.asarray(model.sf(grid)) <= _HORIZON_SURVIVAL)
+    return float(grid[max(int(rare[0]), 1)]) if len(rare) else _HORIZON_H
+
+
+def _keep_best(cand: np.ndarray, i0: int, rank: np.ndarray, first: np.ndarray) -> None:
+    """Fold a block of candidates (ages × first intervals i0, i0 + 1, ..) into the best
+    so far, in place."""
+    pick = np.argmin(cand, axis=1)
+    low = cand[np.arange(len(cand)), pick]
+    improved = low < rank
+    rank[improved] = low[improved]
+    first[improved] = pick[improved] + i0
 
 
 def _finite(values: np.ndarray) -> np.ndarray:
@@ -391,8 +487,8 @@ def reference_table(
 ) -> dict[tuple[int, int], tuple[float, int]]:
     """The same DP as a straightforward pure-Python recursion over (J, t), for checking
     `build_table` and measuring its speed-up: {(J, t): (M(J, t), best first interval)}."""
-    n, delta = max(1, round(max_work_h / step_h)), max(0, round(delta_h / step_h))
-    horizon = model.L if model.L is not None else 48.0
+    n, delta = max(1, round(max_work_h / step_h)), delta_steps(delta_h, step_h)
+    horizon = _horizon_h(model, step_h)
     ages = round(horizon / step_h) + 1
     table: dict[tuple[int, int], tuple[float, int]] = {}
 
@@ -450,6 +546,8 @@ def simulate_makespan(
     `replan`, the remaining schedule is looked up again after every restart (the DP
     policy); otherwise the same remaining intervals resume."""
     intervals = [float(i) for i in intervals_h if i > 0]
+    if not math.isfinite(expected_makespan(model, intervals, delta_h, start_age_h, restart_h)):
+        return math.inf, 0.0  # some segment can never survive: it would never end
     totals = np.empty(runs)
     for run in range(runs):
         plan = list(intervals)
@@ -497,7 +595,8 @@ def next_checkpoint_h(
     if policy == "none" or work_left_h <= 0 or not math.isfinite(model.expected_lifetime_h()):
         return None
     if policy == "optimal" and table is not None:
-        intervals = table.schedule(work_left_h, age_h).intervals_h
+        # Longer work than the table covers is planned as if the table's length were left.
+        intervals = table.schedule(min(work_left_h, table.max_work_h), age_h).intervals_h
         return intervals[0] if len(intervals) > 1 else None
     period_h = math.sqrt(2.0 * delta_h * model.expected_lifetime_h())
     return period_h if period_h < work_left_h else None
