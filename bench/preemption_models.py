@@ -113,9 +113,8 @@ def main() -> None:
     always = failure_probability(model, start_ages, job_h, LAUNCH_H, "always")
     policy = failure_probability(model, start_ages, job_h, LAUNCH_H, "model")
     reuse = should_reuse(model, start_ages, job_h, LAUNCH_H)
-    fresh = float(
-        model.conditional_failure(LAUNCH_H, job_h)
-    )  # a replacement starts at its boot age
+    # A replacement starts at its boot age.
+    fresh = float(model.conditional_failure(LAUNCH_H, job_h))
     print(f"  fresh VM: {fresh:.3f}")
     print(f"  {'age h':>5s} {'always':>7s} {'(MC)':>7s} {'model':>7s} {'(MC)':>7s}  decision")
     mc_rng = np.random.default_rng(2)
