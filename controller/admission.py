@@ -13,13 +13,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controller.accounts import UnknownAccount
 from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
-from controller.errors import Conflict, InvalidBag, NoVmTypeFits
+from controller.errors import Conflict, InsufficientBalance, InvalidBag, NotFound, NoVmTypeFits
 from controller.planner import CatalogType, why_unplaceable
 from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
 from controller.store import IdempotencyConflict, Store
 from drivers.base import VmType
+from policies.ledger_rules import InsufficientCredit
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,57 @@ async def admit(
         # What the bag was: a retry with the same Idempotency-Key must be the same bag.
         "request_hash": hashlib.sha256(spec.model_dump_json().encode()).hexdigest(),
     }
+    job_count = expanded.bag.job_count
+    admission = reserve(scheduler, bag_id, spec, job_count, now)
     try:
-        bag_row, created = await store.create_bag(row, expanded.params_json, idempotency_key)
+        bag_row, created = await store.create_bag(
+            row,
+            expanded.params_json,
+            idempotency_key,
+            ledger_rows=admission.rows(now),
+            held_from=admission.held_from,
+            new_account=admission.new_account,
+        )
     except IdempotencyConflict as exc:
+        scheduler.accounts.undo(admission)
         raise Conflict(
             str(exc), code="idempotency_key_reused", detail={"bag_id": exc.bag_id}
         ) from None
-    if created:
-        scheduler.bag_admitted(bag_id, spec.model_copy(update={"points": None}), expanded.points)
+    except BaseException:
+        scheduler.accounts.undo(admission)
+        raise
+    if not created:
+        scheduler.accounts.undo(admission)  # the earlier bag holds its own reservations
+        return bag_row, created
+    scheduler.bag_admitted(
+        bag_id, spec.model_copy(update={"points": None}), expanded.points, admission.held_from
+    )
     return bag_row, created
+
+
+def reserve(scheduler: Scheduler, bag_id: str, spec: Any, job_count: int, now: float) -> Any:
+    """Reserve CPU-hours for the bag's jobs (SPEC.md §6), or say why not: what was needed,
+    what is available, and what would help."""
+    accounts = scheduler.accounts
+    try:
+        return accounts.admit_bag(bag_id, spec, job_count, now)
+    except UnknownAccount as exc:
+        raise NotFound(str(exc), code="unknown_account", detail={"account": exc.account}) from None
+    except InsufficientCredit as exc:
+        per_job = accounts.per_attempt_cpu_h(spec)
+        rate = accounts.rate(spec)
+        affordable = int(max(0.0, exc.available_cpu_h) // per_job) if per_job > 0 else job_count
+        raise InsufficientBalance(
+            f"account {exc.account!r} cannot reserve CPU-hours for this bag: it needs "
+            f"{exc.needed_cpu_h:,.2f} ({job_count:,} jobs × {rate:g} CPU-hours per hour × "
+            f"max_runtime_s {spec.max_runtime_s:g} s) and has {max(0.0, exc.available_cpu_h):,.2f} "
+            f"available. A shorter max_runtime_s, fewer jobs (it can cover {affordable:,}), "
+            'more credit, or on_insufficient_balance: "hold" would help',
+            detail={
+                "account": exc.account,
+                "needed_cpu_h": exc.needed_cpu_h,
+                "available_cpu_h": max(0.0, exc.available_cpu_h),
+                "per_job_cpu_h": per_job,
+                "jobs_it_can_cover": affordable,
+            },
+        ) from None

@@ -26,7 +26,7 @@ import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -125,6 +125,12 @@ class BagSpec(_Strict):
         gt=0,
         le=MAX_RUNTIME_S,
         description="How long a job takes to write one checkpoint, seconds (δ of the schedule).",
+    )
+    on_insufficient_balance: Literal["reject", "hold"] = Field(
+        "reject",
+        description="When the account cannot reserve CPU-hours for every job: reject the bag "
+        "(HTTP 402, nothing admitted), or hold the jobs that do not fit until reservations "
+        "are released or the account is credited.",
     )
     max_attempts: int = Field(
         5, ge=1, le=100, description="Attempts per job, preemptions included."

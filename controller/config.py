@@ -225,6 +225,33 @@ class CheckpointConfig(_Section):
         return value
 
 
+class LedgerConfig(_Section):
+    gpu_weight: float = Field(
+        20.0,
+        ge=0,
+        description="CPU-hours one GPU-hour counts as (a job's rate is cpus + gpu_weight × gpus).",
+    )
+    charge_preempted: bool = Field(
+        True, description="Charge attempts cut short by a preemption for the time they ran."
+    )
+    new_accounts: str = Field(
+        "unlimited",
+        description="A bag for an account that does not exist: unlimited (create it with no "
+        "limit: usage is recorded, nothing is refused), credit (create it with "
+        "new_account_cpu_h), or refuse (accounts are created by an admin: spotbag accounts create).",
+    )
+    new_account_cpu_h: float = Field(
+        0.0, ge=0, description="new_accounts = credit: the allocation a new account starts with."
+    )
+
+    @field_validator("new_accounts")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        if value not in ("unlimited", "credit", "refuse"):
+            raise ValueError(f"unknown new_accounts {value!r}; known: unlimited, credit, refuse")
+        return value
+
+
 class ExecutorConfig(_Section):
     kill_grace_s: float = Field(
         5.0,
@@ -301,6 +328,7 @@ class Config(_Section):
     driver: DriverConfig = DriverConfig()
     preemption: PreemptionConfig = PreemptionConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    ledger: LedgerConfig = LedgerConfig()
     executor: ExecutorConfig = ExecutorConfig()
     simulation: SimulationConfig = SimulationConfig()
     vm_types: tuple[VmTypeConfig, ...] = Field(

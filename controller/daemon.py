@@ -111,6 +111,7 @@ class Controller:
             book=self.book,
             time_scale=self.config.driver.time_scale,
             checkpointing=self.config.checkpoint,
+            ledger=self.config.ledger,
             tables=TableCache(
                 self.state_dir / "checkpoint-tables",
                 step_h=self.config.checkpoint.step_s / 3600.0,

@@ -52,3 +52,8 @@ class Unauthorized(ApiError):
 class Conflict(ApiError):
     status = 409
     code = "conflict"
+
+
+class InsufficientBalance(ApiError):
+    status = 402
+    code = "insufficient_balance"

@@ -76,8 +76,15 @@ TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
             {JobState.RUNNING, JobState.HELD, JobState.CANCELLED, JobState.FAILED}
         ),
         JobState.HELD: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+        # RUNNING -> HELD: a retry the account has no CPU-hours left to reserve for.
         JobState.RUNNING: frozenset(
-            {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
+            {
+                JobState.SUCCEEDED,
+                JobState.FAILED,
+                JobState.CANCELLED,
+                JobState.QUEUED,
+                JobState.HELD,
+            }
         ),
     },
     "attempt": {

@@ -39,6 +39,7 @@ class BagRun:
     cancelled_jobs: int = 0
     cancel_requested: bool = False
     live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
+    held: dict[int, None] = field(default_factory=dict)  # jobs waiting for credit (ordered set)
     runtimes_s: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # recent successes
     runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
     successes: int = 0

@@ -41,9 +41,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from controller.accounts import Accounts
 from controller.bagspec import BagSpec, render_command
 from controller.checkpoint_tables import TableCache
-from controller.config import CheckpointConfig, SchedulerConfig
+from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
 from controller.executors.base import (
     AttemptEvent,
     AttemptSpec,
@@ -88,6 +89,7 @@ class _Admit:
     bag_id: str
     spec: BagSpec
     params: Sequence[dict[str, Any]]
+    held_from: int  # jobs from this index on are held for credit
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class Scheduler:
         time_scale: float = 1.0,
         checkpointing: CheckpointConfig | None = None,
         tables: TableCache | None = None,
+        ledger: LedgerConfig | None = None,
     ) -> None:
         self.store = store
         self.book = book  # preemption models; None: no reuse policy, no hot spares
@@ -154,6 +157,7 @@ class Scheduler:
         self.tables.on_ready = self._tables_ready
         self._due: list[tuple[float, str, bool]] = []  # (when, attempt id, signal or review)
         self._replan_checkpoints = False
+        self.accounts = Accounts(ledger or LedgerConfig())  # CPU-hour balances (SPEC.md §6)
         self.ticks = 0
         driver.subscribe(self._on_vm_status)
         executor.subscribe(self._on_attempt_event)
@@ -173,9 +177,21 @@ class Scheduler:
         self._replan_checkpoints = True
         self._wake.set()
 
-    def bag_admitted(self, bag_id: str, spec: BagSpec, params: Sequence[dict[str, Any]]) -> None:
-        """A bag was written to the store; schedule its jobs from the next pass on."""
-        self._commands.append(_Admit(bag_id, spec, params))
+    def bag_admitted(
+        self,
+        bag_id: str,
+        spec: BagSpec,
+        params: Sequence[dict[str, Any]],
+        held_from: int | None = None,
+    ) -> None:
+        """A bag was written to the store (its reservations made by `self.accounts`);
+        schedule its jobs from the next pass on."""
+        held = len(params) if held_from is None else held_from
+        self._commands.append(_Admit(bag_id, spec, params, held))
+        self._wake.set()
+
+    def credited(self) -> None:
+        """An account got CPU-hours: held jobs may run (the next pass admits them)."""
         self._wake.set()
 
     def cancel_requested(self, bag_id: str) -> None:
@@ -197,6 +213,7 @@ class Scheduler:
         reconcile it with what the driver and executor still have."""
         self._forget_everything()
         now = self.clock.now()
+        self.accounts.load(await self.store.ledger_state())
         state = await self.store.load_active()
         batch = self.store.new_batch()
         for row in state["bags"]:
@@ -219,9 +236,13 @@ class Scheduler:
             bag.refresh_estimate()
         for row in state["jobs"]:
             bag = self.bags[row["bag_id"]]
-            if row["state"] == JobState.QUEUED and row["attempts"] == 0:
+            if row["state"] in (JobState.QUEUED, JobState.HELD) and row["attempts"] == 0:
                 bag.fresh[row["idx"]] = json.loads(row["params"])
-                bag.queue.append(row["idx"])
+                if row["state"] == JobState.QUEUED:
+                    bag.queue.append(row["idx"])
+                else:
+                    bag.held[row["idx"]] = None
+                    self.accounts.hold(bag.spec.account, bag.id, row["idx"])
                 continue
             job = JobRun(
                 bag_id=row["bag_id"],
@@ -238,6 +259,9 @@ class Scheduler:
             self.jobs[(job.bag_id, job.idx)] = job
             if job.state is JobState.QUEUED:
                 bag.queue.append(job.idx)
+            elif job.state is JobState.HELD:
+                bag.held[job.idx] = None
+                self.accounts.hold(bag.spec.account, bag.id, job.idx)
 
         owned = {s.token: s for s in await self.driver.list_owned()}
         missing: list[VmRun] = []
@@ -456,6 +480,7 @@ class Scheduler:
             # before its bag is cancelled) keeps its outcome.
             await self._handle_events(batch, events)
             cancels = self._run_commands(batch, commands, now)
+            self._admit_held(batch, now)
             decision = plan(self._snapshot(now))
             starts, launches = self._record_plan(decision, batch, now)
             await self.store.apply(batch)
@@ -496,12 +521,63 @@ class Scheduler:
             id=command.bag_id,
             spec=command.spec,
             shape=shape_of(command.spec),
-            queue=deque(range(len(command.params))),
+            queue=deque(range(command.held_from)),
             fresh=dict(enumerate(command.params)),
             open_jobs=len(command.params),
             failed_jobs=0,
         )
         self.bags[bag.id] = bag
+        for idx in range(command.held_from, len(command.params)):
+            bag.held[idx] = None
+            self.accounts.hold(bag.spec.account, bag.id, idx)
+
+    def _admit_held(self, batch: WriteBatch, now: float) -> None:
+        """Jobs held for credit run, oldest first per account, as far as their accounts
+        can now reserve for them."""
+        for queue in self.accounts.held.values():
+            while queue:
+                bag_id, idx = queue[0]
+                bag = self.bags.get(bag_id)
+                if bag is None or idx not in bag.held:
+                    queue.popleft()  # cancelled, or its bag is gone
+                    continue
+                job = self.jobs.get((bag_id, idx))
+                number = (job.attempts if job is not None else 0) + 1
+                entries = self.accounts.reserve_next(bag_id, idx, number, bag.spec)
+                if entries is None:
+                    break
+                queue.popleft()
+                del bag.held[idx]
+                batch.ledger_entries(now, entries, "held job admitted")
+                job = job or self._held_job(bag, idx)
+                self._job_to(job, JobState.QUEUED, now, batch, "CPU-hours reserved")
+
+    def _held_job(self, bag: BagRun, idx: int) -> JobRun:
+        """A held job that never started (made on first use, like `_queued_job`)."""
+        job = self.jobs.get((bag.id, idx))
+        if job is None:
+            job = JobRun(bag.id, idx, bag.fresh.pop(idx), JobState.HELD)
+            self.jobs[(bag.id, idx)] = job
+        return job
+
+    def _requeue(self, job: JobRun, bag: BagRun, at: float, batch: WriteBatch, reason: str) -> None:
+        """Queue a job again, reserving for its next attempt; hold it (first in its
+        account's line) when the account cannot cover that."""
+        if not bag.cancel_requested:
+            entries = self.accounts.reserve_next(bag.id, job.idx, job.attempts + 1, bag.spec)
+            if entries is None:
+                needed = self.accounts.per_attempt_cpu_h(bag.spec)
+                available = max(0.0, self.accounts.ledger.balance(bag.spec.account).available)
+                why = (
+                    f"{reason}; held: its next attempt needs {needed:,.2f} CPU-hours and account "
+                    f"{bag.spec.account!r} has {available:,.2f} available"
+                )
+                self._job_to(job, JobState.HELD, at, batch, why)
+                bag.held[job.idx] = None
+                self.accounts.hold(bag.spec.account, bag.id, job.idx, first=True)
+                return
+            batch.ledger_entries(at, entries, "retry")
+        self._job_to(job, JobState.QUEUED, at, batch, reason)
 
     def _queued_job(self, bag: BagRun, idx: int) -> JobRun:
         """The job at `idx` of a bag's queue (made on first use: a 100,000-job bag
@@ -521,6 +597,11 @@ class Scheduler:
         for idx in queued:
             self._job_to(
                 self._queued_job(bag, idx), JobState.CANCELLED, now, batch, "cancelled by user"
+            )
+        held, bag.held = list(bag.held), {}
+        for idx in held:
+            self._job_to(
+                self._held_job(bag, idx), JobState.CANCELLED, now, batch, "cancelled by user"
             )
         cancels = []
         for attempt in list(self.attempts.values()):
@@ -703,6 +784,18 @@ class Scheduler:
             attempt.log_path,
         )
         self._record_usage(attempt, vm, state, at, batch)
+        batch.ledger_entries(
+            at,
+            self.accounts.settle(
+                attempt.bag_id,
+                attempt.idx,
+                attempt.number,
+                bag.spec,
+                at - attempt.started_at,
+                preempted=state is AttemptState.PREEMPTED,
+            ),
+            f"attempt {attempt.number} {state}",
+        )
         if self.metrics is not None:
             self.metrics.attempts.labels(state=str(state)).inc()
 
@@ -725,9 +818,7 @@ class Scheduler:
             and state in (AttemptState.PREEMPTED, AttemptState.FAILED)
             and job.counted < bag.spec.max_attempts
         ):
-            self._job_to(
-                job, JobState.QUEUED, at, batch, f"attempt {attempt.number} {state}: {reason}"
-            )
+            self._requeue(job, bag, at, batch, f"attempt {attempt.number} {state}: {reason}")
         else:
             if retry and job.counted >= bag.spec.max_attempts:
                 reason = f"{reason}; gave up after max_attempts={bag.spec.max_attempts}"
@@ -768,6 +859,11 @@ class Scheduler:
         if state is JobState.QUEUED and bag.cancel_requested:
             state, reason = JobState.CANCELLED, "cancelled by user"
         check_transition("job", job.state, state)
+        if job.state is JobState.QUEUED and state in (JobState.CANCELLED, JobState.FAILED):
+            # It will not run the attempt it reserved for.
+            batch.ledger_entries(
+                at, self.accounts.release(job.bag_id, job.idx, job.attempts + 1), f"job {state}"
+            )
         batch.job_state_change(job.bag_id, job.state, state)
         batch.transition(at, "job", job.id, job.state, state, reason)
         job.state = state

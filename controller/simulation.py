@@ -82,6 +82,7 @@ async def simulate(
             controller_id=f"sim-{seed}",
             book=book,
             checkpointing=config.checkpoint,
+            ledger=config.ledger,
         )
         bag_row, _ = await admit(
             spec,

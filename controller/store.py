@@ -174,6 +174,29 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX checkpoints_by_job ON checkpoints(bag_id, idx, number);
         """,
     ),
+    (
+        "accounts and the append-only CPU-hour ledger (SPEC.md §6)",
+        """
+        CREATE TABLE accounts (
+            name TEXT PRIMARY KEY,
+            unlimited INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT ''
+        );
+        CREATE TABLE ledger (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            account TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('credit', 'reserve', 'charge', 'release')),
+            cpu_h REAL NOT NULL CHECK (cpu_h >= 0),
+            key TEXT NOT NULL DEFAULT '',  -- the reservation: bag:job:attempt
+            note TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX ledger_by_account ON ledger(account, id);
+        -- A reservation is made, charged and released once each.
+        CREATE UNIQUE INDEX ledger_once ON ledger(key, kind) WHERE kind != 'credit';
+        """,
+    ),
 ]
 
 
@@ -221,6 +244,7 @@ class WriteBatch:
     progress: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (saved s, count)
     checkpoints: list[tuple] = field(default_factory=list)
     checkpoint_deltas: dict[str, list[float]] = field(default_factory=dict)  # n, seconds, lost
+    ledger: list[tuple] = field(default_factory=list)  # (at, account, kind, cpu_h, key, note)
 
     def __bool__(self) -> bool:
         return bool(
@@ -232,6 +256,7 @@ class WriteBatch:
             or self.progress
             or self.checkpoints
             or self.checkpoint_deltas
+            or self.ledger
         )
 
     def size(self) -> int:
@@ -251,6 +276,7 @@ class WriteBatch:
             for i, value in enumerate(totals):
                 mine[i] += value
         self.progress.update(later.progress)
+        self.ledger.extend(later.ledger)
         self.checkpoints.extend(later.checkpoints)
         for bag_id, totals in later.checkpoint_deltas.items():
             mine = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
@@ -377,6 +403,10 @@ class WriteBatch:
             totals[0] += 1
             totals[1] += max(0.0, at - requested_at)
 
+    def ledger_entries(self, at: float, entries: Iterable[Any], note: str = "") -> None:
+        """Ledger entries (policies.ledger_rules.Entry) caused by this batch's changes."""
+        self.ledger.extend((at, e.account, e.kind, e.cpu_h, e.key, note) for e in entries)
+
     def work_lost(self, bag_id: str, lost_s: float) -> None:
         """Work a preemption threw away (since the job's last checkpoint)."""
         totals = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
@@ -444,6 +474,8 @@ def _apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
             "WHERE id = ?",
             [(*totals, bag_id) for bag_id, totals in batch.usage_deltas.items()],
         )
+    if batch.ledger:
+        _insert_ledger(conn, batch.ledger)
     if batch.progress:
         conn.executemany(
             "UPDATE jobs SET work_saved_s=?, checkpoints=? WHERE bag_id=? AND idx=?",
@@ -469,6 +501,24 @@ def _apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
             "VALUES (?,?,?,?,?,?)",
             batch.transitions,
         )
+
+
+def _insert_ledger(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
+    conn.executemany(
+        "INSERT INTO ledger (at, account, kind, cpu_h, key, note) VALUES (?,?,?,?,?,?)", rows
+    )
+
+
+def _insert_account(conn: sqlite3.Connection, account: dict[str, Any]) -> None:
+    conn.execute(
+        "INSERT INTO accounts (name, unlimited, created_at, note) VALUES (?, ?, ?, ?)",
+        (
+            account["name"],
+            int(account["unlimited"]),
+            account["created_at"],
+            account.get("note", ""),
+        ),
+    )
 
 
 def _migrate(conn: sqlite3.Connection) -> int:
@@ -654,9 +704,17 @@ class Store:
         return await self.write(get_or_set)
 
     async def create_bag(
-        self, bag: dict[str, Any], params_json: Iterable[str], idempotency_key: str | None
+        self,
+        bag: dict[str, Any],
+        params_json: Iterable[str],
+        idempotency_key: str | None,
+        *,
+        ledger_rows: Sequence[tuple] = (),
+        held_from: int | None = None,
+        new_account: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], bool]:
-        """Insert a bag and all its jobs (queued) in one transaction.
+        """Insert a bag and all its jobs (queued; from index `held_from` on, held) with
+        their ledger entries (and the account, when it is new) in one transaction.
 
         Returns (bag row, created). With an idempotency key that was used
         before, nothing is written and the earlier bag is returned, or
@@ -679,14 +737,23 @@ class Store:
                 tuple(row.values()),
             )
             bag_id = row["id"]
+            held = row["job_count"] if held_from is None else held_from
             conn.executemany(
-                "INSERT INTO jobs (bag_id, idx, params, state) VALUES (?, ?, ?, 'queued')",
-                ((bag_id, idx, params) for idx, params in enumerate(params_json)),
+                "INSERT INTO jobs (bag_id, idx, params, state) VALUES (?, ?, ?, ?)",
+                (
+                    (bag_id, idx, params, "queued" if idx < held else "held")
+                    for idx, params in enumerate(params_json)
+                ),
             )
-            conn.execute(
-                "INSERT INTO bag_job_counts (bag_id, state, n) VALUES (?, 'queued', ?)",
-                (bag_id, row["job_count"]),
-            )
+            for state, n in (("queued", held), ("held", row["job_count"] - held)):
+                if n:
+                    conn.execute(
+                        "INSERT INTO bag_job_counts (bag_id, state, n) VALUES (?, ?, ?)",
+                        (bag_id, state, n),
+                    )
+            if new_account is not None:
+                _insert_account(conn, new_account)
+            _insert_ledger(conn, ledger_rows)
             conn.execute(
                 "INSERT INTO transitions (at, entity, entity_id, from_state, to_state, reason) "
                 "VALUES (?, 'bag', ?, '', 'active', 'submitted')",
@@ -695,6 +762,98 @@ class Store:
             return _rows(conn, "SELECT * FROM bags WHERE id = ?", (bag_id,))[0], True
 
         return await self.write(insert)
+
+    # --- accounts and the ledger --------------------------------------------
+
+    async def create_account(self, account: dict[str, Any], ledger_rows: Sequence[tuple]) -> bool:
+        """Create an account (with its first credit); False if it exists already."""
+
+        def create(conn: sqlite3.Connection) -> bool:
+            if conn.execute("SELECT 1 FROM accounts WHERE name = ?", (account["name"],)).fetchone():
+                return False
+            _insert_account(conn, account)
+            _insert_ledger(conn, ledger_rows)
+            return True
+
+        return await self.write(create)
+
+    async def append_ledger(self, ledger_rows: Sequence[tuple]) -> None:
+        await self.write(_insert_ledger, ledger_rows)
+
+    async def ledger_state(self) -> dict[str, list[dict]]:
+        """What rebuilds the in-memory ledger: accounts, their sums per kind, and the
+        reservations not yet settled (no release entry yet)."""
+
+        def load(conn: sqlite3.Connection) -> dict[str, list[dict]]:
+            return {
+                "accounts": _rows(conn, "SELECT * FROM accounts"),
+                "sums": _rows(
+                    conn,
+                    "SELECT account, kind, sum(cpu_h) AS cpu_h FROM ledger GROUP BY account, kind",
+                ),
+                "open": _rows(
+                    conn,
+                    "SELECT r.key, r.account, r.cpu_h FROM ledger r WHERE r.kind = 'reserve' "
+                    "AND NOT EXISTS (SELECT 1 FROM ledger x WHERE x.key = r.key "
+                    "AND x.kind = 'release')",
+                ),
+            }
+
+        return await self.read(load)
+
+    async def account(self, name: str) -> dict[str, Any] | None:
+        """An account with its sums per entry kind."""
+
+        def get(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            rows = _rows(conn, "SELECT * FROM accounts WHERE name = ?", (name,))
+            if not rows:
+                return None
+            account = rows[0]
+            account["sums"] = dict(
+                conn.execute(
+                    "SELECT kind, sum(cpu_h) FROM ledger WHERE account = ? GROUP BY kind", (name,)
+                ).fetchall()
+            )
+            return account
+
+        return await self.read(get)
+
+    async def list_accounts(self) -> list[dict[str, Any]]:
+        def list_(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            accounts = _rows(conn, "SELECT * FROM accounts ORDER BY name")
+            sums: dict[str, dict[str, float]] = defaultdict(dict)
+            for account, kind, cpu_h in conn.execute(
+                "SELECT account, kind, sum(cpu_h) FROM ledger GROUP BY account, kind"
+            ):
+                sums[account][kind] = cpu_h
+            for account in accounts:
+                account["sums"] = sums.get(account["name"], {})
+            return accounts
+
+        return await self.read(list_)
+
+    async def ledger_entries(self, account: str, after_id: int, limit: int) -> list[dict]:
+        def select(conn: sqlite3.Connection) -> list[dict]:
+            return _rows(
+                conn,
+                "SELECT id, at, account, kind, cpu_h, key, note FROM ledger "
+                "WHERE account = ? AND id > ? ORDER BY id LIMIT ?",
+                (account, after_id, limit),
+            )
+
+        return await self.read(select)
+
+    async def attempt_usage(self) -> list[dict]:
+        """Every ended attempt with its job's resources (checks of charges against usage)."""
+
+        def select(conn: sqlite3.Connection) -> list[dict]:
+            return _rows(
+                conn,
+                "SELECT a.bag_id, a.idx, a.number, a.state, a.started_at, a.ended_at, b.account, "
+                "b.spec FROM attempts a JOIN bags b ON b.id = a.bag_id WHERE a.ended_at IS NOT NULL",
+            )
+
+        return await self.read(select)
 
     async def request_cancel(self, bag_id: str, at: float) -> bool:
         """Mark a bag for cancellation; False if it does not exist."""

@@ -131,6 +131,7 @@ async def world(
         catalog=cfg.catalog(),
         controller_id=f"test-{seed}",
         book=book,
+        ledger=cfg.ledger,
     )
 
 

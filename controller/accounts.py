@@ -1,0 +1,212 @@
+"""Accounts and their CPU-hour ledger as the controller keeps them in memory.
+
+The rules are policies.ledger_rules; this module applies them to bags and jobs:
+which account pays, how much a job reserves (rate × max_runtime per attempt), what
+happens to an account that does not exist yet (`[ledger] new_accounts`), and which
+jobs wait, held, for credit. The scheduler (and, for admissions and credits, the
+API, on the same event loop) changes it; every entry it returns is written by the
+caller in the same transaction as the state change that caused it. After a restart
+it is rebuilt from the stored entries (`load`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.bagspec import BagSpec
+from controller.config import LedgerConfig
+from policies.ledger_rules import (
+    Entry,
+    InsufficientCredit,
+    Ledger,
+    rate_cpu_h_per_h,
+    reservation_cpu_h,
+    reservation_key,
+)
+
+
+class UnknownAccount(Exception):
+    def __init__(self, account: str) -> None:
+        super().__init__(
+            f"account {account!r} does not exist; an admin creates it with "
+            f"`spotbag accounts create {account} --cpu-hours N`"
+        )
+        self.account = account
+
+
+@dataclass
+class Admission:
+    """What admitting a bag reserved (to write with the bag, or undo if it is not)."""
+
+    account: str
+    entries: list[Entry]
+    held_from: int  # jobs from this index on wait, held, for credit
+    new_account: dict[str, Any] | None = None
+    needed_cpu_h: float = 0.0  # for all the bag's jobs
+
+    def rows(self, at: float) -> list[tuple]:
+        return [(at, e.account, e.kind, e.cpu_h, e.key, "admission") for e in self.entries]
+
+
+@dataclass
+class Accounts:
+    settings: LedgerConfig
+    ledger: Ledger = field(default_factory=Ledger)
+    unlimited: dict[str, bool] = field(default_factory=dict)  # the accounts that exist
+    held: dict[str, deque[tuple[str, int]]] = field(default_factory=dict)  # FIFO per account
+
+    # --- amounts ----------------------------------------------------------------------------
+
+    def rate(self, spec: BagSpec) -> float:
+        r = spec.resources
+        return rate_cpu_h_per_h(r.cpus, r.gpus, self.settings.gpu_weight)
+
+    def per_attempt_cpu_h(self, spec: BagSpec) -> float:
+        return reservation_cpu_h(self.rate(spec), spec.max_runtime_s)
+
+    # --- admission --------------------------------------------------------------------------
+
+    def admit_bag(self, bag_id: str, spec: BagSpec, job_count: int, now: float) -> Admission:
+        """Reserve for the first attempt of every job (reject: all or nothing, raising
+        InsufficientCredit; hold: as many as fit, in order, the rest held). Creates the
+        account first when `new_accounts` allows."""
+        account = spec.account
+        new_account, entries = self._open_account(account, now)
+        per_job = self.per_attempt_cpu_h(spec)
+        keys = [reservation_key(bag_id, idx, 1) for idx in range(job_count)]
+        try:
+            if spec.on_insufficient_balance == "reject":
+                entries += self.ledger.reserve_many(account, keys, per_job)
+                held_from = job_count
+            else:
+                available = self.ledger.balance(account).available
+                fits = job_count if per_job <= 0 else int(min(job_count, available // per_job))
+                fits = max(0, min(job_count, fits))
+                entries += self.ledger.reserve_many(account, keys[:fits], per_job)
+                held_from = fits
+        except InsufficientCredit:
+            self._forget_new(account, new_account)
+            raise
+        admission = Admission(account, entries, held_from, new_account, per_job * job_count)
+        return admission
+
+    def admitted(self, bag_id: str, admission: Admission, job_count: int) -> None:
+        """The bag was written: its held jobs wait for credit, oldest bag first."""
+        if admission.held_from < job_count:
+            queue = self.held.setdefault(admission.account, deque())
+            queue.extend((bag_id, idx) for idx in range(admission.held_from, job_count))
+
+    def undo(self, admission: Admission) -> None:
+        """The bag was not written (an error, or a repeated Idempotency-Key)."""
+        for entry in reversed(admission.entries):
+            if entry.kind == "reserve":
+                self.ledger.open.pop(entry.key, None)
+                self.ledger.balance(entry.account).reserved -= entry.cpu_h
+            elif entry.kind == "credit":
+                self.ledger.balance(entry.account).allocation -= entry.cpu_h
+        self._forget_new(admission.account, admission.new_account)
+
+    def _open_account(self, account: str, now: float) -> tuple[dict[str, Any] | None, list[Entry]]:
+        if account in self.unlimited:
+            return None, []
+        mode = self.settings.new_accounts
+        if mode == "refuse":
+            raise UnknownAccount(account)
+        return self.create(account, mode == "unlimited", self.settings.new_account_cpu_h, now)
+
+    def create(
+        self, account: str, unlimited: bool, cpu_h: float, now: float, note: str = ""
+    ) -> tuple[dict[str, Any], list[Entry]]:
+        """A new account (the caller has checked it does not exist) and its first credit."""
+        self.unlimited[account] = unlimited
+        balance = self.ledger.balance(account)
+        if unlimited:
+            balance.allocation = math.inf
+        entries = [self.ledger.credit(account, cpu_h)] if cpu_h > 0 else []
+        row = {"name": account, "unlimited": unlimited, "created_at": now, "note": note}
+        return row, entries
+
+    def _forget_new(self, account: str, new_account: dict[str, Any] | None) -> None:
+        if new_account is not None:
+            self.unlimited.pop(account, None)
+            self.ledger.balances.pop(account, None)
+
+    # --- attempts ---------------------------------------------------------------------------
+
+    def settle(
+        self, bag_id: str, idx: int, number: int, spec: BagSpec, elapsed_s: float, preempted: bool
+    ) -> list[Entry]:
+        """An attempt ended: charge its time (preempted ones as configured), release the rest."""
+        charge_it = self.settings.charge_preempted or not preempted
+        return self.ledger.settle(
+            reservation_key(bag_id, idx, number), self.rate(spec), elapsed_s, charge_it
+        )
+
+    def reserve_next(self, bag_id: str, idx: int, number: int, spec: BagSpec) -> list[Entry] | None:
+        """Reserve for attempt `number` of a job; None when the account cannot cover it."""
+        try:
+            return [
+                self.ledger.reserve(
+                    spec.account,
+                    reservation_key(bag_id, idx, number),
+                    self.per_attempt_cpu_h(spec),
+                )
+            ]
+        except InsufficientCredit:
+            return None
+
+    def release(self, bag_id: str, idx: int, number: int) -> list[Entry]:
+        """The job ended without running attempt `number`: give its reservation back."""
+        return self.ledger.release(reservation_key(bag_id, idx, number))
+
+    def hold(self, account: str, bag_id: str, idx: int, first: bool = False) -> None:
+        queue = self.held.setdefault(account, deque())
+        if first:
+            queue.appendleft((bag_id, idx))
+        else:
+            queue.append((bag_id, idx))
+
+    def credit(self, account: str, cpu_h: float) -> Entry:
+        return self.ledger.credit(account, cpu_h)
+
+    # --- views and recovery -----------------------------------------------------------------
+
+    def view(self, account: str) -> dict[str, Any]:
+        balance = self.ledger.balance(account)
+        unlimited = self.unlimited.get(account, False)
+        return {
+            "account": account,
+            "unlimited": unlimited,
+            "allocation_cpu_h": None if unlimited else balance.allocation,
+            "charged_cpu_h": balance.charged,
+            "reserved_cpu_h": balance.reserved,
+            "available_cpu_h": None if unlimited else max(0.0, balance.available),
+            "held_jobs": len(self.held.get(account, ())),
+        }
+
+    def load(self, state: dict[str, list[dict]]) -> None:
+        """Rebuild from the store's ledger (Store.ledger_state)."""
+        self.ledger = Ledger()
+        self.unlimited = {a["name"]: bool(a["unlimited"]) for a in state["accounts"]}
+        self.held = {}
+        for name, unlimited in self.unlimited.items():
+            if unlimited:
+                self.ledger.balance(name).allocation = math.inf
+        for row in state["sums"]:
+            balance = self.ledger.balance(row["account"])
+            if row["kind"] == "credit":
+                balance.allocation += row["cpu_h"]
+            elif row["kind"] == "reserve":
+                balance.reserved += row["cpu_h"]
+            elif row["kind"] == "charge":
+                balance.reserved -= row["cpu_h"]
+                balance.charged += row["cpu_h"]
+            else:
+                balance.reserved -= row["cpu_h"]
+        for row in state["open"]:
+            self.ledger.open[row["key"]] = (row["account"], row["cpu_h"])
+        # A charge without its release (none is written without the other) cannot be
+        # left open, so `open` is exactly the reservations still held.
