@@ -352,7 +352,133 @@ async def preempt_vm(request: web.Request) -> web.Response:
 
 # --- the route table ---------------------------------------------------------------
 
+# --- accounts and the ledger --------------------------------------------------------
+
+ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _account_name(request: web.Request) -> str:
+    name = request.match_info["account"]
+    if not ACCOUNT_NAME.match(name):
+        raise NotFound(f"account {name!r} does not exist")
+    return name
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = _decode_json(await request.read())
+    except ValueError as exc:
+        raise ApiError(f"(body): not valid JSON ({exc})", code="invalid_body") from None
+    if not isinstance(data, dict):
+        raise ApiError("(body): must be a JSON object", code="invalid_body")
+    return data
+
+
+def _cpu_hours(data: dict[str, Any], name: str, default: float | None = None) -> float:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e15:
+        raise ApiError(
+            f"{name}: must be a number of CPU-hours, 0 or more, not {value!r}",
+            code="invalid_body",
+            detail={"errors": [{"field": name, "message": "a non-negative number"}]},
+        )
+    return float(value)
+
+
+def _note(data: dict[str, Any]) -> str:
+    note = data.get("note", "")
+    if not isinstance(note, str) or len(note) > 1000:
+        raise ApiError("note: must be text of at most 1000 characters", code="invalid_body")
+    return note
+
+
+async def list_accounts(request: web.Request) -> web.Response:
+    c = _controller(request)
+    return _json(
+        {"accounts": [c.scheduler.accounts.view(a["name"]) for a in await c.store.list_accounts()]}
+    )
+
+
+async def create_account(request: web.Request) -> web.Response:
+    c = _controller(request)
+    data = await _json_body(request)
+    name = data.get("name")
+    if not isinstance(name, str) or not ACCOUNT_NAME.match(name):
+        raise ApiError(
+            f"name: must be 1-64 letters, digits, '_', '.' or '-', not {name!r}",
+            code="invalid_body",
+        )
+    unlimited = data.get("unlimited", False)
+    if not isinstance(unlimited, bool):
+        raise ApiError("unlimited: must be true or false", code="invalid_body")
+    cpu_h = _cpu_hours(data, "cpu_hours", 0.0)
+    accounts = c.scheduler.accounts
+    if name in accounts.unlimited:
+        raise Conflict(f"account {name!r} exists already", code="account_exists")
+    now = c.clock.now()
+    row, entries = accounts.create(name, unlimited, cpu_h, now, _note(data))
+    rows = [(now, e.account, e.kind, e.cpu_h, e.key, "account created") for e in entries]
+    try:
+        created = await c.store.create_account(row, rows)
+    except BaseException:
+        accounts.unlimited.pop(name, None)
+        accounts.ledger.balances.pop(name, None)
+        raise
+    if not created:
+        raise Conflict(f"account {name!r} exists already", code="account_exists")
+    c.scheduler.credited()
+    return _json(accounts.view(name), status=201)
+
+
+async def credit_account(request: web.Request) -> web.Response:
+    c = _controller(request)
+    name = _account_name(request)
+    accounts = c.scheduler.accounts
+    if name not in accounts.unlimited:
+        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
+    data = await _json_body(request)
+    cpu_h = _cpu_hours(data, "cpu_hours")
+    entry = accounts.credit(name, cpu_h)
+    try:
+        await c.store.append_ledger([(c.clock.now(), name, "credit", cpu_h, "", _note(data))])
+    except BaseException:
+        accounts.ledger.balance(name).allocation -= entry.cpu_h
+        raise
+    c.scheduler.credited()
+    return _json(accounts.view(name))
+
+
+async def get_account(request: web.Request) -> web.Response:
+    c = _controller(request)
+    name = _account_name(request)
+    if name not in c.scheduler.accounts.unlimited:
+        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
+    return _json(c.scheduler.accounts.view(name))
+
+
+async def account_ledger(request: web.Request) -> web.Response:
+    c = _controller(request)
+    name = _account_name(request)
+    if name not in c.scheduler.accounts.unlimited:
+        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
+    after = _int_query(request, "after", 0, 0, 10**15)
+    limit = _int_query(request, "limit", 1000, 1, 100_000)
+    entries = await c.store.ledger_entries(name, after, limit)
+    next_after = entries[-1]["id"] if len(entries) == limit else None
+    if request.query.get("format") == "csv":
+        lines = ["id,at,account,kind,cpu_hours,reservation,note"]
+        for e in entries:
+            note = '"' + e["note"].replace('"', '""') + '"'
+            lines.append(
+                f"{e['id']},{e['at']:.3f},{e['account']},{e['kind']},{e['cpu_h']!r},{e['key']},{note}"
+            )
+        headers = {"X-Spotbag-Next-After": str(next_after)} if next_after is not None else {}
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/csv", headers=headers)
+    return _json({"entries": entries, "next_after": next_after})
+
+
 _ERR = "Error"
+ACCOUNT_PATH = Param("account", "path", "Account name.", required=True)
 BAG_PATH = Param("bag_id", "path", "Bag id, e.g. b3f9a0c21d7.", required=True)
 JOB_PATH = Param("job_id", "path", "Job id: <bag id>-<index>, e.g. b3f9a0c21d7-42.", required=True)
 _INT = {"type": "integer"}
@@ -399,6 +525,8 @@ ROUTES: tuple[Route, ...] = (
             201: ("The bag was admitted; all its jobs are queued.", "Bag"),
             200: ("A bag with this Idempotency-Key exists already.", "Bag"),
             400: ("The spec is malformed; the message names the field.", _ERR),
+            402: ("The account cannot reserve the CPU-hours; says needed and available.", _ERR),
+            404: ("The account does not exist (with [ledger] new_accounts = refuse).", _ERR),
             413: ("The request body is too large.", _ERR),
             422: ("No allowed VM type can run one job of the bag.", _ERR),
         },
@@ -513,6 +641,57 @@ ROUTES: tuple[Route, ...] = (
             404: ("No such live VM.", _ERR),
             409: ("The driver cannot inject preemptions.", _ERR),
         },
+    ),
+    Route(
+        "GET",
+        "/v1/accounts",
+        list_accounts,
+        "Accounts and their CPU-hour balances.",
+        responses={200: ("Accounts.", None)},
+    ),
+    Route(
+        "POST",
+        "/v1/accounts",
+        create_account,
+        "Create an account: {name, cpu_hours (its first credit), unlimited, note}.",
+        responses={
+            201: ("The account, with its balance.", None),
+            400: ("A bad field; the message names it.", _ERR),
+            409: ("The account exists already.", _ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/accounts/{account}",
+        get_account,
+        "An account's balance: allocation, charged, reserved and available CPU-hours.",
+        params=(ACCOUNT_PATH,),
+        responses={200: ("The balance.", None), 404: ("No such account.", _ERR)},
+    ),
+    Route(
+        "POST",
+        "/v1/accounts/{account}/credit",
+        credit_account,
+        "Add CPU-hours to an account's allocation: {cpu_hours, note}. Held jobs may run.",
+        params=(ACCOUNT_PATH,),
+        responses={
+            200: ("The new balance.", None),
+            400: ("A bad field.", _ERR),
+            404: ("No such account.", _ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/accounts/{account}/ledger",
+        account_ledger,
+        "The account's ledger entries, oldest first (JSON, or CSV with format=csv).",
+        params=(
+            ACCOUNT_PATH,
+            Param("after", "query", "Entries after this id (paging).", _INT),
+            Param("limit", "query", "At most this many (1-100000, default 1000).", _INT),
+            Param("format", "query", "json (default) or csv.", {"enum": ["json", "csv"]}),
+        ),
+        responses={200: ("Entries.", None), 404: ("No such account.", _ERR)},
     ),
 )
 

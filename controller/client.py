@@ -159,3 +159,25 @@ class Client:
 
     def preempt(self, vm_id: str) -> dict[str, Any]:
         return self.request("POST", f"/v1/vms/{_q(vm_id)}/preempt")
+
+    def accounts(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/accounts")
+
+    def create_account(
+        self, name: str, cpu_hours: float = 0.0, unlimited: bool = False, note: str = ""
+    ) -> dict[str, Any]:
+        body = {"name": name, "cpu_hours": cpu_hours, "unlimited": unlimited, "note": note}
+        return self.request("POST", "/v1/accounts", body=body)
+
+    def credit(self, name: str, cpu_hours: float, note: str = "") -> dict[str, Any]:
+        body = {"cpu_hours": cpu_hours, "note": note}
+        return self.request("POST", f"/v1/accounts/{_q(name)}/credit", body=body)
+
+    def account(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/accounts/{_q(name)}")
+
+    def ledger(self, name: str, after: int = 0, limit: int = 1000, csv: bool = False) -> Any:
+        query = {"after": after, "limit": limit, "format": "csv" if csv else None}
+        if csv:
+            return self.request("GET", f"/v1/accounts/{_q(name)}/ledger", query=query, raw=True)
+        return self.request("GET", f"/v1/accounts/{_q(name)}/ledger", query=query)

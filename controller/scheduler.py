@@ -202,6 +202,10 @@ class Scheduler:
         """True when events or commands wait for the next pass."""
         return bool(self._inbox or self._commands)
 
+    def held_jobs(self) -> int:
+        """Jobs waiting, held, for their accounts to have CPU-hours."""
+        return sum(len(bag.held) for bag in self.bags.values())
+
     def has_work(self) -> bool:
         """True while anything is open: bags, VMs, or unprocessed inputs."""
         return bool(self.bags or self.vms or self._inbox or self._commands)

@@ -121,6 +121,8 @@ async def run_scheduler(
             return
         candidates = [t for t in (clock.next_at(), wanted) if t is not None]
         if not candidates:
+            if scheduler.held_jobs():
+                return  # the rest waits, held, for credit that no one will give here
             raise SimulationStalled(
                 f"nothing left to happen at t={clock.now():.0f} with {len(scheduler.bags)} bags open, "
                 f"{len(scheduler.vms)} VMs alive"

@@ -118,7 +118,9 @@ class Ledger:
             raise InsufficientCredit(account, needed, self.balance(account).available)
         return [self.reserve(account, key, cpu_h) for key in keys]
 
-    def settle(self, key: str, rate: float, elapsed_s: float, charge_it: bool = True) -> list[Entry]:
+    def settle(
+        self, key: str, rate: float, elapsed_s: float, charge_it: bool = True
+    ) -> list[Entry]:
         """An attempt ended: charge what it used, release the rest. Nothing when the key
         is not open (settled already, or never reserved)."""
         found = self.open.pop(key, None)

@@ -416,6 +416,7 @@ def test_openapi_document_matches_the_routes(make_daemon):
             path.replace("{bag_id}", "b0000000000")
             .replace("{job_id}", "b0000000000-0")
             .replace("{vm_id}", "vm-000000000000")
+            .replace("{account}", "nobody")
         )
         try:
             client.request(method, concrete, body={} if method == "POST" else None, raw=True)
