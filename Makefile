@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/simulate_fleet.py
 	$(BIN)/python bench/preemption_models.py
 	$(BIN)/python bench/checkpoint_schedules.py
+	$(BIN)/python bench/prepaid.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

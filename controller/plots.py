@@ -221,3 +221,63 @@ def plot_checkpoint_plan(model, schedules, start_age_h: float, out: str | Path) 
     figure.tight_layout()
     figure.savefig(out, dpi=110)
     plt.close(figure)
+
+
+def plot_prepaid_savings(
+    groups: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray, int]],
+    break_even: float,
+    title: str,
+    out: str | Path,
+) -> None:
+    """Prepaid vs on-demand cores (SPEC.md §7), one row per core type given as
+    (label, prepaid core counts x, savings(x), T(≥x)/period, optimal x): the savings
+    curve with its optimum marked, and how busy the x-th core would be against the
+    break-even utilisation (the optimum is the last x at or above it)."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(
+        max(1, len(groups)), 2, figsize=(12, 3.8 * max(1, len(groups))), squeeze=False
+    )
+    for row, (label, cores, saved, utilisation, optimum) in enumerate(groups):
+        savings_axis, busy_axis = axes[row]
+        cores = np.asarray(cores)
+        at = int(np.searchsorted(cores, optimum))
+        best = float(np.asarray(saved)[at]) if at < cores.size else 0.0
+        savings_axis.plot(cores, saved, color="tab:blue", lw=1.5)
+        savings_axis.axhline(0.0, color="gray", lw=0.8)
+        savings_axis.plot([optimum], [best], "o", color="tab:red")
+        savings_axis.annotate(
+            f"{optimum:,} cores: \\${best:,.0f}",
+            (optimum, best),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=8,
+            color="tab:red",
+        )
+        savings_axis.set(
+            title=f"{label}: savings against all on demand",
+            xlabel="prepaid cores",
+            ylabel="savings (\\$)",
+        )
+        savings_axis.margins(y=0.12)
+        savings_axis.grid(alpha=0.3)
+        busy_axis.step(cores, 100.0 * np.asarray(utilisation), where="post", color="tab:green")
+        busy_axis.axhline(
+            100.0 * break_even,
+            color="tab:red",
+            linestyle="--",
+            lw=1,
+            label=f"break-even {100 * break_even:.1f}%",
+        )
+        busy_axis.axvline(optimum, color="tab:red", linestyle=":", lw=1)
+        busy_axis.set(
+            title=f"{label}: time with at least x cores busy",
+            xlabel="x (cores)",
+            ylabel="% of the period",
+            ylim=(0, 105),
+        )
+        busy_axis.grid(alpha=0.3)
+        busy_axis.legend(fontsize=8)
+    figure.suptitle(title.replace("$", "\\$"), fontsize=9)  # not mathtext
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
