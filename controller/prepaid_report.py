@@ -1,0 +1,646 @@
+"""`spotbag prepaid`: how many cores of a type to prepay (reserve) for a term, and
+what that saves against buying every core-hour on demand (SPEC.md §7).
+
+The usage comes from a history of (start, end, cores) intervals:
+
+- `--swf FILE`: a Standard Workload Format trace (header lines start with ';';
+  18 fields per job). A job runs from submit + wait (fields 2 + 3) for its run
+  time (field 4) on its allocated processors (field 5). Jobs with an unknown
+  (-1) submit time, wait, run time or processor count, or no processors, are
+  skipped and counted. Times are seconds after the header's UnixStartTime.
+- `--csv FILE`: a header row naming at least the columns start, end and cores
+  (more columns are allowed: `--core-type COLUMN` groups by one of them). Times
+  are epoch seconds (e.g. 1583160579) or ISO 8601 (2020-03-02T14:49:39Z; no zone
+  means UTC); cores are whole numbers >= 0.
+- `--from-store`: the attempts of a state directory; not available yet (reading
+  them belongs in controller/store.py, the only module that may query SQLite).
+
+The period analysed is the span of the history, from the first start to the last
+end (shared by every core type). Each prepaid core is paid for every hour of that
+span at the prepaid price per core-hour; the term (1y/3y) only converts
+`--prepaid-upfront`, an amount per core for the whole term, to that hourly price
+(upfront / (8760·years)). A span shorter than the term stands for the whole term:
+the optimum assumes the rest of the term looks like it.
+
+The math is policies.prepaid; this module reads the inputs and reports.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from policies.prepaid import (
+    PrepaidOptimum,
+    break_even_utilisation,
+    optimal_by_core_type,
+    prepaid_hourly_price,
+)
+
+TERMS_Y = {"1y": 1, "3y": 3}
+SWF_FIELDS = 18
+# SWF fields (1-based) a core type may be taken from.
+SWF_CORE_TYPES = {"partition": 16, "queue": 15}
+CSV_COLUMNS = ("start", "end", "cores")
+DEFAULT_CURVE_POINTS = 15
+
+
+class TraceError(ValueError):
+    """An input file that cannot be read; the message names the line and the problem."""
+
+
+class CoreTypeError(TraceError):
+    """--core-type names nothing the input has."""
+
+
+@dataclass
+class Intervals:
+    """A usage history: epoch seconds (or seconds of a trace without a start time)."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    cores: np.ndarray
+    core_types: np.ndarray | None
+    source: str  # "SWF path", "CSV path"
+    label: str  # the file's name, for titles
+    absolute: bool = True  # times are epoch seconds, so they can be shown as dates
+    skipped: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# --- readers ---------------------------------------------------------------------------
+
+
+def read_swf(path: str | Path, core_type: str | None = None) -> Intervals:
+    """The jobs of an SWF trace as intervals; `core_type` 'partition' or 'queue'
+    groups them by that field (partition names from the header's 'Partition:' lines)."""
+    if core_type is not None and core_type not in SWF_CORE_TYPES:
+        raise CoreTypeError(
+            f"an SWF trace has no core type {core_type!r}; choose {' or '.join(SWF_CORE_TYPES)}"
+        )
+    type_field = SWF_CORE_TYPES[core_type] - 1 if core_type else None
+    unix_start: float | None = None
+    names: dict[str, str] = {}
+    starts: list[float] = []
+    ends: list[float] = []
+    cores: list[int] = []
+    types: list[str] = []
+    skipped = 0
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith(";"):
+                key, _, value = text[1:].partition(":")
+                key, value = key.strip().lower(), value.strip()
+                if key == "unixstarttime":
+                    try:
+                        unix_start = float(value)
+                    except ValueError:
+                        raise TraceError(
+                            f"line {number}: UnixStartTime {value!r} is not a number"
+                        ) from None
+                elif key == "partition" and value:
+                    ident, _, name = value.partition(" ")
+                    names[ident] = name.strip() or ident
+                continue
+            fields = text.split()
+            if len(fields) != SWF_FIELDS:
+                raise TraceError(
+                    f"line {number}: expected {SWF_FIELDS} fields, found {len(fields)}: {text[:80]!r}"
+                )
+            try:
+                submit, wait, run, allocated = (float(fields[i]) for i in (1, 2, 3, 4))
+            except ValueError:
+                raise TraceError(
+                    f"line {number}: fields 2-5 (submit, wait, run time, allocated processors) "
+                    f"must be numbers: {' '.join(fields[1:5])!r}"
+                ) from None
+            values = (submit, wait, run, allocated)
+            if not all(math.isfinite(v) for v in values):
+                raise TraceError(f"line {number}: fields 2-5 must be finite numbers")
+            if min(values) < 0 or allocated == 0:  # -1: unknown
+                skipped += 1
+                continue
+            if allocated != int(allocated):
+                raise TraceError(
+                    f"line {number}: allocated processors (field 5) must be a whole number, "
+                    f"not {fields[4]}"
+                )
+            starts.append(submit + wait)
+            ends.append(submit + wait + run)
+            cores.append(int(allocated))
+            if type_field is not None:
+                types.append(fields[type_field])
+    offset = unix_start or 0.0
+    notes = []
+    if skipped:
+        notes.append(
+            f"{skipped:,} job(s) skipped: unknown (-1) submit time, wait, run time or "
+            "processors, or no processors"
+        )
+    labels = None
+    if type_field is not None:
+        labels = np.array([f"{core_type} {names.get(t, t)}" for t in types], dtype=str)
+    return Intervals(
+        np.asarray(starts, dtype=float) + offset,
+        np.asarray(ends, dtype=float) + offset,
+        np.asarray(cores, dtype=np.int64),
+        labels,
+        f"SWF {path}",
+        Path(path).name,
+        absolute=unix_start is not None,
+        skipped=skipped,
+        notes=notes,
+    )
+
+
+def parse_time(text: str) -> float:
+    """Epoch seconds, or ISO 8601 (no zone: UTC) -> epoch seconds."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"cannot read {text!r} as epoch seconds or ISO 8601") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    if not math.isfinite(seconds):
+        raise ValueError(f"{text!r} is not a finite time")
+    return seconds
+
+
+def read_csv(path: str | Path, core_type: str | None = None) -> Intervals:
+    """Intervals from a CSV with a header row: start, end, cores (and `core_type`)."""
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError("line 1: the file is empty; expected a header row: start,end,cores")
+        header = [name.strip() for name in header]
+        missing = [name for name in CSV_COLUMNS if name not in header]
+        if missing:
+            raise TraceError(
+                f"line 1: the header lacks column(s) {', '.join(missing)} "
+                f"(found: {', '.join(header) or 'nothing'})"
+            )
+        if core_type is not None and core_type not in header:
+            raise CoreTypeError(
+                f"line 1: no core-type column {core_type!r} (columns: {', '.join(header)})"
+            )
+        at = {name: header.index(name) for name in header}
+        starts: list[float] = []
+        ends: list[float] = []
+        cores: list[int] = []
+        types: list[str] = []
+        for row in reader:
+            number = reader.line_num
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                raise TraceError(
+                    f"line {number}: {len(row)} fields, but the header has {len(header)}"
+                )
+            try:
+                start = parse_time(row[at["start"]])
+                end = parse_time(row[at["end"]])
+            except ValueError as exc:
+                raise TraceError(f"line {number}: {exc}") from None
+            if end < start:
+                raise TraceError(f"line {number}: end {row[at['end']]!r} is before start")
+            text = row[at["cores"]].strip()
+            try:
+                count = float(text)
+            except ValueError:
+                count = math.nan
+            if not (math.isfinite(count) and count >= 0 and count == int(count)):
+                raise TraceError(f"line {number}: cores must be a whole number >= 0, not {text!r}")
+            starts.append(start)
+            ends.append(end)
+            cores.append(int(count))
+            if core_type is not None:
+                types.append(row[at[core_type]].strip() or "(none)")
+    return Intervals(
+        np.asarray(starts, dtype=float),
+        np.asarray(ends, dtype=float),
+        np.asarray(cores, dtype=np.int64),
+        np.array(types, dtype=str) if core_type is not None else None,
+        f"CSV {path}",
+        Path(path).name,
+    )
+
+
+# --- the analysis ------------------------------------------------------------------------
+
+
+@dataclass
+class PrepaidReport:
+    intervals: Intervals
+    on_demand_price: float
+    prepaid_price: float  # per core-hour of commitment
+    upfront: float | None
+    term: str
+    period_start: float
+    period_end: float
+    results: dict[str, PrepaidOptimum]
+
+    @property
+    def period_h(self) -> float:
+        return (self.period_end - self.period_start) / 3600.0
+
+    @property
+    def break_even(self) -> float:
+        return break_even_utilisation(self.on_demand_price, self.prepaid_price)
+
+
+def analyse(
+    intervals: Intervals,
+    on_demand_price: float,
+    *,
+    prepaid_price: float | None = None,
+    upfront: float | None = None,
+    term: str = "1y",
+) -> PrepaidReport:
+    """The optimum per core type over the span of `intervals` (one of prepaid_price,
+    per core-hour, or upfront, per core for the whole term)."""
+    if (prepaid_price is None) == (upfront is None):
+        raise ValueError("give exactly one of a prepaid price per core-hour or an upfront amount")
+    hourly = (
+        prepaid_price if prepaid_price is not None else prepaid_hourly_price(upfront, TERMS_Y[term])
+    )
+    starts, ends = intervals.starts, intervals.ends
+    lo = float(starts.min()) if starts.size else 0.0
+    hi = float(ends.max()) if ends.size else lo
+    results = optimal_by_core_type(
+        starts,
+        ends,
+        intervals.cores,
+        intervals.core_types,
+        on_demand_price,
+        hourly,
+        lo,
+        hi,
+        hours_per_unit=1 / 3600,
+    )
+    return PrepaidReport(intervals, on_demand_price, hourly, upfront, term, lo, hi, results)
+
+
+def sample_indices(result: PrepaidOptimum, points: int = DEFAULT_CURVE_POINTS) -> np.ndarray:
+    """About `points` evenly spread indices into the curve, always with 0, the peak
+    and the optimum."""
+    size = result.curve_cores.size
+    spread = np.round(np.linspace(0, size - 1, max(2, points - 1))).astype(int)
+    optimum = int(np.searchsorted(result.curve_cores, result.optimal_cores))
+    return np.unique(np.append(spread, optimum))
+
+
+def explanation(report: PrepaidReport, result: PrepaidOptimum) -> str | None:
+    """Why the optimum is 0, when it is."""
+    if result.optimal_cores:
+        return None
+    if result.prepaid_never_pays:
+        return (
+            f"prepaid ${report.prepaid_price:.4g} >= on-demand ${report.on_demand_price:.4g} "
+            "per core-hour: a prepaid core costs at least as much as the same hours on demand "
+            "even if busy all the time, so buy none"
+        )
+    if result.all_core_hours == 0:
+        return "no core-hours in the period: nothing to prepay"
+    return (
+        f"no core is busy {100 * result.break_even_utilisation:.1f}% of the period "
+        "(the break-even utilisation): buy none"
+    )
+
+
+def _when(report: PrepaidReport, seconds: float) -> str:
+    if report.intervals.absolute:
+        return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"trace second {seconds:,.0f}"
+
+
+def _money(value: float) -> str:
+    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
+
+
+def _price_text(report: PrepaidReport) -> str:
+    term = f"{TERMS_Y[report.term]}-year term"
+    if report.upfront is not None:
+        return (
+            f"prepaid ${report.upfront:,.2f} upfront per core for a {term} = "
+            f"${report.prepaid_price:.4f} per core-hour"
+        )
+    return f"prepaid ${report.prepaid_price:.4f} per core-hour ({term})"
+
+
+def as_dict(report: PrepaidReport, points: int = DEFAULT_CURVE_POINTS) -> dict[str, Any]:
+    intervals = report.intervals
+    groups = []
+    for name, r in report.results.items():
+        shown = sample_indices(r, points)
+        groups.append(
+            {
+                "core_type": name,
+                "peak_cores": r.max_cores,
+                "all_core_hours": r.all_core_hours,
+                "all_on_demand_cost_usd": r.all_on_demand_cost,
+                "optimal_prepaid_cores": r.optimal_cores,
+                "last_prepaid_core_utilisation": r.optimal_utilisation,
+                "prepaid_cost_usd": r.prepaid_cost,
+                "residual_on_demand_core_hours": r.residual_core_hours,
+                "residual_on_demand_cost_usd": r.on_demand_cost,
+                "savings_usd": r.savings,
+                "savings_fraction": r.savings_fraction,
+                "note": explanation(report, r),
+                "curve": [
+                    {
+                        "prepaid_cores": int(r.curve_cores[i]),
+                        "savings_usd": float(r.curve_savings[i]),
+                        "utilisation": float(r.curve_utilisation[i]),
+                    }
+                    for i in shown
+                ],
+            }
+        )
+    return {
+        "source": {
+            "input": intervals.source,
+            "intervals": int(intervals.starts.size),
+            "skipped": intervals.skipped,
+            "notes": intervals.notes,
+        },
+        "period": {
+            "start": _when(report, report.period_start),
+            "end": _when(report, report.period_end),
+            "start_s": report.period_start,
+            "end_s": report.period_end,
+            "hours": report.period_h,
+        },
+        "prices": {
+            "on_demand_per_core_hour": report.on_demand_price,
+            "prepaid_per_core_hour": report.prepaid_price,
+            "prepaid_upfront_per_core": report.upfront,
+            "term": report.term,
+        },
+        "break_even_utilisation": report.break_even,
+        "core_types": groups,
+    }
+
+
+def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -> None:
+    """Header, one summary row per core type, then each type's savings curve."""
+    from rich.table import Table
+
+    def table(*columns: str) -> Table:
+        grid = Table(box=None)
+        for i, name in enumerate(columns):
+            grid.add_column(name, no_wrap=i == 0, justify="left" if i == 0 else "right")
+        return grid
+
+    intervals = report.intervals
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
+
+    say(f"{intervals.source}: {intervals.starts.size:,} intervals")
+    for note in intervals.notes:
+        say(f"  {note}")
+    if intervals.starts.size:
+        say(
+            f"period {_when(report, report.period_start)} .. {_when(report, report.period_end)}: "
+            f"{report.period_h:,.1f} h, the span of the history"
+        )
+    else:
+        say("period: none (no intervals)")
+    say(
+        f"on-demand ${report.on_demand_price:.4f} per core-hour; {_price_text(report)}; "
+        f"break-even utilisation {100 * report.break_even:.1f}%"
+    )
+    say(
+        "each prepaid core is paid for every hour of the span; the optimum is the largest x "
+        "with at least x cores busy >= break-even of the time"
+    )
+    summary = table(
+        "core type",
+        "peak cores",
+        "core-hours",
+        "on-demand cost",
+        "prepaid cores",
+        "last core busy",
+        "prepaid cost",
+        "on-demand core-hours left",
+        "savings",
+        "savings %",
+    )
+    for name, r in report.results.items():
+        summary.add_row(
+            name,
+            f"{r.max_cores:,}",
+            f"{r.all_core_hours:,.1f}",
+            _money(r.all_on_demand_cost),
+            f"{r.optimal_cores:,}",
+            f"{100 * r.optimal_utilisation:.1f}%",
+            _money(r.prepaid_cost),
+            f"{r.residual_core_hours:,.1f}",
+            _money(r.savings),
+            f"{100 * r.savings_fraction:.1f}%",
+        )
+    console.print(summary)
+    for name, r in report.results.items():
+        why = explanation(report, r)
+        if why:
+            say(f"{name}: {why}")
+    for name, r in report.results.items():
+        say("")
+        say(f"savings curve, {name} (* the optimum):")
+        curve = table("prepaid cores", "busy ≥ this core", "savings", "of all on demand")
+        cost = r.all_on_demand_cost
+        for i in sample_indices(r, points):
+            cores = int(r.curve_cores[i])
+            value = float(r.curve_savings[i])
+            curve.add_row(
+                f"{cores:,}" + (" *" if cores == r.optimal_cores else ""),
+                f"{100 * r.curve_utilisation[i]:.1f}%" if cores else "-",
+                _money(value),
+                f"{100 * value / cost:.1f}%" if cost > 0 else "-",
+            )
+        console.print(curve)
+
+
+def write_plot(report: PrepaidReport, out: str | Path, groups: int = 6) -> None:
+    from controller.plots import plot_prepaid_savings
+
+    shown = list(report.results.items())[:groups]
+    plot_prepaid_savings(
+        [
+            (name, r.curve_cores, r.curve_savings, r.curve_utilisation, r.optimal_cores)
+            for name, r in shown
+        ],
+        report.break_even,
+        f"{report.intervals.label}: {_price_text(report)}, on-demand "
+        f"${report.on_demand_price:.4f}/core-hour",
+        out,
+    )
+
+
+def read_source(swf: str | None, csv_path: str | None, core_type: str | None) -> Intervals:
+    """The intervals of the one source given; TraceError names the option."""
+    option, path, reader = ("--swf", swf, read_swf) if swf else ("--csv", csv_path, read_csv)
+    try:
+        return reader(path, core_type)
+    except CoreTypeError as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--core-type") from None
+    except TraceError as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint=option) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint=option) from None
+
+
+def _price(minimum_open: bool):
+    def check(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+        if value is None:
+            return None
+        if not math.isfinite(value) or value < 0 or (minimum_open and value == 0):
+            need = "a positive" if minimum_open else "a non-negative"
+            raise click.BadParameter(f"{value:g}: must be {need} number")
+        return value
+
+    return check
+
+
+@click.command("prepaid")
+@click.option(
+    "--swf",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A Standard Workload Format trace: jobs run from submit + wait for their run time "
+    "on their allocated processors.",
+)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A CSV with a header row and columns start, end (epoch seconds or ISO 8601; no zone: "
+    "UTC) and cores (whole numbers).",
+)
+@click.option(
+    "--from-store",
+    is_flag=True,
+    help="The attempts of the state directory (--state-dir / SPOTBAG_STATE_DIR): not "
+    "available yet.",
+)
+@click.option(
+    "--on-demand-price",
+    type=float,
+    required=True,
+    callback=_price(True),
+    help="On-demand price per core-hour, e.g. 0.0475.",
+)
+@click.option(
+    "--prepaid-price",
+    type=float,
+    callback=_price(False),
+    help="Prepaid price per core-hour of commitment (the effective hourly price).",
+)
+@click.option(
+    "--prepaid-upfront",
+    type=float,
+    callback=_price(False),
+    help="Or: the upfront amount per core for the whole term (divided by 8760 h per year).",
+)
+@click.option(
+    "--term",
+    type=click.Choice(list(TERMS_Y)),
+    required=True,
+    help="The prepaid term (converts --prepaid-upfront to a price per core-hour).",
+)
+@click.option(
+    "--core-type",
+    help="Analyse each core type separately: a CSV column, or for SWF 'partition' or 'queue'.",
+)
+@click.option(
+    "--curve-points",
+    type=click.IntRange(min=2),
+    default=DEFAULT_CURVE_POINTS,
+    show_default=True,
+    help="Points of the savings curve shown (the optimum is always among them).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    help="Save the savings curve and utilisation by prepaid core count to this PNG.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def prepaid_command(
+    swf: str | None,
+    csv_path: str | None,
+    from_store: bool,
+    on_demand_price: float,
+    prepaid_price: float | None,
+    prepaid_upfront: float | None,
+    term: str,
+    core_type: str | None,
+    curve_points: int,
+    plot_path: str | None,
+    as_json: bool,
+) -> None:
+    """How many cores to prepay (reserve) for a term rather than buy on demand, per
+    core type, from a usage history (SPEC.md §7).
+
+    The period is the span of the history (first start to last end). Every prepaid
+    core is paid for each hour of it at the prepaid price per core-hour; --term only
+    converts --prepaid-upfront to that price (upfront / (8760 h × years)), and a span
+    shorter than the term is taken to stand for the whole term. The optimum is the
+    largest x such that at least x cores are busy for at least the break-even
+    utilisation (prepaid / on-demand price) of the period; it is exact. Prepaid at or
+    above the on-demand price gives 0 prepaid cores, with the reason.
+    """
+    from rich.console import Console
+
+    sources = [name for name, given in (("--swf", swf), ("--csv", csv_path)) if given]
+    if from_store:
+        sources.append("--from-store")
+    if len(sources) != 1:
+        raise click.UsageError(
+            "give exactly one of --swf, --csv or --from-store"
+            + (f" (got {', '.join(sources)})" if sources else "")
+        )
+    if (prepaid_price is None) == (prepaid_upfront is None):
+        raise click.UsageError("give exactly one of --prepaid-price or --prepaid-upfront")
+    if from_store:
+        raise click.UsageError(
+            "--from-store: not available yet (reading attempts needs a query in "
+            "controller/store.py); export start,end,cores to a CSV and use --csv"
+        )
+    intervals = read_source(swf, csv_path, core_type)
+    report = analyse(
+        intervals, on_demand_price, prepaid_price=prepaid_price, upfront=prepaid_upfront, term=term
+    )
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    if as_json:
+        click.echo(json.dumps(as_dict(report, curve_points), indent=2))
+    else:
+        render(report, console, curve_points)
+    sys.stdout.flush()
+    if plot_path:
+        try:
+            write_plot(report, plot_path)
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot write {plot_path}: {exc}", param_hint="--plot"
+            ) from None
+        except RuntimeError as exc:  # no matplotlib
+            raise click.ClickException(f"--plot: {exc}") from None
+        Console(stderr=True).print(f"plot written to {plot_path}", highlight=False)
