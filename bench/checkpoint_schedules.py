@@ -39,6 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tee import Tee  # noqa: E402  (bench/tee.py: this script's directory is on sys.path)
+
 from controller.model_book import load_registry  # noqa: E402
 from controller.plots import plot_checkpoint_evaluation, plot_checkpoint_plan  # noqa: E402
 from policies.checkpoint import (  # noqa: E402
@@ -63,20 +65,6 @@ LENGTHS_H = np.arange(1.0, 10.0, 1.0)
 PLAN_H = 5.0
 PAPER_5H_MIN = (15, 28, 38, 59, 128)
 FULL_H = 24.0  # the full table: jobs up to 24 h
-
-
-class Tee:
-    """Print to the terminal and keep a copy for bench/results/."""
-
-    def __init__(self, stream) -> None:
-        self.stream, self.parts = stream, []
-
-    def write(self, text: str) -> int:
-        self.parts.append(text)
-        return self.stream.write(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
 
 
 def load_model():

@@ -27,6 +27,8 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tee import Tee  # noqa: E402  (bench/tee.py)
+
 from controller.prepaid_report import analyse, read_swf, render, write_plot  # noqa: E402
 from policies.prepaid import optimal_prepaid_cores, usage_levels  # noqa: E402
 
@@ -37,20 +39,6 @@ PREPAID_1Y = 0.0300  # $ per core-hour of a 1-year commitment, assumed
 UPFRONT_3Y = 500.0  # $ per core for 3 years, assumed (= 500 / 26,280 h = $0.0190 per core-hour)
 INTERVALS = 1_000_000
 TARGET_S = 2.0
-
-
-class Tee:
-    """Print to the terminal and keep a copy for bench/results/."""
-
-    def __init__(self, stream) -> None:
-        self.stream, self.parts = stream, []
-
-    def write(self, text: str) -> int:
-        self.parts.append(text)
-        return self.stream.write(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from policies.ledger_rules import (
     Entry,
     InsufficientCredit,
     Ledger,
+    jobs_covered,
     rate_cpu_h_per_h,
     reservation_cpu_h,
     reservation_key,
@@ -82,9 +83,7 @@ class Accounts:
                 entries += self.ledger.reserve_many(account, keys, per_job)
                 held_from = job_count
             else:
-                available = self.ledger.balance(account).available
-                fits = job_count if per_job <= 0 else int(min(job_count, available // per_job))
-                fits = max(0, min(job_count, fits))
+                fits = jobs_covered(self.ledger.balance(account).available, per_job, job_count)
                 entries += self.ledger.reserve_many(account, keys[:fits], per_job)
                 held_from = fits
         except InsufficientCredit:
@@ -106,7 +105,7 @@ class Accounts:
                 self.ledger.open.pop(entry.key, None)
                 self.ledger.balance(entry.account).reserved -= entry.cpu_h
             elif entry.kind == "credit":
-                self.ledger.balance(entry.account).allocation -= entry.cpu_h
+                self.uncredit(entry)
         self._forget_new(admission.account, admission.new_account)
 
     def _open_account(self, account: str, now: float) -> tuple[dict[str, Any] | None, list[Entry]]:
@@ -131,8 +130,16 @@ class Accounts:
 
     def _forget_new(self, account: str, new_account: dict[str, Any] | None) -> None:
         if new_account is not None:
-            self.unlimited.pop(account, None)
-            self.ledger.balances.pop(account, None)
+            self.forget(account)
+
+    def forget(self, account: str) -> None:
+        """Drop an account created in memory whose creation was not written."""
+        self.unlimited.pop(account, None)
+        self.ledger.balances.pop(account, None)
+
+    def uncredit(self, entry: Entry) -> None:
+        """Take back a credit that was not written."""
+        self.ledger.balance(entry.account).allocation -= entry.cpu_h
 
     # --- attempts ---------------------------------------------------------------------------
 

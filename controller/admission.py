@@ -21,7 +21,7 @@ from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
 from controller.store import IdempotencyConflict, Store
 from drivers.base import VmType
-from policies.ledger_rules import InsufficientCredit
+from policies.ledger_rules import InsufficientCredit, jobs_covered
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def reserve(scheduler: Scheduler, bag_id: str, spec: Any, job_count: int, now: f
     except InsufficientCredit as exc:
         per_job = accounts.per_attempt_cpu_h(spec)
         rate = accounts.rate(spec)
-        affordable = int(max(0.0, exc.available_cpu_h) // per_job) if per_job > 0 else job_count
+        affordable = jobs_covered(exc.available_cpu_h, per_job, job_count)
         raise InsufficientBalance(
             f"account {exc.account!r} cannot reserve CPU-hours for this bag: it needs "
             f"{exc.needed_cpu_h:,.2f} ({job_count:,} jobs × {rate:g} CPU-hours per hour × "

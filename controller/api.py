@@ -358,9 +358,13 @@ ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def _account_name(request: web.Request) -> str:
+    """The path's account, which must exist."""
     name = request.match_info["account"]
-    if not ACCOUNT_NAME.match(name):
-        raise NotFound(f"account {name!r} does not exist")
+    if (
+        not ACCOUNT_NAME.match(name)
+        or name not in _controller(request).scheduler.accounts.unlimited
+    ):
+        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
     return name
 
 
@@ -421,8 +425,7 @@ async def create_account(request: web.Request) -> web.Response:
     try:
         created = await c.store.create_account(row, rows)
     except BaseException:
-        accounts.unlimited.pop(name, None)
-        accounts.ledger.balances.pop(name, None)
+        accounts.forget(name)
         raise
     if not created:
         raise Conflict(f"account {name!r} exists already", code="account_exists")
@@ -434,15 +437,13 @@ async def credit_account(request: web.Request) -> web.Response:
     c = _controller(request)
     name = _account_name(request)
     accounts = c.scheduler.accounts
-    if name not in accounts.unlimited:
-        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
     data = await _json_body(request)
     cpu_h = _cpu_hours(data, "cpu_hours")
     entry = accounts.credit(name, cpu_h)
     try:
         await c.store.append_ledger([(c.clock.now(), name, "credit", cpu_h, "", _note(data))])
     except BaseException:
-        accounts.ledger.balance(name).allocation -= entry.cpu_h
+        accounts.uncredit(entry)
         raise
     c.scheduler.credited()
     return _json(accounts.view(name))
@@ -451,16 +452,12 @@ async def credit_account(request: web.Request) -> web.Response:
 async def get_account(request: web.Request) -> web.Response:
     c = _controller(request)
     name = _account_name(request)
-    if name not in c.scheduler.accounts.unlimited:
-        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
     return _json(c.scheduler.accounts.view(name))
 
 
 async def account_ledger(request: web.Request) -> web.Response:
     c = _controller(request)
     name = _account_name(request)
-    if name not in c.scheduler.accounts.unlimited:
-        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
     after = _int_query(request, "after", 0, 0, 10**15)
     limit = _int_query(request, "limit", 1000, 1, 100_000)
     entries = await c.store.ledger_entries(name, after, limit)

@@ -68,7 +68,7 @@ from drivers.base import (
     VmStatus,
     VmType,
 )
-from policies.checkpoint import next_checkpoint_h
+from policies.checkpoint import next_checkpoint_h, planned_work_left
 from policies.cost import vm_share
 
 log = logging.getLogger("spotbag.scheduler")
@@ -1304,7 +1304,7 @@ class Scheduler:
         step_s = settings.step_s / self.time_scale  # one grid step in real seconds
         estimate_s = bag.runtime_estimate_s
         done_s = attempt.saved_s + max(0.0, now - attempt.mark_at)
-        left_s = max(estimate_s - done_s, 0.1 * estimate_s, step_s)
+        left_s = planned_work_left(estimate_s, done_s, step_s)
         age_h = max(0.0, now - vm.requested_at) * to_h
         delta_h = bag.spec.checkpoint_cost_s * to_h
         model = vm.belief.model

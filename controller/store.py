@@ -843,18 +843,6 @@ class Store:
 
         return await self.read(select)
 
-    async def attempt_usage(self) -> list[dict]:
-        """Every ended attempt with its job's resources (checks of charges against usage)."""
-
-        def select(conn: sqlite3.Connection) -> list[dict]:
-            return _rows(
-                conn,
-                "SELECT a.bag_id, a.idx, a.number, a.state, a.started_at, a.ended_at, b.account, "
-                "b.spec FROM attempts a JOIN bags b ON b.id = a.bag_id WHERE a.ended_at IS NOT NULL",
-            )
-
-        return await self.read(select)
-
     async def request_cancel(self, bag_id: str, at: float) -> bool:
         """Mark a bag for cancellation; False if it does not exist."""
 

@@ -579,6 +579,13 @@ def _life_from(model: LifetimeModel, rng: np.random.Generator, age_h: float) -> 
             return float(alive[0])
 
 
+def planned_work_left(estimate: float, done: float, step: float) -> float:
+    """The work a running job is planned to have left (any one unit): its estimate less
+    what it has done, but at least a tenth of the estimate (a job that outruns its
+    estimate is not about to end) and at least one grid step."""
+    return max(estimate - done, 0.1 * estimate, step)
+
+
 def next_checkpoint_h(
     policy: str,
     model: LifetimeModel,

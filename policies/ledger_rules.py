@@ -51,6 +51,13 @@ def settlement(
     return charge, reserved_cpu_h - charge
 
 
+def jobs_covered(available_cpu_h: float, per_job_cpu_h: float, job_count: int) -> int:
+    """How many of `job_count` jobs, each reserving `per_job_cpu_h`, the balance covers."""
+    if per_job_cpu_h <= 0 or math.isinf(available_cpu_h):
+        return job_count
+    return max(0, min(job_count, int(max(0.0, available_cpu_h) // per_job_cpu_h)))
+
+
 class Entry(NamedTuple):
     kind: str  # credit | reserve | charge | release
     account: str

@@ -548,8 +548,7 @@ def test_long_schedules_are_evaluated_without_recursion():
     plan = young_daly_schedule(N1_HIGHCPU_16, 24.0, 10 / 3600, 1.0)
     assert len(plan.intervals_h) > 300
     assert math.isfinite(plan.expected_makespan_h) and plan.expected_makespan_h > 24.0
-    # The same intervals split in two halves by a restart-free argument: evaluating the
-    # schedule on a VM that never dies is the work plus the checkpoints.
+    # On a VM that (practically) never dies the makespan is the work plus the checkpoints.
     never = Exponential(mttf_h=1e12)
     exact = expected_makespan(never, plan.intervals_h, 10 / 3600)
     assert exact == pytest.approx(24.0 + plan.checkpoints * 10 / 3600, rel=1e-9)
