@@ -4,12 +4,16 @@ Every route is declared once in `ROUTES`, which builds both the router and the
 OpenAPI document (controller/openapi.py), so the two cannot drift apart.
 Middlewares turn every error into `{"error": {"code", "message", "detail"}}`
 with a fitting status, check the bearer token, and count requests.
+
+Two kinds of token (controller/tokens.py): the admin's (the daemon's token) may do
+everything; an account token only sees and spends its own account. Routes marked
+`admin_only` refuse account tokens with 403; the others check the account of what
+they touch (a bag of another account is "not found", as if it did not exist).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -21,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from controller.admission import admit
-from controller.errors import ApiError, Conflict, InvalidBag, NotFound, Unauthorized
+from controller.errors import ApiError, Conflict, Forbidden, InvalidBag, NotFound, Unauthorized
 from controller.ids import BAG_ID, JOB_ID
 from controller.metrics import CONTENT_TYPE
 from controller.models import BagState, JobState
 from controller.summary import bag_view, fleet_view, job_view
+from controller.tokens import ADMIN, Principal, token_view
 from drivers.base import VmState
 
 if TYPE_CHECKING:
@@ -53,6 +58,7 @@ class Route:
     handler: Handler
     summary: str
     auth: bool = True
+    admin_only: bool = False  # account tokens get 403
     params: tuple[Param, ...] = ()
     body: str | None = None  # component schema name of the JSON request body
     responses: dict[int, tuple[str, str | None]] = field(
@@ -62,6 +68,35 @@ class Route:
 
 def _controller(request: web.Request) -> Controller:
     return request.app[CONTROLLER]
+
+
+def _principal(request: web.Request) -> Principal:
+    return request.get("principal", ADMIN)
+
+
+def _require_account(request: web.Request, account: str) -> None:
+    """403 unless the caller may use `account`."""
+    principal = _principal(request)
+    if not principal.may_use(account):
+        raise Forbidden(
+            f"this token belongs to account {principal.account!r} and may not use "
+            f"account {account!r}",
+            detail={"token_account": principal.account, "account": account},
+        )
+
+
+async def _visible_bag(request: web.Request, bag_id: str) -> dict[str, Any]:
+    """The bag, if it exists and the caller may see it (404 otherwise: an account token
+    cannot tell another account's bags from ones that do not exist)."""
+    bag = await _controller(request).store.get_bag(bag_id)
+    if bag is None or not _principal(request).may_use(bag["account"]):
+        raise NotFound(f"bag {bag_id} does not exist")
+    return bag
+
+
+async def _check_bag_visible(request: web.Request, bag_id: str) -> None:
+    if not _principal(request).is_admin:
+        await _visible_bag(request, bag_id)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -162,6 +197,12 @@ async def create_bag(request: web.Request) -> web.Response:
             f"(body): not valid JSON ({exc})",
             detail={"errors": [{"field": "(body)", "message": str(exc)}]},
         ) from None
+    principal = _principal(request)
+    if not principal.is_admin and isinstance(data, dict):
+        # An account token's bags are charged to its account, which may go unsaid.
+        account = data.setdefault("account", principal.account)
+        if isinstance(account, str):
+            _require_account(request, account)
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 1 <= len(key) <= 200:
         raise ApiError("header Idempotency-Key: must be 1 to 200 characters", code="invalid_header")
@@ -185,9 +226,13 @@ async def list_bags(request: web.Request) -> web.Response:
     state = _enum_query(request, "state", [s.value for s in BagState])
     limit = _int_query(request, "limit", 50, 1, 1000)
     offset = _int_query(request, "offset", 0, 0, 10**9)
-    bags = await c.store.list_bags(
-        state=state, account=request.query.get("account"), limit=limit, offset=offset
-    )
+    account = request.query.get("account")
+    principal = _principal(request)
+    if account is not None:
+        _require_account(request, account)
+    elif not principal.is_admin:
+        account = principal.account
+    bags = await c.store.list_bags(state=state, account=account, limit=limit, offset=offset)
     now = c.clock.now()
     views = [bag_view(b, now) for b in bags]
     for view in views:
@@ -197,19 +242,14 @@ async def list_bags(request: web.Request) -> web.Response:
 
 async def get_bag(request: web.Request) -> web.Response:
     c = _controller(request)
-    bag_id = _bag_id(request)
-    bag = await c.store.get_bag(bag_id)
-    if bag is None:
-        raise NotFound(f"bag {bag_id} does not exist")
+    bag = await _visible_bag(request, _bag_id(request))
     return _json(bag_view(bag, c.clock.now()))
 
 
 async def cancel_bag(request: web.Request) -> web.Response:
     c = _controller(request)
     bag_id = _bag_id(request)
-    bag = await c.store.get_bag(bag_id)
-    if bag is None:
-        raise NotFound(f"bag {bag_id} does not exist")
+    bag = await _visible_bag(request, bag_id)
     if bag["state"] != BagState.ACTIVE:
         raise Conflict(
             f"bag {bag_id} already finished ({bag['state']})", detail={"state": bag["state"]}
@@ -225,8 +265,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     state = _enum_query(request, "state", [s.value for s in JobState])
     limit = _int_query(request, "limit", 100, 1, 1000)
     after = _int_query(request, "after", -1, -1, 10**12)
-    if await c.store.get_bag(bag_id) is None:
-        raise NotFound(f"bag {bag_id} does not exist")
+    await _visible_bag(request, bag_id)
     jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit)
     views = [job_view(j) for j in jobs]
     next_after = jobs[-1]["idx"] if len(jobs) == limit else None
@@ -236,6 +275,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 async def get_job(request: web.Request) -> web.Response:
     c = _controller(request)
     bag_id, idx = _job_key(request)
+    await _check_bag_visible(request, bag_id)
     job = await c.store.get_job(bag_id, idx)
     if job is None:
         raise NotFound(f"job {bag_id}-{idx} does not exist")
@@ -245,6 +285,7 @@ async def get_job(request: web.Request) -> web.Response:
 async def get_job_log(request: web.Request) -> web.Response:
     c = _controller(request)
     bag_id, idx = _job_key(request)
+    await _check_bag_visible(request, bag_id)
     number = request.query.get("attempt")
     attempt_number = _int_query(request, "attempt", 0, 1, 10**6) if number is not None else None
     offset = _int_query(request, "offset", 0, 0, 10**15)
@@ -358,8 +399,9 @@ ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def _account_name(request: web.Request) -> str:
-    """The path's account, which must exist."""
+    """The path's account, which must exist and be the caller's to use."""
     name = request.match_info["account"]
+    _require_account(request, name)
     if (
         not ACCOUNT_NAME.match(name)
         or name not in _controller(request).scheduler.accounts.unlimited
@@ -398,9 +440,9 @@ def _note(data: dict[str, Any]) -> str:
 
 async def list_accounts(request: web.Request) -> web.Response:
     c = _controller(request)
-    return _json(
-        {"accounts": [c.scheduler.accounts.view(a["name"]) for a in await c.store.list_accounts()]}
-    )
+    principal = _principal(request)
+    names = [a["name"] for a in await c.store.list_accounts() if principal.may_use(a["name"])]
+    return _json({"accounts": [c.scheduler.accounts.view(name) for name in names]})
 
 
 async def create_account(request: web.Request) -> web.Response:
@@ -472,6 +514,36 @@ async def account_ledger(request: web.Request) -> web.Response:
         headers = {"X-Spotbag-Next-After": str(next_after)} if next_after is not None else {}
         return web.Response(text="\n".join(lines) + "\n", content_type="text/csv", headers=headers)
     return _json({"entries": entries, "next_after": next_after})
+
+
+async def create_token(request: web.Request) -> web.Response:
+    c = _controller(request)
+    name = _account_name(request)
+    data = await _json_body(request) if request.can_read_body else {}
+    row, token = c.tokens.issue(name, c.clock.now(), _note(data))
+    await c.store.create_token(row)
+    c.tokens.added(row)
+    view = token_view({**row, "revoked_at": None})
+    return _json({**view, "token": token}, status=201)
+
+
+async def list_tokens(request: web.Request) -> web.Response:
+    c = _controller(request)
+    name = _account_name(request)
+    rows = [token_view(row) for row in await c.store.tokens() if row["account"] == name]
+    return _json({"tokens": rows})
+
+
+async def revoke_token(request: web.Request) -> web.Response:
+    c = _controller(request)
+    name = _account_name(request)
+    token_id = request.match_info["token_id"]
+    if c.tokens.account_of(token_id) != name:
+        raise NotFound(f"account {name!r} has no token {token_id!r}")
+    if not await c.store.revoke_token(token_id, c.clock.now()):
+        raise Conflict(f"token {token_id} was revoked already")
+    c.tokens.revoked(token_id)
+    return _json({"id": token_id, "account": name, "revoked": True})
 
 
 _ERR = "Error"
@@ -610,6 +682,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/vms",
         list_vms,
         "VMs (live ones unless state or all=true) and fleet usage.",
+        admin_only=True,
         params=(
             Param(
                 "state", "query", "Only VMs in this state.", {"enum": [s.value for s in VmState]}
@@ -624,6 +697,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/models",
         list_models,
         "Preemption models: configured, learned (sample counts and fit quality) and in use per VM.",
+        admin_only=True,
         params=(Param("history", "query", "Present: also the learned models since replaced."),),
         responses={200: ("Models.", "Models")},
     ),
@@ -632,6 +706,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/vms/{vm_id}/preempt",
         preempt_vm,
         "Preempt a VM now (fault injection; local driver only).",
+        admin_only=True,
         params=(Param("vm_id", "path", "VM id (vm-...).", required=True),),
         responses={
             202: ("The VM was preempted.", None),
@@ -651,6 +726,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/accounts",
         create_account,
         "Create an account: {name, cpu_hours (its first credit), unlimited, note}.",
+        admin_only=True,
         responses={
             201: ("The account, with its balance.", None),
             400: ("A bad field; the message names it.", _ERR),
@@ -670,6 +746,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/accounts/{account}/credit",
         credit_account,
         "Add CPU-hours to an account's allocation: {cpu_hours, note}. Held jobs may run.",
+        admin_only=True,
         params=(ACCOUNT_PATH,),
         responses={
             200: ("The new balance.", None),
@@ -689,6 +766,36 @@ ROUTES: tuple[Route, ...] = (
             Param("format", "query", "json (default) or csv.", {"enum": ["json", "csv"]}),
         ),
         responses={200: ("Entries.", None), 404: ("No such account.", _ERR)},
+    ),
+    Route(
+        "POST",
+        "/v1/accounts/{account}/tokens",
+        create_token,
+        "Issue a token that can only see and spend this account: {note}. The token is shown once.",
+        admin_only=True,
+        params=(ACCOUNT_PATH,),
+        responses={201: ("The token.", None), 404: ("No such account.", _ERR)},
+    ),
+    Route(
+        "GET",
+        "/v1/accounts/{account}/tokens",
+        list_tokens,
+        "The account's tokens (ids, notes, revocation; never the secrets).",
+        params=(ACCOUNT_PATH,),
+        responses={200: ("Tokens.", None), 404: ("No such account.", _ERR)},
+    ),
+    Route(
+        "DELETE",
+        "/v1/accounts/{account}/tokens/{token_id}",
+        revoke_token,
+        "Revoke one of the account's tokens.",
+        admin_only=True,
+        params=(ACCOUNT_PATH, Param("token_id", "path", "Token id.", required=True)),
+        responses={
+            200: ("Revoked.", None),
+            404: ("No such token.", _ERR),
+            409: ("Revoked already.", _ERR),
+        },
     ),
 )
 
@@ -741,14 +848,17 @@ def _route_name(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
-def auth_middleware(token: str, open_paths: set[str]) -> Callable:
-    expected = f"Bearer {token}".encode()
+def auth_middleware(controller: Controller) -> Callable:
+    open_paths = {r.path for r in ROUTES if not r.auth}
+    admin_routes = {(r.method, r.path) for r in ROUTES if r.admin_only}
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if _route_name(request) not in open_paths:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+        route = _route_name(request)
+        if route not in open_paths:
+            given = request.headers.get("Authorization", "")
+            principal = controller.tokens.authenticate(given)
+            if principal is None:
                 problem = "missing" if not given else "wrong"
                 error = Unauthorized(
                     f"{problem} bearer token: send 'Authorization: Bearer <token>' "
@@ -757,6 +867,15 @@ def auth_middleware(token: str, open_paths: set[str]) -> Callable:
                 response = _error_response(error)
                 response.headers["WWW-Authenticate"] = 'Bearer realm="spotbag"'
                 return response
+            method = "GET" if request.method == "HEAD" else request.method
+            if not principal.is_admin and (method, route) in admin_routes:
+                return _error_response(
+                    Forbidden(
+                        f"{request.method} {route} needs the admin token; this token belongs "
+                        f"to account {principal.account!r}"
+                    )
+                )
+            request["principal"] = principal
         return await handler(request)
 
     return check
@@ -775,13 +894,12 @@ def counting_middleware(controller: Controller) -> Callable:
 
 
 def build_app(controller: Controller) -> web.Application:
-    open_paths = {r.path for r in ROUTES if not r.auth}
     app = web.Application(
         client_max_size=int(controller.config.api.max_body_mb * 1024 * 1024),
         middlewares=[
             counting_middleware(controller),
             error_middleware,
-            auth_middleware(controller.token, open_paths),
+            auth_middleware(controller),
         ],
     )
     app[CONTROLLER] = controller

@@ -826,6 +826,49 @@ def accounts_ledger(ctx: click.Context, name: str, as_csv: bool, limit: int, as_
     console.print(table)
 
 
+@accounts.group("token")
+def accounts_token() -> None:
+    """Tokens that can only see and spend one account (issued by the admin)."""
+
+
+@accounts_token.command("create")
+@click.argument("account")
+@click.option("--note", default="", help="Who or what it is for.")
+@click.pass_context
+def token_create(ctx: click.Context, account: str, note: str) -> None:
+    """Issue a token for ACCOUNT; it is printed once, keep it (SPOTBAG_TOKEN=...)."""
+    view = _call(_client(ctx).create_token, account, note)
+    err_console.print(
+        f"token {view['id']} for account {account!r}; it is not shown again:", highlight=False
+    )
+    click.echo(view["token"])
+
+
+@accounts_token.command("list")
+@click.argument("account")
+@click.pass_context
+def token_list(ctx: click.Context, account: str) -> None:
+    """ACCOUNT's tokens (never their secrets)."""
+    table = _table("id", "created", "revoked", "note", keep=1)
+    for t in _call(_client(ctx).tokens, account)["tokens"]:
+        table.add_row(t["id"], _when(t["created_at"]), _when(t["revoked_at"]), t["note"])
+    console.print(table)
+
+
+@accounts_token.command("revoke")
+@click.argument("account")
+@click.argument("token_id")
+@click.pass_context
+def token_revoke(ctx: click.Context, account: str, token_id: str) -> None:
+    """Revoke one of ACCOUNT's tokens; it stops working at once."""
+    _call(_client(ctx).revoke_token, account, token_id)
+    console.print(f"token {token_id} of account {account!r} revoked", highlight=False)
+
+
+def _when(at: float | None) -> str:
+    return "" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
 @cli.group()
 def config() -> None:
     """Show or check configuration."""

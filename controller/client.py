@@ -181,3 +181,12 @@ class Client:
         if csv:
             return self.request("GET", f"/v1/accounts/{_q(name)}/ledger", query=query, raw=True)
         return self.request("GET", f"/v1/accounts/{_q(name)}/ledger", query=query)
+
+    def create_token(self, account: str, note: str = "") -> dict[str, Any]:
+        return self.request("POST", f"/v1/accounts/{_q(account)}/tokens", body={"note": note})
+
+    def tokens(self, account: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/accounts/{_q(account)}/tokens")
+
+    def revoke_token(self, account: str, token_id: str) -> dict[str, Any]:
+        return self.request("DELETE", f"/v1/accounts/{_q(account)}/tokens/{_q(token_id)}")

@@ -33,6 +33,7 @@ from controller.metrics import Metrics
 from controller.scheduler import Scheduler
 from controller.sdnotify import notify
 from controller.store import Store
+from controller.tokens import Tokens
 from controller.wiring import make_driver, make_model_book
 
 log = logging.getLogger("spotbag.daemon")
@@ -57,6 +58,7 @@ class Controller:
         self.metrics = Metrics()
         self.store = Store(self.state_dir / "spotbag.db")
         self.token = ""
+        self.tokens = Tokens("")
         self.controller_id = ""
         self.driver: Any = None
         self.executor: Any = None
@@ -74,6 +76,7 @@ class Controller:
             "controller_id", lambda: secrets.token_hex(6)
         )
         self.token = self._resolve_token()
+        self.tokens = Tokens(self.token, await self.store.tokens())
         seed = self.config.driver.seed
         rng = np.random.default_rng(seed)
         self.book = make_model_book(

@@ -57,3 +57,8 @@ class Conflict(ApiError):
 class InsufficientBalance(ApiError):
     status = 402
     code = "insufficient_balance"
+
+
+class Forbidden(ApiError):
+    status = 403
+    code = "forbidden"

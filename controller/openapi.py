@@ -257,6 +257,16 @@ def build_openapi(routes: Sequence[Any]) -> dict[str, Any]:
                     },
                 },
             )
+        if route.admin_only:
+            operation["responses"].setdefault(
+                "403",
+                {
+                    "description": "Needs the admin token; an account token may not do this.",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+            )
         if route.body:
             operation["requestBody"] = {
                 "required": True,

@@ -197,6 +197,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE UNIQUE INDEX ledger_once ON ledger(key, kind) WHERE kind != 'credit';
         """,
     ),
+    (
+        "per-account API tokens (only a hash of the secret is kept)",
+        """
+        CREATE TABLE account_tokens (
+            id TEXT PRIMARY KEY,
+            account TEXT NOT NULL,
+            secret_sha256 TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            revoked_at REAL,
+            note TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX account_tokens_by_account ON account_tokens(account);
+        """,
+    ),
 ]
 
 
@@ -842,6 +856,33 @@ class Store:
             )
 
         return await self.read(select)
+
+    async def create_token(self, row: dict[str, Any]) -> None:
+        await self.write(
+            lambda conn: conn.execute(
+                "INSERT INTO account_tokens (id, account, secret_sha256, created_at, note) "
+                "VALUES (:id, :account, :secret_sha256, :created_at, :note)",
+                row,
+            )
+        )
+
+    async def revoke_token(self, token_id: str, at: float) -> bool:
+        """Revoke a token; False when there is no such live token."""
+
+        def revoke(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE account_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                (at, token_id),
+            )
+            return cursor.rowcount > 0
+
+        return await self.write(revoke)
+
+    async def tokens(self) -> list[dict[str, Any]]:
+        """Every account token, revoked ones included (with their hashes)."""
+        return await self.read(
+            lambda conn: _rows(conn, "SELECT * FROM account_tokens ORDER BY created_at, id")
+        )
 
     async def request_cancel(self, bag_id: str, at: float) -> bool:
         """Mark a bag for cancellation; False if it does not exist."""

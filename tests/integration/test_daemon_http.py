@@ -417,6 +417,7 @@ def test_openapi_document_matches_the_routes(make_daemon):
             .replace("{job_id}", "b0000000000-0")
             .replace("{vm_id}", "vm-000000000000")
             .replace("{account}", "nobody")
+            .replace("{token_id}", "0123456789ab")
         )
         try:
             client.request(method, concrete, body={} if method == "POST" else None, raw=True)

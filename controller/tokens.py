@@ -1,0 +1,112 @@
+"""Who is calling: the admin token, or a per-account token.
+
+The daemon's token (api.token / SPOTBAG_TOKEN / STATE_DIR/token) is the admin's: it
+may do everything, including creating and crediting accounts and issuing account
+tokens. An account token, `sbt_<id>_<secret>`, may only see and spend its own
+account: submit bags charged to it, see and cancel its bags and their jobs, read its
+balance, ledger and reports. Only a SHA-256 of the secret is stored (it is random
+and long, so a slow password hash would add nothing); the whole token is shown once,
+when it is issued. Tokens are kept in memory (the API is the only writer) and
+checked in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+TOKEN_FORMAT = re.compile(r"^sbt_([a-f0-9]{12})_([A-Za-z0-9_-]{20,100})$")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller: the admin (account None) or the holder of one account's token."""
+
+    account: str | None = None
+    token_id: str = ""
+
+    @property
+    def is_admin(self) -> bool:
+        return self.account is None
+
+    def may_use(self, account: str) -> bool:
+        return self.account is None or self.account == account
+
+
+ADMIN = Principal()
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass
+class _Known:
+    account: str
+    secret_sha256: str
+    revoked: bool
+
+
+class Tokens:
+    def __init__(self, admin_token: str, rows: list[dict[str, Any]] = ()) -> None:
+        self._admin = f"Bearer {admin_token}".encode()
+        self._known = {
+            row["id"]: _Known(row["account"], row["secret_sha256"], row["revoked_at"] is not None)
+            for row in rows
+        }
+
+    def authenticate(self, authorization: str) -> Principal | None:
+        """The principal an `Authorization` header stands for; None if it is no valid token."""
+        given = authorization.encode()
+        if hmac.compare_digest(given, self._admin):
+            return ADMIN
+        match = TOKEN_FORMAT.match(authorization.removeprefix("Bearer "))
+        if not authorization.startswith("Bearer ") or match is None:
+            return None
+        token_id, secret = match.groups()
+        known = self._known.get(token_id)
+        if known is None or known.revoked:
+            return None
+        if not hmac.compare_digest(_digest(secret), known.secret_sha256):
+            return None
+        return Principal(known.account, token_id)
+
+    def issue(self, account: str, now: float, note: str = "") -> tuple[dict[str, Any], str]:
+        """A new token for `account`: (the row to store, the token to show once).
+        Call `added(row)` once the row is written."""
+        token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        row = {
+            "id": token_id,
+            "account": account,
+            "secret_sha256": _digest(secret),
+            "created_at": now,
+            "note": note,
+        }
+        return row, f"sbt_{token_id}_{secret}"
+
+    def added(self, row: dict[str, Any]) -> None:
+        self._known[row["id"]] = _Known(row["account"], row["secret_sha256"], False)
+
+    def revoked(self, token_id: str) -> None:
+        if token_id in self._known:
+            self._known[token_id].revoked = True
+
+    def account_of(self, token_id: str) -> str | None:
+        known = self._known.get(token_id)
+        return known.account if known else None
+
+
+def token_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored token as the API shows it (never its hash)."""
+    return {
+        "id": row["id"],
+        "account": row["account"],
+        "created_at": row["created_at"],
+        "revoked_at": row["revoked_at"],
+        "note": row["note"],
+    }
