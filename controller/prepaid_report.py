@@ -12,8 +12,8 @@ The usage comes from a history of (start, end, cores) intervals:
   (more columns are allowed: `--core-type COLUMN` groups by one of them). Times
   are epoch seconds (e.g. 1583160579) or ISO 8601 (2020-03-02T14:49:39Z; no zone
   means UTC); cores are whole numbers >= 0.
-- `--from-store`: the attempts of a state directory; not available yet (reading
-  them belongs in controller/store.py, the only module that may query SQLite).
+- `--from-store`: the VMs a state directory's daemon ran: each VM's vCPUs from
+  running to ended, the VM type as the core type (prepaid capacity is bought as VMs).
 
 The period analysed is the span of the history, from the first start to the last
 end (shared by every core type). Each prepaid core is paid for every hour of that
@@ -27,6 +27,7 @@ The math is policies.prepaid; this module reads the inputs and reports.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import math
@@ -495,6 +496,48 @@ def write_plot(report: PrepaidReport, out: str | Path, groups: int = 6) -> None:
     )
 
 
+def read_store(state_dir: str | None, core_type: str | None) -> Intervals:
+    """Intervals from the VMs of a state directory's store (core type: the VM type)."""
+    from controller.config import load_config
+    from controller.store import Store
+
+    root = Path(state_dir) if state_dir else load_config(None).resolved_state_dir()
+    path = root / "spotbag.db"
+    if not path.exists():
+        raise click.BadParameter(
+            f"no store at {path} (give --state-dir or SPOTBAG_STATE_DIR)", param_hint="--from-store"
+        )
+
+    async def load() -> list[tuple[float, float, int, str]]:
+        store = Store(path, threaded=False)
+        await store.open()
+        try:
+            return await store.vm_core_intervals()
+        finally:
+            await store.close()
+
+    rows = asyncio.run(load())
+    if not rows:
+        raise click.BadParameter(
+            f"{path}: no VM has run and ended yet; nothing to size", param_hint="--from-store"
+        )
+    starts, ends, cores, types = zip(*rows, strict=True)
+    if core_type not in (None, "vm_type"):
+        raise click.BadParameter(
+            f"--from-store groups by VM type: --core-type vm_type (or leave it out), not "
+            f"{core_type!r}",
+            param_hint="--core-type",
+        )
+    return Intervals(
+        np.array(starts, dtype=float),
+        np.array(ends, dtype=float),
+        np.array(cores, dtype=float),
+        np.array(types, dtype=str) if core_type == "vm_type" else None,
+        f"store {path}",
+        f"VMs of {root}",
+    )
+
+
 def read_source(swf: str | None, csv_path: str | None, core_type: str | None) -> Intervals:
     """The intervals of the one source given; TraceError names the option."""
     option, path, reader = ("--swf", swf, read_swf) if swf else ("--csv", csv_path, read_csv)
@@ -537,8 +580,8 @@ def _price(minimum_open: bool):
 @click.option(
     "--from-store",
     is_flag=True,
-    help="The attempts of the state directory (--state-dir / SPOTBAG_STATE_DIR): not "
-    "available yet.",
+    help="The VMs this host's daemon ran (its --state-dir / SPOTBAG_STATE_DIR): each VM's "
+    "vCPUs from running to ended, per VM type.",
 )
 @click.option(
     "--on-demand-price",
@@ -620,11 +663,10 @@ def prepaid_command(
     if (prepaid_price is None) == (prepaid_upfront is None):
         raise click.UsageError("give exactly one of --prepaid-price or --prepaid-upfront")
     if from_store:
-        raise click.UsageError(
-            "--from-store: not available yet (reading attempts needs a query in "
-            "controller/store.py); export start,end,cores to a CSV and use --csv"
-        )
-    intervals = read_source(swf, csv_path, core_type)
+        state_dir = click.get_current_context().find_root().obj or {}
+        intervals = read_store(state_dir.get("state_dir"), core_type)
+    else:
+        intervals = read_source(swf, csv_path, core_type)
     report = analyse(
         intervals, on_demand_price, prepaid_price=prepaid_price, upfront=prepaid_upfront, term=term
     )

@@ -211,6 +211,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX account_tokens_by_account ON account_tokens(account);
         """,
     ),
+    (
+        "attempts by VM, for cost reports (every job that shared a VM splits its cost)",
+        """
+        CREATE INDEX attempts_by_vm ON attempts(vm_id);
+        """,
+    ),
 ]
 
 
@@ -856,6 +862,67 @@ class Store:
             )
 
         return await self.read(select)
+
+    async def report_rows(self, *, bag_id: str | None = None, account: str | None = None) -> dict:
+        """What a cost report of one bag or one account is built from, as tuples:
+
+        - bags: the bags in scope (id, name, account, state, job_count, created_at,
+          finished_at, checkpoints, cpus, gpus, memory_gb), plus every other bag that
+          shared a VM with them (their jobs split those VMs' costs), `in_scope` 0/1;
+        - vms: every VM an attempt in scope ran on (id, vm_type, zone, spot, state,
+          reason, cpus, gpus, memory_gb, spot and on-demand price per hour,
+          requested_at, running_at, ended_at);
+        - attempts: every attempt on those VMs (bag_id, idx, number, vm_id, state,
+          started_at, ended_at, lost_from: its last written checkpoint or its start,
+          checkpoint_s: the time its written checkpoints took, checkpoints: how many).
+        """
+        if (bag_id is None) == (account is None):
+            raise ValueError("a report is of one bag or of one account")
+        scope_sql = "SELECT id FROM bags WHERE " + ("id = :bag" if bag_id else "account = :account")
+        params = {"bag": bag_id, "account": account}
+        # The VMs the scope's attempts ran on (a CTE: read connections are query-only).
+        with_vms = f"WITH report_vms AS (SELECT DISTINCT vm_id FROM attempts WHERE bag_id IN ({scope_sql})) "
+
+        def select(conn: sqlite3.Connection) -> dict:
+            bags = conn.execute(
+                with_vms + "SELECT id, name, account, state, job_count, created_at, finished_at, "
+                "checkpoints, coalesce(json_extract(spec, '$.resources.cpus'), 1), "
+                "coalesce(json_extract(spec, '$.resources.gpus'), 0), "
+                "coalesce(json_extract(spec, '$.resources.memory_gb'), 1.0), "
+                f"id IN ({scope_sql}) FROM bags WHERE id IN ({scope_sql}) OR id IN "
+                "(SELECT DISTINCT bag_id FROM attempts WHERE vm_id IN (SELECT vm_id FROM report_vms))"
+                " ORDER BY created_at, id",
+                params,
+            ).fetchall()
+            vms = conn.execute(
+                with_vms + "SELECT id, vm_type, zone, spot, state, reason, cpus, gpus, memory_gb, "
+                "spot_price_per_hour, on_demand_price_per_hour, requested_at, running_at, ended_at "
+                "FROM vms WHERE id IN (SELECT vm_id FROM report_vms) ORDER BY requested_at, id",
+                params,
+            ).fetchall()
+            attempts = conn.execute(
+                with_vms + "SELECT a.bag_id, a.idx, a.number, a.vm_id, a.state, a.started_at, "
+                "a.ended_at, coalesce(c.last_at, a.started_at), coalesce(c.took_s, 0), "
+                "coalesce(c.n, 0) FROM attempts a LEFT JOIN (SELECT bag_id, idx, number, "
+                "max(at) AS last_at, sum(max(0, at - requested_at)) AS took_s, count(*) AS n "
+                f"FROM checkpoints WHERE ok = 1 AND bag_id IN ({scope_sql}) "
+                "GROUP BY bag_id, idx, number) c USING (bag_id, idx, number) "
+                "WHERE a.vm_id IN (SELECT vm_id FROM report_vms)",
+                params,
+            ).fetchall()
+            return {"bags": bags, "vms": vms, "attempts": attempts}
+
+        return await self.read(select)
+
+    async def vm_core_intervals(self) -> list[tuple[float, float, int, str]]:
+        """(running_at, ended_at, cpus, vm_type) of every VM that ran and ended: the
+        history `spotbag prepaid --from-store` sizes prepaid capacity from."""
+        return await self.read(
+            lambda conn: conn.execute(
+                "SELECT running_at, ended_at, cpus, vm_type FROM vms WHERE running_at IS NOT NULL "
+                "AND ended_at IS NOT NULL AND ended_at > running_at ORDER BY running_at"
+            ).fetchall()
+        )
 
     async def create_token(self, row: dict[str, Any]) -> None:
         await self.write(

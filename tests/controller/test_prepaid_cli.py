@@ -249,7 +249,6 @@ def test_the_plot_is_written(tmp_path):
         (["--csv", "{csv}", "--prepaid-price", "1", "--prepaid-upfront", "1"], "exactly one"),
         (["--csv", "{csv}", "--prepaid-price", "-0.01"], "'--prepaid-price': -0.01"),
         (["--csv", "{missing}", "--prepaid-price", "0.03"], "'--csv': File"),
-        (["--from-store", "--prepaid-price", "0.03"], "--from-store: not available yet"),
         (["--swf", "{bad_swf}", "--prepaid-price", "0.03"], "--swf: .*line 7: expected 18"),
         (
             ["--csv", "{csv}", "--prepaid-price", "0.03", "--core-type", "zone"],
@@ -328,3 +327,36 @@ def test_the_real_swf_trace():
     k = whole.optimal_cores
     busy = usage.time_at_least_h(np.array([k, k + 1])) / usage.period_h
     assert busy[0] >= 0.03 / 0.0475 > busy[1]
+
+
+def test_from_store_sizes_prepaid_capacity_from_the_vms_a_daemon_ran(tmp_path, monkeypatch):
+    import asyncio
+    import sqlite3
+
+    from controller.simulation import simulate
+    from tests.controller.simworld import bag, config
+
+    prices = ["--on-demand-price", "0.04", "--prepaid-price", "0.02", "--term", "1y"]
+    monkeypatch.setenv("SPOTBAG_STATE_DIR", str(tmp_path / "empty"))
+    result = run("--from-store", *prices)
+    assert result.exit_code == 2 and "no store at" in result.output
+
+    state = tmp_path / "state"
+    asyncio.run(simulate(bag(30, runtime_s=5400.0), config(), seed=2, state_dir=state))
+    monkeypatch.setenv("SPOTBAG_STATE_DIR", str(state))
+    result = run("--from-store", *prices, "--core-type", "vm_type", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    with sqlite3.connect(state / "spotbag.db") as conn:
+        vms = conn.execute(
+            "SELECT running_at, ended_at, cpus, vm_type FROM vms WHERE ended_at > running_at"
+        ).fetchall()
+    assert data["source"]["intervals"] == len(vms) > 0
+    for group in data["core_types"]:
+        mine = np.array([v[:3] for v in vms if v[3] == group["core_type"]], dtype=float)
+        usage = usage_levels(mine[:, 0], mine[:, 1], mine[:, 2], hours_per_unit=1 / 3600)
+        assert group["all_core_hours"] == pytest.approx(
+            (mine[:, 2] * (mine[:, 1] - mine[:, 0])).sum() / 3600
+        )
+        # The span is the whole store's; per type the same rule applies over it.
+        assert group["peak_cores"] == usage.max_cores
