@@ -24,14 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from controller import report_render
 from controller.admission import admit
 from controller.errors import ApiError, Conflict, Forbidden, InvalidBag, NotFound, Unauthorized
 from controller.ids import BAG_ID, JOB_ID
 from controller.metrics import CONTENT_TYPE
 from controller.models import BagState, JobState
+from controller.report import ReportScopeEmpty, build_report
 from controller.summary import bag_view, fleet_view, job_view
 from controller.tokens import ADMIN, Principal, token_view
 from drivers.base import VmState
+from policies.allocation import Weights
 
 if TYPE_CHECKING:
     from controller.daemon import Controller
@@ -329,7 +332,14 @@ async def list_vms(request: web.Request) -> web.Response:
         states = [VmState.PENDING.value, VmState.RUNNING.value]
     vms = await c.store.list_vms(states=states, limit=limit)
     live = c.scheduler.vms
+    now = c.clock.now()
     for vm in vms:
+        # What the VM has cost so far: its price over its billed life (running → ended).
+        billed_h = max(0.0, (vm["ended_at"] or now) - (vm["running_at"] or now)) / 3600.0
+        paid = vm["spot_price_per_hour"] if vm["spot"] else vm["on_demand_price_per_hour"]
+        vm["billed_hours"] = billed_h
+        vm["cost_usd"] = billed_h * paid
+        vm["on_demand_cost_usd"] = billed_h * vm["on_demand_price_per_hour"]
         run = live.get(vm["id"])
         vm["jobs"] = len(run.attempts) if run is not None else 0
         vm["terminating"] = bool(run and run.terminating)
@@ -514,6 +524,39 @@ async def account_ledger(request: web.Request) -> web.Response:
         headers = {"X-Spotbag-Next-After": str(next_after)} if next_after is not None else {}
         return web.Response(text="\n".join(lines) + "\n", content_type="text/csv", headers=headers)
     return _json({"entries": entries, "next_after": next_after})
+
+
+async def get_report(request: web.Request) -> web.Response:
+    c = _controller(request)
+    bag_id, account = request.query.get("bag"), request.query.get("account")
+    if (bag_id is None) == (account is None):
+        raise ApiError("give one of bag=<bag id> or account=<name>", code="invalid_query")
+    fmt = _enum_query(request, "format", ["json", "csv", "html"]) or "json"
+    if bag_id is not None:
+        if not BAG_ID.match(bag_id):
+            raise NotFound(f"bag {bag_id} does not exist")
+        await _visible_bag(request, bag_id)
+    else:
+        _require_account(request, account)
+    cost = c.config.cost
+    try:
+        report = await build_report(
+            c.store,
+            bag_id=bag_id,
+            account=account,
+            now=c.clock.now(),
+            weights=Weights(cost.cpu_weight, cost.memory_weight, cost.gpu_weight),
+            idle_timeout_s=c.config.scheduler.idle_timeout_s,
+            gpu_weight=c.config.ledger.gpu_weight,
+        )
+    except ReportScopeEmpty as exc:
+        raise NotFound(str(exc)) from None
+    if fmt == "csv":
+        return web.Response(text=report_render.to_csv(report), content_type="text/csv")
+    if fmt == "html":
+        page = await asyncio.to_thread(report_render.to_html, report)
+        return web.Response(text=page, content_type="text/html")
+    return _json(report)
 
 
 async def create_token(request: web.Request) -> web.Response:
@@ -766,6 +809,21 @@ ROUTES: tuple[Route, ...] = (
             Param("format", "query", "json (default) or csv.", {"enum": ["json", "csv"]}),
         ),
         responses={200: ("Entries.", None), 404: ("No such account.", _ERR)},
+    ),
+    Route(
+        "GET",
+        "/v1/reports",
+        get_report,
+        "Cost report of a bag or an account: VM-hours, cost, on-demand cost, savings, idle "
+        "and spare time, preemptions, hours lost and checkpointing, per VM type and per bag.",
+        params=(
+            Param("bag", "query", "The bag to report on."),
+            Param("account", "query", "The account to report on (all its bags)."),
+            Param(
+                "format", "query", "json (default), csv or html.", {"enum": ["json", "csv", "html"]}
+            ),
+        ),
+        responses={200: ("The report.", None), 404: ("No such bag, or no bags.", _ERR)},
     ),
     Route(
         "POST",

@@ -391,7 +391,7 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    table = _table("vm", "type", "state", "jobs", "launched", "reason", keep=2)
+    table = _table("vm", "type", "state", "jobs", "launched", "hours", "cost $", "reason", keep=2)
     for vm in data["vms"]:
         launched = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(vm["requested_at"]))
         table.add_row(
@@ -400,6 +400,8 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
             vm["state"] + (" (terminating)" if vm["terminating"] else ""),
             str(vm["jobs"]),
             launched,
+            f"{vm['billed_hours']:.3f}",
+            f"{vm['cost_usd']:.4f}",
             vm["reason"],
         )
     console.print(table)
@@ -824,6 +826,46 @@ def accounts_ledger(ctx: click.Context, name: str, as_csv: bool, limit: int, as_
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
         table.add_row(str(e["id"]), when, e["kind"], f"{e['cpu_h']:,.4f}", e["key"], e["note"])
     console.print(table)
+
+
+@cli.command("report")
+@click.option("--bag", "bag_id", help="Report on this bag.")
+@click.option("--account", help="Report on this account (all its bags).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv", "html"]),
+    default="table",
+    show_default=True,
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file.")
+@click.pass_context
+def report(
+    ctx: click.Context, bag_id: str | None, account: str | None, fmt: str, output: str | None
+) -> None:
+    """Where the money went: VM-hours, cost, on-demand cost, savings, idle and spare time,
+    preemptions, hours lost and spent checkpointing, per VM type (and per bag).
+
+    The HTML report is one self-contained file with charts."""
+    if (bag_id is None) == (account is None):
+        raise click.UsageError("give one of --bag or --account")
+    client = _client(ctx)
+    if fmt == "table":
+        from controller.report_render import tables
+
+        data = _call(client.report, bag_id, account, "json")
+        for table in tables(data):
+            console.print(table)
+        return
+    if fmt == "json":
+        text = json.dumps(_call(client.report, bag_id, account, "json"), indent=2) + "\n"
+    else:
+        text = _call(client.report, bag_id, account, fmt)[0].decode()
+    if output:
+        Path(output).write_text(text)
+        err_console.print(f"report written to {output}", highlight=False)
+    else:
+        sys.stdout.write(text)
 
 
 @accounts.group("token")

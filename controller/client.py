@@ -190,3 +190,8 @@ class Client:
 
     def revoke_token(self, account: str, token_id: str) -> dict[str, Any]:
         return self.request("DELETE", f"/v1/accounts/{_q(account)}/tokens/{_q(token_id)}")
+
+    def report(self, bag: str | None = None, account: str | None = None, fmt: str = "json") -> Any:
+        """A cost report (dict for json; (bytes, headers) for csv and html)."""
+        query = {"bag": bag, "account": account, "format": fmt}
+        return self.request("GET", "/v1/reports", query=query, raw=fmt != "json")

@@ -252,6 +252,52 @@ class LedgerConfig(_Section):
         return value
 
 
+class GceConfig(_Section):
+    """driver.name = "gce": Google Compute Engine Spot VMs. Credentials come from the
+    SDK's standard chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default
+    login, or the head node's service account), never from this file."""
+
+    project: str = Field("", description="GCP project id the VMs are created in.")
+    zones: tuple[str, ...] = Field(
+        (), description='Zones to launch in (a VM type\'s own zone wins), e.g. ["us-central1-a"].'
+    )
+    api_endpoint: str = Field(
+        "", description="Compute API endpoint; empty: Google's. Tests point it at a local fake."
+    )
+    anonymous_credentials: bool = Field(
+        False, description="Send no credentials (only for a local fake or emulator)."
+    )
+    source_image: str = Field(
+        "projects/debian-cloud/global/images/family/debian-12", description="Boot disk image."
+    )
+    network: str = Field("global/networks/default", description="VPC network.")
+    subnetwork: str = Field(
+        "", description="regions/R/subnetworks/S; empty: the network's default."
+    )
+    service_account_email: str = Field(
+        "", description="Service account the VMs run as; empty: none."
+    )
+    provisioning: str = Field(
+        "spot", description="spot (provisioningModel SPOT) or preemptible (the legacy model)."
+    )
+    termination_action: str = Field(
+        "DELETE",
+        description="What GCE does to a preempted Spot VM: DELETE or STOP (disks kept, billed).",
+    )
+    max_concurrency: int = Field(8, ge=1, description="Compute API calls in flight at once.")
+    max_retries: int = Field(5, ge=0, description="Retries of a throttled or failed call.")
+    operation_timeout_s: float = Field(120.0, gt=0, description="Longest wait for an operation.")
+    startup_script: str = Field("", description="Startup script of the VMs (metadata).")
+
+
+class CostConfig(_Section):
+    """How cost reports split a shared VM's cost among its jobs (SPEC.md §7)."""
+
+    cpu_weight: float = Field(0.9, ge=0, description="Relative cost weight of one vCPU.")
+    memory_weight: float = Field(0.1, ge=0, description="Relative cost weight of one GB of memory.")
+    gpu_weight: float = Field(9.0, ge=0, description="Relative cost weight of one GPU.")
+
+
 class ExecutorConfig(_Section):
     kill_grace_s: float = Field(
         5.0,
@@ -329,6 +375,8 @@ class Config(_Section):
     preemption: PreemptionConfig = PreemptionConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     ledger: LedgerConfig = LedgerConfig()
+    cost: CostConfig = CostConfig()
+    gce: GceConfig = GceConfig()
     executor: ExecutorConfig = ExecutorConfig()
     simulation: SimulationConfig = SimulationConfig()
     vm_types: tuple[VmTypeConfig, ...] = Field(
@@ -400,13 +448,16 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
 
 
 def _render_section(model: type[_Section], values: _Section, lines: list[str]) -> None:
     for name, field in model.model_fields.items():
         value = getattr(values, name)
-        if isinstance(value, _Section | tuple):
+        # Sections, and lists of them (vm_types), are rendered as tables of their own.
+        if isinstance(value, _Section) or name == "vm_types":
             continue
         lines += [f"# {line}" for line in textwrap.wrap(field.description, 86)]
         if value is None:

@@ -214,7 +214,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     (
         "attempts by VM, for cost reports (every job that shared a VM splits its cost)",
         """
-        CREATE INDEX attempts_by_vm ON attempts(vm_id);
+        CREATE INDEX attempts_by_vm ON attempts(vm_id, bag_id);
         """,
     ),
 ]
@@ -879,35 +879,50 @@ class Store:
         if (bag_id is None) == (account is None):
             raise ValueError("a report is of one bag or of one account")
         scope_sql = "SELECT id FROM bags WHERE " + ("id = :bag" if bag_id else "account = :account")
-        params = {"bag": bag_id, "account": account}
-        # The VMs the scope's attempts ran on (a CTE: read connections are query-only).
-        with_vms = f"WITH report_vms AS (SELECT DISTINCT vm_id FROM attempts WHERE bag_id IN ({scope_sql})) "
+        params: dict[str, Any] = {"bag": bag_id, "account": account}
+        # The scope's VMs, passed back as a JSON list (read connections are query-only:
+        # no temporary table), so each query below looks them up by index.
+        on_vms = "(SELECT value FROM json_each(:vms))"
 
         def select(conn: sqlite3.Connection) -> dict:
+            vm_ids = [
+                row[0]
+                for row in conn.execute(
+                    f"SELECT DISTINCT vm_id FROM attempts WHERE bag_id IN ({scope_sql})", params
+                )
+            ]
+            params["vms"] = json.dumps(vm_ids)
             bags = conn.execute(
-                with_vms + "SELECT id, name, account, state, job_count, created_at, finished_at, "
+                "SELECT id, name, account, state, job_count, created_at, finished_at, "
                 "checkpoints, coalesce(json_extract(spec, '$.resources.cpus'), 1), "
                 "coalesce(json_extract(spec, '$.resources.gpus'), 0), "
                 "coalesce(json_extract(spec, '$.resources.memory_gb'), 1.0), "
                 f"id IN ({scope_sql}) FROM bags WHERE id IN ({scope_sql}) OR id IN "
-                "(SELECT DISTINCT bag_id FROM attempts WHERE vm_id IN (SELECT vm_id FROM report_vms))"
-                " ORDER BY created_at, id",
+                f"(SELECT DISTINCT bag_id FROM attempts WHERE vm_id IN {on_vms}) "
+                "ORDER BY created_at, id",
                 params,
             ).fetchall()
             vms = conn.execute(
-                with_vms + "SELECT id, vm_type, zone, spot, state, reason, cpus, gpus, memory_gb, "
+                "SELECT id, vm_type, zone, spot, state, reason, cpus, gpus, memory_gb, "
                 "spot_price_per_hour, on_demand_price_per_hour, requested_at, running_at, ended_at "
-                "FROM vms WHERE id IN (SELECT vm_id FROM report_vms) ORDER BY requested_at, id",
+                f"FROM vms WHERE id IN {on_vms} ORDER BY requested_at, id",
                 params,
             ).fetchall()
+            # The scope's attempts (by primary key), with their checkpoints ...
             attempts = conn.execute(
-                with_vms + "SELECT a.bag_id, a.idx, a.number, a.vm_id, a.state, a.started_at, "
+                "SELECT a.bag_id, a.idx, a.number, a.vm_id, a.state, a.started_at, "
                 "a.ended_at, coalesce(c.last_at, a.started_at), coalesce(c.took_s, 0), "
                 "coalesce(c.n, 0) FROM attempts a LEFT JOIN (SELECT bag_id, idx, number, "
                 "max(at) AS last_at, sum(max(0, at - requested_at)) AS took_s, count(*) AS n "
                 f"FROM checkpoints WHERE ok = 1 AND bag_id IN ({scope_sql}) "
                 "GROUP BY bag_id, idx, number) c USING (bag_id, idx, number) "
-                "WHERE a.vm_id IN (SELECT vm_id FROM report_vms)",
+                f"WHERE a.bag_id IN ({scope_sql})",
+                params,
+            ).fetchall()
+            # ... and the other bags' attempts on the same VMs (they share the cost).
+            attempts += conn.execute(
+                "SELECT bag_id, idx, number, vm_id, state, started_at, ended_at, started_at, 0, 0 "
+                f"FROM attempts WHERE vm_id IN {on_vms} AND bag_id NOT IN ({scope_sql})",
                 params,
             ).fetchall()
             return {"bags": bags, "vms": vms, "attempts": attempts}
@@ -1176,7 +1191,8 @@ class Store:
                 conn,
                 "SELECT vm_type, count(*) AS vms, sum(state = 'preempted') AS preemptions, "
                 "sum(max(0, coalesce(ended_at, :now) - running_at)) AS vm_s, "
-                "sum(max(0, coalesce(ended_at, :now) - running_at) * spot_price_per_hour) / 3600.0 "
+                "sum(max(0, coalesce(ended_at, :now) - running_at) * CASE WHEN spot "
+                "THEN spot_price_per_hour ELSE on_demand_price_per_hour END) / 3600.0 "
                 "AS spot_cost_usd, "
                 "sum(max(0, coalesce(ended_at, :now) - running_at) * on_demand_price_per_hour) / 3600.0 "
                 "AS on_demand_cost_usd "

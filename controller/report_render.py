@@ -1,0 +1,264 @@
+"""Cost reports (controller/report.py) as a terminal table, CSV or one HTML file.
+
+The HTML report is self-contained: styles inline and the charts as inline SVG drawn
+with matplotlib (no scripts, no fonts or images fetched), so it can be mailed or
+attached to a ticket as it is.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import time
+from typing import Any
+
+from rich.table import Table
+
+from controller.report import METRICS
+
+# The columns a terminal table shows (the JSON and CSV have them all).
+TABLE_COLUMNS = (
+    ("vms", "VMs", "{:,}"),
+    ("vm_h", "VM-h", "{:,.2f}"),
+    ("idle_vm_h", "idle VM-h", "{:,.2f}"),
+    ("spare_vm_h", "spare VM-h", "{:,.2f}"),
+    ("spot_cost_usd", "cost $", "{:,.2f}"),
+    ("on_demand_cost_usd", "on-demand $", "{:,.2f}"),
+    ("savings_usd", "saved $", "{:,.2f}"),
+    ("savings_pct", "saved %", "{:.1f}"),
+    ("preemptions", "preempted", "{:,}"),
+    ("lost_h", "lost h", "{:,.2f}"),
+    ("checkpoint_h", "ckpt h", "{:,.2f}"),
+    ("cpu_h", "CPU-h", "{:,.2f}"),
+)
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def title(report: dict[str, Any]) -> str:
+    scope = report["scope"]
+    return f"bag {scope['bag']}" if "bag" in scope else f"account {scope['account']}"
+
+
+def tables(report: dict[str, Any]) -> list[Table]:
+    """Per VM type with the total; for an account also per bag."""
+    by_type = Table(title=f"Cost report: {title(report)}", title_justify="left")
+    by_type.add_column("VM type", no_wrap=True)
+    for _, header, _ in TABLE_COLUMNS:
+        by_type.add_column(header, justify="right")
+    for row in report["by_vm_type"]:
+        by_type.add_row(row["vm_type"], *(_fmt(row[k], p) for k, _, p in TABLE_COLUMNS))
+    by_type.add_row(
+        "total", *(_fmt(report["totals"][k], p) for k, _, p in TABLE_COLUMNS), style="bold"
+    )
+    out = [by_type]
+    if "account" in report["scope"]:
+        by_bag = Table(title="per bag", title_justify="left")
+        by_bag.add_column("bag", no_wrap=True)
+        by_bag.add_column("name")
+        for _, header, _ in TABLE_COLUMNS:
+            by_bag.add_column(header, justify="right")
+        for row in report["by_bag"]:
+            by_bag.add_row(
+                row["bag_id"], row["name"], *(_fmt(row[k], p) for k, _, p in TABLE_COLUMNS)
+            )
+        out.append(by_bag)
+    return out
+
+
+def to_csv(report: dict[str, Any]) -> str:
+    """One row per group: section (total, vm_type, bag), its key, then every figure."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["section", "key", *(name for name, _ in METRICS)])
+    writer.writerow(["total", title(report), *_values(report["totals"])])
+    for row in report["by_vm_type"]:
+        writer.writerow(["vm_type", row["vm_type"], *_values(row)])
+    for row in report["by_bag"]:
+        writer.writerow(["bag", row["bag_id"], *_values(row)])
+    return out.getvalue()
+
+
+def _values(row: dict[str, Any]) -> list[Any]:
+    return ["" if row[name] is None else row[name] for name, _ in METRICS]
+
+
+# --- HTML ---------------------------------------------------------------------------
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 2em; }
+.muted { color: #666; }
+.cards { display: flex; flex-wrap: wrap; gap: 0.8em; margin: 1.2em 0; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: 0.6em 1em; min-width: 9em; }
+.card b { display: block; font-size: 1.35em; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 13px; }
+th, td { border-bottom: 1px solid #e4e4e4; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+tr.total td { font-weight: bold; border-top: 2px solid #999; }
+svg { max-width: 100%; height: auto; }
+"""
+
+
+def to_html(report: dict[str, Any]) -> str:
+    totals = report["totals"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report["generated_at"]))
+    cards = [
+        ("cost", f"${totals['spot_cost_usd']:,.2f}"),
+        ("on demand would cost", f"${totals['on_demand_cost_usd']:,.2f}"),
+        (
+            "saved",
+            f"${totals['savings_usd']:,.2f}"
+            + (f" ({totals['savings_pct']:.1f}%)" if totals["savings_pct"] is not None else ""),
+        ),
+        ("VM-hours", f"{totals['vm_h']:,.2f}"),
+        ("preempted attempts", f"{totals['preemptions']:,}"),
+        ("hours lost to preemption", f"{totals['lost_h']:,.2f}"),
+        ("hours checkpointing", f"{totals['checkpoint_h']:,.2f}"),
+        ("CPU-hours used", f"{totals['cpu_h']:,.2f}"),
+    ]
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>spotbag cost report: {html.escape(title(report))}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f"<h1>Cost report: {html.escape(title(report))}</h1>",
+        f'<p class="muted">generated {html.escape(when)} by spotbag; costs split among the '
+        "jobs that shared each VM by the split-cost-allocation method (weights "
+        + ", ".join(f"{k} {v:g}" for k, v in report["split_weights"].items())
+        + ")</p>",
+        '<div class="cards">',
+        *(f'<div class="card">{html.escape(k)}<b>{html.escape(v)}</b></div>' for k, v in cards),
+        "</div>",
+        "<h2>Cost by VM type</h2>",
+        _cost_chart(report),
+        _html_table(report["by_vm_type"], "vm_type", "VM type", totals),
+        "<h2>Preemption timeline</h2>",
+        _timeline_chart(report),
+    ]
+    if "account" in report["scope"]:
+        parts += ["<h2>Bags</h2>", _html_table(report["by_bag"], "bag_id", "bag", totals)]
+    parts += [
+        "<h2>All figures</h2>",
+        _html_table(report["by_vm_type"], "vm_type", "VM type", totals, every=True),
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def _html_table(
+    rows: list[dict[str, Any]], key: str, header: str, totals: dict[str, Any], every: bool = False
+) -> str:
+    columns = [(n, h, "{:,.4g}") for n, h in METRICS] if every else list(TABLE_COLUMNS)
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in columns)
+    body = []
+    for row in rows:
+        cells = "".join(f"<td>{html.escape(_fmt(row[n], p))}</td>" for n, _, p in columns)
+        body.append(f"<tr><td>{html.escape(str(row[key]))}</td>{cells}</tr>")
+    cells = "".join(f"<td>{html.escape(_fmt(totals[n], p))}</td>" for n, _, p in columns)
+    body.append(f'<tr class="total"><td>total</td>{cells}</tr>')
+    return f"<table><tr><th>{html.escape(header)}</th>{head}</tr>{''.join(body)}</table>"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _svg(figure: Any) -> str:
+    out = io.StringIO()
+    figure.savefig(out, format="svg", bbox_inches="tight")
+    _pyplot().close(figure)
+    text = out.getvalue()
+    return text[text.index("<svg") :]  # drop the XML prolog and doctype
+
+
+_PARTS = (
+    ("job_cost_usd", "jobs", "#3b7dd8"),
+    ("idle_cost_usd", "idle", "#f2b134"),
+    ("spare_cost_usd", "spare (hot spares)", "#9b59b6"),
+    ("unallocated_cost_usd", "unreserved capacity", "#bbbbbb"),
+)
+
+
+def _cost_chart(report: dict[str, Any]) -> str:
+    """Stacked bars per VM type: what the cost went to; a hollow bar: the on-demand cost."""
+    rows = report["by_vm_type"]
+    if not rows:
+        return '<p class="muted">No VM ran for this scope.</p>'
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(9, 0.7 + 0.55 * len(rows)))
+    labels = [row["vm_type"] for row in rows]
+    positions = range(len(rows))
+    left = [0.0] * len(rows)
+    for name, label, color in _PARTS:
+        widths = [row[name] for row in rows]
+        axis.barh(positions, widths, left=left, height=0.5, color=color, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    axis.barh(
+        positions,
+        [row["on_demand_cost_usd"] for row in rows],
+        height=0.8,
+        fill=False,
+        edgecolor="#444",
+        linestyle="--",
+        label="on-demand cost of the same hours",
+    )
+    axis.set_yticks(list(positions), labels)
+    axis.invert_yaxis()
+    axis.set_xlabel("USD")
+    axis.legend(loc="lower right", fontsize=8)
+    axis.grid(axis="x", alpha=0.3)
+    return _svg(figure)
+
+
+def _timeline_chart(report: dict[str, Any]) -> str:
+    """Each VM's life as a line (a few hundred at most), or the number running over time,
+    with every preemption marked."""
+    vms = report["vms"]
+    if not vms:
+        return '<p class="muted">No VM ran for this scope.</p>'
+    plt = _pyplot()
+    t0 = min(vm["start"] for vm in vms)
+    hours = [((vm["start"] - t0) / 3600.0, (vm["end"] - t0) / 3600.0) for vm in vms]
+    preempted = [h[1] for vm, h in zip(vms, hours, strict=True) if vm["state"] == "preempted"]
+    types = sorted({vm["vm_type"] for vm in vms})
+    colors = plt.get_cmap("tab10")
+    figure, axis = plt.subplots(figsize=(9, 3.6))
+    if len(vms) <= 300:
+        for row, (vm, (start, end)) in enumerate(zip(vms, hours, strict=True)):
+            axis.plot([start, end], [row, row], color=colors(types.index(vm["vm_type"]) % 10), lw=2)
+        rows = [i for i, vm in enumerate(vms) if vm["state"] == "preempted"]
+        axis.scatter(preempted, rows, marker="x", color="#c0392b", zorder=3, label="preempted")
+        axis.set_ylabel("VM")
+        axis.invert_yaxis()
+        for k, name in enumerate(types):
+            axis.plot([], [], color=colors(k % 10), lw=2, label=name)
+    else:
+        events = sorted([(s, 1) for s, _ in hours] + [(e, -1) for _, e in hours])
+        xs, ys, running = [0.0], [0], 0
+        for at, step in events:
+            running += step
+            xs.append(at)
+            ys.append(running)
+        axis.step(xs, ys, where="post", color="#3b7dd8", label="VMs running")
+        axis.scatter(
+            preempted, [0] * len(preempted), marker="|", s=200, color="#c0392b", label="preempted"
+        )
+        axis.set_ylabel("VMs running")
+    axis.set_xlabel("hours since the first VM started")
+    axis.legend(loc="upper right", fontsize=8)
+    axis.grid(alpha=0.3)
+    note = (
+        f'<p class="muted">{len(preempted)} preemption(s) of {len(vms)} VM(s)'
+        + (" (the first VMs only)" if report["vms_truncated"] else "")
+        + "</p>"
+    )
+    return _svg(figure) + note
