@@ -94,6 +94,7 @@ class Controller:
             boot_delay_s=self.config.driver.boot_delay_s,
             time_scale=self.config.driver.time_scale,
             book=self.book,
+            controller_id=self.controller_id,
         )
         self.executor = LocalExecutor(
             self.state_dir,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from controller.config import Config
+from controller.config import Config, ConfigError
 from controller.model_book import ModelBook
 from drivers import driver_class
 from drivers.base import Driver, VmType
@@ -35,8 +35,18 @@ def make_driver(
     boot_delay_s: float,
     time_scale: float,
     book: ModelBook,
+    controller_id: str = "",
 ) -> Driver:
+    """The driver `name`; cloud drivers mark their VMs with `controller_id` (the store's
+    own id, so that after a restart the daemon finds the VMs it owns)."""
     cls = driver_class(name)
+    if name == "gce":
+        return cls(
+            config.catalog(),
+            gce_settings(config, controller_id),
+            now=now,
+            credentials=_anonymous() if config.gce.anonymous_credentials else None,
+        )
     if name in ("local", "sim"):
 
         def lifetime_h(vm_type: VmType) -> float:
@@ -53,3 +63,37 @@ def make_driver(
             time_scale=time_scale,
         )
     raise ValueError(f"driver {name!r} cannot be built from this configuration")
+
+
+def gce_settings(config: Config, controller_id: str) -> Any:
+    from drivers.gce import GceSettings
+
+    gce = config.gce
+    if not gce.project or not gce.zones:
+        raise ConfigError("driver gce needs [gce] project and zones (at least one zone)")
+    try:
+        return GceSettings(
+            project=gce.project,
+            zones=gce.zones,
+            controller_id=controller_id,
+            api_endpoint=gce.api_endpoint or None,
+            source_image=gce.source_image,
+            network=gce.network,
+            subnetwork=gce.subnetwork or None,
+            service_account_email=gce.service_account_email or None,
+            provisioning=gce.provisioning,
+            termination_action=gce.termination_action,
+            max_concurrency=gce.max_concurrency,
+            max_retries=gce.max_retries,
+            operation_timeout_s=gce.operation_timeout_s,
+            spot_prices={t.name: t.spot_price_per_hour for t in config.vm_types},
+            startup_script=gce.startup_script or None,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"[gce]: {exc}") from None
+
+
+def _anonymous() -> Any:
+    from google.auth.credentials import AnonymousCredentials
+
+    return AnonymousCredentials()
