@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/preemption_models.py
 	$(BIN)/python bench/checkpoint_schedules.py
 	$(BIN)/python bench/prepaid.py
+	$(BIN)/python bench/report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tee import Tee
+
 from controller import report_render
 from controller.config import load_config
 from controller.report import build_report
@@ -110,7 +112,21 @@ async def time_report(db: Path, bag_id: str, now: float, repeat: int = 5) -> Non
     )
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
 def main() -> None:
+    RESULTS.mkdir(exist_ok=True)
+    tee = Tee(sys.stdout)
+    sys.stdout = tee
+    try:
+        run()
+    finally:
+        sys.stdout = tee.stream
+        (RESULTS / "report.txt").write_text("".join(tee.parts))
+
+
+def run() -> None:
     with tempfile.TemporaryDirectory(prefix="spotbag-bench-report-") as tmp:
         started = time.perf_counter()
         result = asyncio.run(simulate(BAG, CONFIG, seed=1, state_dir=Path(tmp)))

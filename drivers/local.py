@@ -19,10 +19,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from drivers.base import (
+    CapacityError,
+    DriverError,
     LaunchRequest,
     PermanentError,
     PriceSample,
+    QuotaError,
     StatusListener,
+    TransientError,
     VmState,
     VmStatus,
     VmType,
@@ -42,6 +46,9 @@ class LocalDriver:
 
     name = "local"
     id_prefix = "local"
+    # One count for every driver in the process: two drivers (two controllers in a
+    # test, a foreign one in the contract suite) never hand out the same VM id.
+    _ids = itertools.count(1)
 
     def __init__(
         self,
@@ -64,7 +71,7 @@ class LocalDriver:
         self._vms: dict[str, _Vm] = {}
         self._by_token: dict[str, str] = {}
         self._listeners: list[StatusListener] = []
-        self._ids = itertools.count(1)
+        self._launch_faults: list[DriverError] = []  # raised by the next launches
 
     # --- Driver protocol -------------------------------------------------
 
@@ -78,6 +85,8 @@ class LocalDriver:
         existing = self._by_token.get(req.token)
         if existing is not None:
             return self._vms[existing].status
+        if self._launch_faults:
+            raise self._launch_faults.pop(0)
         vm_type = self._types.get(req.vm_type.name)
         if vm_type is None:
             raise PermanentError(f"unknown VM type {req.vm_type.name!r}")
@@ -135,6 +144,20 @@ class LocalDriver:
             return False
         self._end(vm_id, VmState.PREEMPTED, reason)
         return True
+
+    def inject_launch_errors(self, kind: str, n: int = 1) -> None:
+        """Make the next `n` launches fail as a cloud's would: capacity, quota, throttle
+        (this driver does not retry: TransientError) or permanent."""
+        errors = {
+            "capacity": (CapacityError, "injected: no capacity for this type"),
+            "quota": (QuotaError, "injected: spot instance quota reached"),
+            "throttle": (TransientError, "injected: request rate exceeded"),
+            "permanent": (PermanentError, "injected: request refused"),
+        }
+        if kind not in errors:
+            raise ValueError(f"unknown fault {kind!r}; known: {', '.join(errors)}")
+        cls, message = errors[kind]
+        self._launch_faults += [cls(message) for _ in range(n)]
 
     # --- timeline ----------------------------------------------------------
 
