@@ -290,6 +290,48 @@ class GceConfig(_Section):
     startup_script: str = Field("", description="Startup script of the VMs (metadata).")
 
 
+class AwsConfig(_Section):
+    """driver.name = "aws": EC2 Spot instances. Credentials come from boto3's standard
+    chain (AWS_* environment variables, ~/.aws files, SSO, or the head node's instance
+    profile), never from this file."""
+
+    region: str = Field(
+        "", description="Default region; a VM type's availability zone implies its own."
+    )
+    endpoint_url: str = Field(
+        "", description="EC2 endpoint; empty: AWS's. Tests point it at a moto server."
+    )
+    image_id: str = Field(
+        "resolve:ssm:/aws/service/debian/release/12/latest/amd64",
+        description="AMI id, or an SSM parameter (resolve:ssm:...) that names one.",
+    )
+    subnet_ids: dict[str, str] = Field(
+        {}, description='Subnet per availability zone, e.g. {"us-east-1a" = "subnet-0abc"}.'
+    )
+    security_group_ids: tuple[str, ...] = Field((), description="Security groups of the VMs.")
+    iam_instance_profile: str = Field(
+        "", description="Instance profile (name or ARN) the VMs run with; empty: none."
+    )
+    key_name: str = Field("", description="EC2 key pair for SSH; empty: none.")
+    max_spot_price: float = Field(
+        0.0,
+        ge=0,
+        description="Highest spot price, USD/hour; 0: the on-demand price (EC2's default).",
+    )
+    user_data_template: str = Field(
+        "",
+        description="User data template file ($token, $controller_id, $controller_url, "
+        "$vm_type); empty: the bundled bootstrap.",
+    )
+    controller_url: str = Field("", description="URL the VMs call the controller back on.")
+    on_demand_prices: dict[str, float] = Field(
+        {}, description="On-demand USD/hour per type, over the bundled price table."
+    )
+    max_concurrency: int = Field(8, ge=1, description="EC2 API calls in flight at once.")
+    max_retries: int = Field(5, ge=0, description="Retries of a throttled or failed call.")
+    price_cache_s: float = Field(300.0, ge=0, description="How long spot prices read are reused.")
+
+
 class CostConfig(_Section):
     """How cost reports split a shared VM's cost among its jobs (SPEC.md §7)."""
 
@@ -331,7 +373,9 @@ class VmTypeConfig(_Section):
     memory_gb: float = Field(gt=0, description="Memory in GB.")
     gpus: int = Field(0, ge=0, description="GPUs.")
     spot_price_per_hour: float = Field(ge=0, description="Spot price, USD per hour.")
-    on_demand_price_per_hour: float = Field(ge=0, description="On-demand price, USD per hour.")
+    on_demand_price_per_hour: float = Field(
+        0.0, ge=0, description="On-demand price, USD per hour; 0: the driver's price table (aws)."
+    )
     zone: str = Field("", description="Zone or region label.")
     model_key: str = Field(
         "",
@@ -376,6 +420,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     ledger: LedgerConfig = LedgerConfig()
     cost: CostConfig = CostConfig()
+    aws: AwsConfig = AwsConfig()
     gce: GceConfig = GceConfig()
     executor: ExecutorConfig = ExecutorConfig()
     simulation: SimulationConfig = SimulationConfig()

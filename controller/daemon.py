@@ -96,6 +96,8 @@ class Controller:
             book=self.book,
             controller_id=self.controller_id,
         )
+        # The driver's view of the catalog: it may fill in prices (aws: on-demand table).
+        self.catalog = list(self.driver.vm_types())
         self.executor = LocalExecutor(
             self.state_dir,
             controller_id=self.controller_id,

@@ -40,6 +40,8 @@ def make_driver(
     """The driver `name`; cloud drivers mark their VMs with `controller_id` (the store's
     own id, so that after a restart the daemon finds the VMs it owns)."""
     cls = driver_class(name)
+    if name == "aws":
+        return cls(config.catalog(), aws_settings(config, controller_id), now=now)
     if name == "gce":
         return cls(
             config.catalog(),
@@ -63,6 +65,34 @@ def make_driver(
             time_scale=time_scale,
         )
     raise ValueError(f"driver {name!r} cannot be built from this configuration")
+
+
+def aws_settings(config: Config, controller_id: str) -> Any:
+    from drivers.aws import AwsSettings
+
+    aws = config.aws
+    if not aws.region:
+        raise ConfigError("driver aws needs [aws] region")
+    try:
+        return AwsSettings(
+            region=aws.region,
+            controller_id=controller_id,
+            endpoint_url=aws.endpoint_url or None,
+            image_id=aws.image_id,
+            subnet_ids=aws.subnet_ids,
+            security_group_ids=aws.security_group_ids,
+            iam_instance_profile=aws.iam_instance_profile or None,
+            key_name=aws.key_name or None,
+            max_spot_price=aws.max_spot_price or None,
+            user_data_template=aws.user_data_template or None,
+            controller_url=aws.controller_url,
+            on_demand_prices=aws.on_demand_prices,
+            max_concurrency=aws.max_concurrency,
+            max_retries=aws.max_retries,
+            price_cache_s=aws.price_cache_s,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"[aws]: {exc}") from None
 
 
 def gce_settings(config: Config, controller_id: str) -> Any:

@@ -8,6 +8,7 @@ import importlib
 _REGISTRY = {
     "local": ("drivers.local", "LocalDriver"),
     "sim": ("drivers.sim", "SimDriver"),
+    "aws": ("drivers.aws", "AwsDriver"),
     "gce": ("drivers.gce", "GceDriver"),
 }
 

@@ -1,5 +1,5 @@
-"""One contract, every driver: launch is idempotent on its token, describe and
-list_owned report what exists, terminate is idempotent, and status changes are pushed."""
+"""The local and sim drivers: pushed status changes and the time scale, beside the
+contract every driver keeps (test_cloud_contract.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,277 @@
+"""The daemon on mocked clouds: the aws driver against a moto server and the gce driver
+against the fake Compute API (tests/fakes), both in this process; the daemon is a real
+`spotbag serve` subprocess talking to them over loopback. Jobs run as local processes
+on the VMs the controller launched; when the controller sees a VM preempted it stops
+the jobs on it, records the lifetime and requeues them.
+
+Checked: spot interruptions injected in the mocked cloud are noticed within one
+describe poll, the lifetime is recorded, the jobs are retried on new VMs and the bag
+completes with no VM left behind; with 20% of the cloud calls failing (throttling,
+capacity) the bag still completes; a type without capacity makes the controller use
+the next allowed type.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Daemon, wait_for_bag, wait_until
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "cloud-test"
+BASE_CONFIG = """
+[api]
+host = "127.0.0.1"
+port = 0
+token = "{token}"
+
+[scheduler]
+max_vms = 3
+idle_timeout_s = 1.0
+poll_interval_s = 0.2
+describe_interval_s = {describe_s}
+launch_backoff_s = 0.5
+launch_backoff_max_s = 2.0
+
+[driver]
+name = "{driver}"
+
+[executor]
+kill_grace_s = 0.5
+
+[ledger]
+new_accounts = "unlimited"
+"""
+DESCRIBE_S = 0.5
+
+
+class GceCloud:
+    """The fake Compute API and the [gce] config that points the daemon at it."""
+
+    name = "gce"
+    cheap, roomy = "e2-standard-2", "e2-standard-4"
+    project, zone = "spotbag-it", "us-central1-a"
+
+    def __init__(self) -> None:
+        from tests.fakes.gce_api import FakeGceApi
+
+        self.api = FakeGceApi(boot_s=0.3, stop_s=0.1, zones=(self.zone,)).start()
+        self.env: dict[str, str] = {}  # no credentials: [gce] anonymous_credentials
+
+    def config(self) -> str:
+        return f"""
+[gce]
+project = "{self.project}"
+zones = ["{self.zone}"]
+api_endpoint = "{self.api.endpoint}"
+anonymous_credentials = true
+max_retries = 4
+operation_timeout_s = 20.0
+
+[[vm_types]]
+name = "{self.cheap}"
+cpus = 2
+memory_gb = 8.0
+spot_price_per_hour = 0.02
+on_demand_price_per_hour = 0.067
+zone = "{self.zone}"
+
+[[vm_types]]
+name = "{self.roomy}"
+cpus = 4
+memory_gb = 16.0
+spot_price_per_hour = 0.05
+on_demand_price_per_hour = 0.134
+zone = "{self.zone}"
+"""
+
+    def preempt(self, provider_id: str) -> None:
+        zone, _, name = provider_id.partition("/")
+        assert self.api.preempt(self.project, zone, name), provider_id
+
+    def live_instances(self) -> list[str]:
+        return [
+            i["name"]
+            for i in self.api.instances(self.project)
+            if i["status"] in ("PROVISIONING", "STAGING", "RUNNING")
+        ]
+
+    def flaky(self, fraction: float) -> None:
+        self.api.fail_fraction(fraction, "throttle", seed=1)
+        self.api.fail_fraction(fraction, "capacity", seed=2, route="instances.insert")
+
+    def no_capacity_for(self, vm_type: str) -> None:
+        self.api.exhaust(self.zone, vm_type)
+
+    def close(self) -> None:
+        self.api.close()
+
+
+class AwsCloud:
+    """A moto server and the [aws] config that points the daemon at it."""
+
+    name = "aws"
+    cheap, roomy = "m5.large", "m5.xlarge"
+
+    def __init__(self) -> None:
+        from tests.fakes.aws import MotoCloud
+
+        self.cloud = MotoCloud()
+        self.settings = self.cloud.settings(controller_id="unused")
+        self.env = self.cloud.env()
+
+    def config(self) -> str:
+        s = self.settings
+        return f"""
+[aws]
+region = "{s.region}"
+endpoint_url = "{s.endpoint_url}"
+image_id = "{s.image_id}"
+max_retries = 4
+
+[[vm_types]]
+name = "{self.cheap}"
+cpus = 2
+memory_gb = 8.0
+spot_price_per_hour = 0.035
+on_demand_price_per_hour = 0.096
+zone = "{s.region}a"
+
+[[vm_types]]
+name = "{self.roomy}"
+cpus = 4
+memory_gb = 16.0
+spot_price_per_hour = 0.07
+on_demand_price_per_hour = 0.192
+zone = "{s.region}a"
+"""
+
+    def preempt(self, provider_id: str) -> None:
+        self.cloud.interrupt(provider_id)
+
+    def live_instances(self) -> list[str]:
+        return self.cloud.live_instances()
+
+    def flaky(self, fraction: float) -> None:
+        self.cloud.fail_calls_server_side(
+            fraction, ["RequestLimitExceeded", "InsufficientInstanceCapacity"], seed=1
+        )
+
+    def no_capacity_for(self, vm_type: str) -> None:
+        self.cloud.no_capacity_for(vm_type)
+
+    def close(self) -> None:
+        self.cloud.close()
+
+
+@pytest.fixture(params=["aws", "gce"])
+def cloud(request):
+    made = AwsCloud() if request.param == "aws" else GceCloud()
+    yield made
+    made.close()
+
+
+def start_daemon(tmp_path: Path, cloud) -> tuple[Daemon, object]:
+    state = tmp_path / "state"
+    state.mkdir()
+    config = state / "spotbag.toml"
+    config.write_text(
+        BASE_CONFIG.format(token=TOKEN, driver=cloud.name, describe_s=DESCRIBE_S) + cloud.config()
+    )
+    daemon = Daemon(state, config, TOKEN)
+    client = daemon.start(extra_env=cloud.env)
+    return daemon, client
+
+
+def rows(daemon: Daemon, sql: str) -> list[tuple]:
+    with sqlite3.connect(daemon.state_dir / "spotbag.db") as conn:
+        return conn.execute(sql).fetchall()
+
+
+def nothing_left_behind(daemon, client, cloud) -> None:
+    wait_until(lambda: not client.vms()["vms"], 30, 0.2, "the controller to end its VMs")
+    wait_until(lambda: not cloud.live_instances(), 30, 0.2, "the cloud to have no VM left")
+
+
+def test_spot_interruptions_are_noticed_requeued_and_the_bag_completes(tmp_path, cloud):
+    daemon, client = start_daemon(tmp_path, cloud)
+    bag = client.submit(
+        {
+            "account": "lab",
+            "command": "sleep 2.5; echo done {i}",
+            "parameters": {"i": list(range(6))},
+            "resources": {"cpus": 2, "memory_gb": 4},
+            "max_runtime_s": 120,
+            "max_attempts": 5,
+        }
+    )
+
+    def running_vms() -> list[dict]:
+        vms = [vm for vm in client.vms()["vms"] if vm["state"] == "running" and vm["jobs"]]
+        return vms if len(vms) >= 2 else []
+
+    victims = wait_until(running_vms, 60, 0.1, "jobs running on two VMs")[:2]
+    preempted_at = time.time()
+    for vm in victims:
+        cloud.preempt(vm["provider_id"])
+
+    def noticed() -> bool:
+        ended = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
+        return all(ended[vm["id"]]["state"] == "preempted" for vm in victims)
+
+    wait_until(noticed, 10, 0.05, "the controller to notice the preemptions")
+    took_s = time.time() - preempted_at
+    assert took_s <= DESCRIBE_S + 1.5, f"noticed after {took_s:.2f} s"
+
+    done = wait_for_bag(client, bag["id"], 120)
+    assert done["state"] == "succeeded" and done["counts"]["succeeded"] == 6
+    ids = ", ".join(f"'{vm['id']}'" for vm in victims)
+    # The lifetimes are recorded (ended, preempted, with the cloud's reason) ...
+    recorded = rows(
+        daemon,
+        f"SELECT state, reason, ended_at > running_at FROM vms WHERE id IN ({ids})",
+    )
+    assert len(recorded) == 2 and all(s == "preempted" and r and ok for s, r, ok in recorded)
+    # ... the jobs on them were cut short and ran again elsewhere.
+    cut = rows(
+        daemon,
+        f"SELECT bag_id, idx FROM attempts WHERE state = 'preempted' AND vm_id IN ({ids})",
+    )
+    assert cut
+    for bag_id, idx in cut:
+        again = rows(
+            daemon,
+            f"SELECT vm_id FROM attempts WHERE bag_id = '{bag_id}' AND idx = {idx} "
+            "AND state = 'succeeded'",
+        )
+        assert len(again) == 1 and again[0][0] not in {vm["id"] for vm in victims}
+    nothing_left_behind(daemon, client, cloud)
+    daemon.stop()
+
+
+def test_flaky_cloud_calls_and_a_type_without_capacity(tmp_path, cloud):
+    cloud.flaky(0.2)
+    cloud.no_capacity_for(cloud.cheap)
+    daemon, client = start_daemon(tmp_path, cloud)
+    bag = client.submit(
+        {
+            "account": "lab",
+            "command": "sleep 0.5; echo {i}",
+            "parameters": {"i": list(range(8))},
+            "resources": {"cpus": 2, "memory_gb": 4, "vm_types": [cloud.cheap, cloud.roomy]},
+            "max_runtime_s": 120,
+        }
+    )
+    done = wait_for_bag(client, bag["id"], 120)
+    assert done["state"] == "succeeded" and done["counts"]["succeeded"] == 8
+    used = rows(daemon, "SELECT DISTINCT vm_type FROM vms WHERE running_at IS NOT NULL")
+    assert used == [(cloud.roomy,)]
+    refused = rows(daemon, f"SELECT count(*) FROM vms WHERE vm_type = '{cloud.cheap}'")[0][0]
+    assert refused > 0  # it was tried first (cheaper), refused, and not used
+    nothing_left_behind(daemon, client, cloud)
+    daemon.stop()
