@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/checkpoint_schedules.py
 	$(BIN)/python bench/prepaid.py
 	$(BIN)/python bench/report.py
+	$(BIN)/python bench/cloud_drivers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
