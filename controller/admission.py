@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.accounts import UnknownAccount
 from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
 from controller.errors import Conflict, InsufficientBalance, InvalidBag, NotFound, NoVmTypeFits
+from controller.ledger import UnknownAccount
 from controller.planner import CatalogType, why_unplaceable
 from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler

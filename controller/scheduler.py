@@ -41,7 +41,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from controller.accounts import Accounts
 from controller.bagspec import BagSpec, render_command
 from controller.checkpoint_tables import TableCache
 from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
@@ -53,6 +52,7 @@ from controller.executors.base import (
     ExecutorError,
     Outcome,
 )
+from controller.ledger import Accounts
 from controller.metrics import Metrics
 from controller.model_book import ModelBook
 from controller.models import AttemptState, BagState, JobState, check_transition

@@ -13,6 +13,7 @@ the next allowed type.
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -176,16 +177,27 @@ def cloud(request):
     made.close()
 
 
-def start_daemon(tmp_path: Path, cloud) -> tuple[Daemon, object]:
-    state = tmp_path / "state"
-    state.mkdir()
-    config = state / "spotbag.toml"
-    config.write_text(
-        BASE_CONFIG.format(token=TOKEN, driver=cloud.name, describe_s=DESCRIBE_S) + cloud.config()
-    )
-    daemon = Daemon(state, config, TOKEN)
-    client = daemon.start(extra_env=cloud.env)
-    return daemon, client
+@pytest.fixture
+def start_daemon(tmp_path: Path):
+    """start_daemon(cloud) -> (daemon, client); the daemon is killed if the test fails."""
+    started: list[Daemon] = []
+
+    def start(cloud) -> tuple[Daemon, object]:
+        state = tmp_path / "state"
+        state.mkdir()
+        config = state / "spotbag.toml"
+        config.write_text(
+            BASE_CONFIG.format(token=TOKEN, driver=cloud.name, describe_s=DESCRIBE_S)
+            + cloud.config()
+        )
+        daemon = Daemon(state, config, TOKEN)
+        started.append(daemon)
+        return daemon, daemon.start(extra_env=cloud.env)
+
+    yield start
+    for daemon in started:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.stop(signal.SIGKILL)
 
 
 def rows(daemon: Daemon, sql: str) -> list[tuple]:
@@ -198,8 +210,8 @@ def nothing_left_behind(daemon, client, cloud) -> None:
     wait_until(lambda: not cloud.live_instances(), 30, 0.2, "the cloud to have no VM left")
 
 
-def test_spot_interruptions_are_noticed_requeued_and_the_bag_completes(tmp_path, cloud):
-    daemon, client = start_daemon(tmp_path, cloud)
+def test_spot_interruptions_are_noticed_requeued_and_the_bag_completes(start_daemon, cloud):
+    daemon, client = start_daemon(cloud)
     bag = client.submit(
         {
             "account": "lab",
@@ -254,10 +266,10 @@ def test_spot_interruptions_are_noticed_requeued_and_the_bag_completes(tmp_path,
     daemon.stop()
 
 
-def test_flaky_cloud_calls_and_a_type_without_capacity(tmp_path, cloud):
+def test_flaky_cloud_calls_and_a_type_without_capacity(start_daemon, cloud):
     cloud.flaky(0.2)
     cloud.no_capacity_for(cloud.cheap)
-    daemon, client = start_daemon(tmp_path, cloud)
+    daemon, client = start_daemon(cloud)
     bag = client.submit(
         {
             "account": "lab",
