@@ -938,11 +938,14 @@ def config_check(path: str) -> None:
 
 # Commands that live in their own modules (they need no daemon).
 def _register_offline_commands() -> None:
+    from controller.hopping_report import index_command, simulate_hopping_command
     from controller.prepaid_report import prepaid_command
     from controller.split_cost import split_cost_command
 
     cli.add_command(split_cost_command)
     cli.add_command(prepaid_command)
+    cli.add_command(index_command)
+    cli.add_command(simulate_hopping_command)
 
 
 _register_offline_commands()

@@ -281,3 +281,50 @@ def plot_prepaid_savings(
     figure.tight_layout()
     figure.savefig(out, dpi=110)
     plt.close(figure)
+
+
+def plot_index(out: str | Path, times_s, series: Mapping[str, np.ndarray], normalized, trace, by):
+    """The index of each composition over its members' normalised prices (log scale)."""
+    import datetime as dt
+
+    plt = _pyplot()
+    dates = [dt.datetime.fromtimestamp(t, dt.UTC) for t in times_s]
+    fig, axes = plt.subplots(len(series), 1, figsize=(11, 2.6 * len(series)), squeeze=False)
+    for ax, (name, index) in zip(axes[:, 0], series.items(), strict=True):
+        for i, (vm_type, zone) in enumerate(trace.vms):
+            member = (
+                (zone == name)
+                if by == "zone"
+                else (vm_type.split(".")[0] == name if by == "family" else True)
+            )
+            if member:
+                ax.plot(dates, normalized[:, i], lw=0.4, alpha=0.55, label=f"{vm_type}/{zone}")
+        ax.plot(dates, index, color="black", lw=1.2, label="index")
+        ax.set_yscale("log")
+        ax.set_ylabel("$/h per √(vCPU·GB)")
+        ax.set_title(f"{by} {name}", fontsize=9)
+        ax.legend(fontsize=6, ncol=4, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_hopping(out: str | Path, rows: Sequence[Mapping], title: str) -> None:
+    """Cost (normalised to on-demand) against availability, one point per policy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in rows:
+        ax.scatter(row["normalized_cost"], row["availability"], s=40)
+        ax.annotate(
+            f"{row['policy']} ({row['migrations']} moves)",
+            (row["normalized_cost"], row["availability"]),
+            fontsize=8,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    ax.set_xlabel("cost / cheapest fitting on-demand")
+    ax.set_ylabel("availability")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -60,6 +60,11 @@ class PriceTrace:
         return min(float(t[0]) for t in self.times_s)
 
     @property
+    def common_start_s(self) -> float:
+        """The first moment every VM of the trace has a price."""
+        return max(float(t[0]) for t in self.times_s)
+
+    @property
     def end_s(self) -> float:
         return max(float(t[-1]) for t in self.times_s)
 

@@ -61,6 +61,7 @@ class Replay:
     policy: str
     cost_usd: float = 0.0
     on_demand_usd: float = 0.0  # the cheapest fitting on-demand VM over the same wall time
+    index_usd: float = 0.0  # the index price of the job's used size over the same wall time
     wall_h: float = 0.0
     down_h: float = 0.0
     work_h: float = 0.0
@@ -74,6 +75,10 @@ class Replay:
     @property
     def normalized_cost(self) -> float:
         return self.cost_usd / self.on_demand_usd if self.on_demand_usd > 0 else math.nan
+
+    @property
+    def index_normalized_cost(self) -> float:
+        return self.cost_usd / self.index_usd if self.index_usd > 0 else math.nan
 
     @property
     def availability(self) -> float:
@@ -114,11 +119,16 @@ def replay(
     decide_every: int = 1,
     migration_h: float = 30 / 3600,
     revocation_h: float = 90 / 3600,
+    migration_s_per_gb: float | None = None,
     literal_trigger: bool = False,
     cap_factor: float = DEFAULT_CAP_FACTOR,
     keep_log: bool = False,
+    start_step: int = 0,
 ) -> Replay:
-    """Run the job of `phases` over the trace under `policy` (module docstring)."""
+    """Run the job of `phases` over the trace under `policy` (module docstring).
+    `migration_s_per_gb`, if given, makes a move take that many seconds per GB the job
+    uses (stop-and-copy of its memory, ~1 s/GB in the paper) instead of `migration_h`.
+    The job starts at `start_step`; the rows before it are history for the windows."""
     steps = prices.shape[0]
     result = Replay(policy=policy.value)
     mean, std = rolling_mean_std(prices, window_steps)
@@ -139,7 +149,7 @@ def replay(
     current: int | None = None
     down_left_h = 0.0  # downtime still to serve (a move or a restart)
     on_steps = np.full(steps, -1)
-    for t in range(steps):
+    for t in range(start_step, steps):
         if phase_no >= len(phases):
             result.finished = True
             break
@@ -155,7 +165,12 @@ def replay(
         remaining_h = phase.work_h - done_in_phase_h
         if math.isinf(remaining_h):
             remaining_h = (steps - t) * step_h
-        need = Need(phase.cpus, phase.memory_gb, remaining_h, migration_h)
+        move_h = (
+            migration_h
+            if migration_s_per_gb is None
+            else phase.memory_gb * migration_s_per_gb / 3600
+        )
+        need = Need(phase.cpus, phase.memory_gb, remaining_h, move_h)
         if current is None or t % decide_every == 0:
             usable = fits & ~np.isnan(now) & (np.nan_to_num(now, nan=np.inf) <= fleet.bid)
             stats = WindowStats(
@@ -170,8 +185,8 @@ def replay(
             if decision.target is not None and decision.target != current:
                 if current is not None:
                     result.migrations += 1
-                    result.cost_usd += float(now[current]) * migration_h  # the old VM, meanwhile
-                    down_left_h = max(down_left_h, migration_h)
+                    result.cost_usd += float(now[current]) * move_h  # the old VM, meanwhile
+                    down_left_h = max(down_left_h, move_h)
                 elif result.wall_h > 0 and down_left_h == 0:
                     down_left_h = revocation_h  # a restart after waiting for a usable VM
                 if keep_log:
@@ -180,6 +195,8 @@ def replay(
         # The step: pay the VM, serve downtime, then work.
         result.wall_h += step_h
         result.on_demand_usd += on_demand_price * step_h
+        if not math.isnan(index[t]):
+            result.index_usd += float(index[t]) * math.sqrt(phase.cpus * phase.memory_gb) * step_h
         if current is None:
             result.down_h += step_h
             result.waiting_h += step_h
@@ -208,9 +225,12 @@ def synthetic_prices(
     steps: int,
     floor: float = 1e-4,
 ) -> np.ndarray:
-    """Independent Gaussian prices per VM and step (the paper's synthetic market),
-    floored at `floor` so that no price is zero or negative: (steps, N)."""
-    draws = rng.normal(np.asarray(means), np.asarray(stds), size=(steps, len(means)))
+    """Independent uniform prices per VM and step with the given means and standard
+    deviations (the paper's synthetic market draws each minute's price uniformly:
+    U(m - √3·σ, m + √3·σ) has mean m and deviation σ), floored at `floor`: (steps, N)."""
+    means, stds = np.asarray(means, dtype=float), np.asarray(stds, dtype=float)
+    half_width = math.sqrt(3.0) * stds
+    draws = rng.uniform(means - half_width, means + half_width, size=(steps, len(means)))
     return np.maximum(draws, floor)
 
 

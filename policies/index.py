@@ -28,8 +28,11 @@ Policies (`decide`), each seeing a window of recent prices:
     cost          the VM with the lowest current P̆; move whenever the move pays
                   (HotSpot);
     availability  among VMs whose normalised price is at or below the index, the one
-                  with the lowest price standard deviation over the window; move
-                  only when the current VM's normalised price rises above the index;
+                  with the lowest price standard deviation over the window; look for
+                  another only when the current VM's normalised price rises above the
+                  index, and move when the move pays (the paper applies eq. 5 to both
+                  index-tracking policies; without it a VM hovering at the index makes
+                  the job flap between two VMs);
     balanced      the highest modified Sharpe ratio Sᵢ = (𝕀̄ - P̆ᵢ) / σ̆ᵢ (the window's
                   mean index minus the VM's mean price per used unit, over the
                   standard deviation of that price); move when the current VM no
@@ -182,10 +185,15 @@ def window_stats(market: Market, need: Need) -> WindowStats:
     filled = np.where(valid, prices, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = filled.sum(axis=0) / count
-        variance = np.maximum((filled * filled).sum(axis=0) / count - mean * mean, 0.0)
-    index = index_series(
-        prices, market.cpus, market.memory_gb, market.on_demand, fits, market.cap_factor
-    )
+        variance = np.maximum(np.einsum("ij,ij->j", filled, filled) / count - mean * mean, 0.0)
+    # The index of every row (index_series, inlined to reuse `filled` and `valid`).
+    counted = valid & (filled < market.cap_factor * market.on_demand * (1 - 1e-9)) & fits
+    inverse_size = 1.0 / np.sqrt(market.cpus * market.memory_gb)
+    members = counted.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        index = np.where(
+            members > 0, (np.where(counted, filled, 0.0) @ inverse_size) / members, np.nan
+        )
     index_now = float(index[-1])
     index_mean = float(np.nanmean(index)) if np.any(~np.isnan(index)) else np.nan
     return WindowStats(fits, usable, now, mean, np.sqrt(variance), index_now, index_mean)
@@ -246,11 +254,10 @@ def decide(
     if best == current or policy is Policy.STATIC:
         return Decision(current, False, "stay")
     price_from, price_to = float(stats.now_price[current]), float(stats.now_price[best])
-    if policy is Policy.AVAILABILITY:  # moves on the index alone (SPEC.md §5)
+    if policy is Policy.AVAILABILITY:  # looks again only once above the index
         normalized = normalized_prices(stats.now_price, market.cpus, market.memory_gb)
         if normalized[current] <= stats.index_now:
             return Decision(current, False, "stay: at or below the index")
-        return Decision(best, True, "availability: the current price rose above the index")
     if literal_trigger:
         normalized = normalized_prices(stats.now_price, market.cpus, market.memory_gb)
         pays = paper_trigger(stats.index_now, normalized[current], normalized[best])

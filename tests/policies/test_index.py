@@ -173,3 +173,19 @@ def test_replay_accounting_holds_for_any_market(seed, policy):
     assert result.migrations <= np.count_nonzero(np.diff(steps)) + result.revocations
     if policy is Policy.STATIC:
         assert result.migrations == result.revocations
+
+
+def test_window_statistics_index_matches_the_index_series():
+    rng = np.random.default_rng(4)
+    prices = rng.uniform(0.01, 0.5, (40, 3))
+    prices[3, 0] = np.nan
+    prices[7, 1] = 2.0  # capped (10 × 0.2)
+    m = market(prices)
+    need = Need(cpus=4, memory_gb=16, remaining_h=1, migration_h=0.01)
+    stats = window_stats(m, need)
+    fits = (CPUS >= 4) & (MEM >= 16)
+    series = index_series(prices, CPUS, MEM, ON_DEMAND, fits)
+    assert stats.index_now == pytest.approx(series[-1])
+    assert stats.index_mean == pytest.approx(np.nanmean(series))
+    np.testing.assert_allclose(stats.mean_price, np.nanmean(prices, axis=0))
+    np.testing.assert_allclose(stats.std_price, np.nanstd(prices, axis=0))
