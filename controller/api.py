@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -387,6 +388,38 @@ async def list_models(request: web.Request) -> web.Response:
     )
 
 
+async def hopping(request: web.Request) -> web.Response:
+    c = _controller(request)
+    limit = _int_query(request, "limit", 200, 1, 10_000)
+    market = c.scheduler.market
+    rows = []
+    if market is not None:
+        for i, name in enumerate(market.names):
+            size = math.sqrt(market.cpus[i] * market.memory_gb[i])
+            rows.append(
+                {
+                    "vm_type": name,
+                    "price_now": _finite(market.now_price[i]),
+                    "price_mean": _finite(market.mean_price[i]),
+                    "price_std": _finite(market.std_price[i]),
+                    "on_demand": _finite(market.on_demand[i]),
+                    "normalized_now": _finite(market.now_price[i] / size),
+                }
+            )
+    return _json(
+        {
+            "configured": c.config.hopping.model_dump(),
+            "market": rows,
+            "migrations": await c.store.list_migrations(limit),
+        }
+    )
+
+
+def _finite(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 async def preempt_vm(request: web.Request) -> web.Response:
     c = _controller(request)
     vm_id = request.match_info["vm_id"]
@@ -743,6 +776,15 @@ ROUTES: tuple[Route, ...] = (
         admin_only=True,
         params=(Param("history", "query", "Present: also the learned models since replaced."),),
         responses={200: ("Models.", "Models")},
+    ),
+    Route(
+        "GET",
+        "/v1/hopping",
+        hopping,
+        "Spot hopping: the policy, the live market per VM type, and every migration with its reason.",
+        admin_only=True,
+        params=(Param("limit", "query", "At most this many migrations (default 200).", _INT),),
+        responses={200: ("Market and migrations.", "Hopping")},
     ),
     Route(
         "POST",

@@ -157,6 +157,9 @@ class Client:
     def vms(self, include_ended: bool = False) -> dict[str, Any]:
         return self.request("GET", "/v1/vms", query={"all": "true" if include_ended else None})
 
+    def hopping(self, limit: int = 200) -> dict[str, Any]:
+        return self.request("GET", "/v1/hopping", query={"limit": limit})
+
     def preempt(self, vm_id: str) -> dict[str, Any]:
         return self.request("POST", f"/v1/vms/{_q(vm_id)}/preempt")
 

@@ -332,6 +332,55 @@ class AwsConfig(_Section):
     price_cache_s: float = Field(300.0, ge=0, description="How long spot prices read are reused.")
 
 
+class HoppingConfig(_Section):
+    """Spot hopping by cloud-index tracking (SPEC.md §5): sample spot prices, choose the
+    type of new VMs by a policy, and move checkpointable jobs when the move pays."""
+
+    enabled: bool = Field(True, description="Sample prices and choose types by the policy.")
+    policy: str = Field(
+        "balanced",
+        description="static (cheapest window mean), cost (cheapest now), availability "
+        "(steadiest below the index) or balanced (best modified Sharpe ratio).",
+    )
+    migrate: bool = Field(
+        True, description="Move checkpointable running jobs to another type when it pays."
+    )
+    interval_s: float = Field(
+        300.0, gt=0, description="Model seconds between two price samples and decisions."
+    )
+    window_s: float = Field(
+        86400.0, gt=0, description="Model seconds of prices the statistics look back over."
+    )
+    retention_days: float = Field(30.0, gt=0, description="How long price samples are kept.")
+    migration_s_per_gb: float = Field(
+        1.0, ge=0, description="Stop-and-copy time per GB a job uses (plus the boot delay)."
+    )
+    bid_factor: float = Field(
+        1.0, gt=0, description="A type priced above this × its on-demand price is not used."
+    )
+    literal_trigger: bool = Field(
+        False, description="Migrate by the paper's printed eq. 5 instead of SPEC.md's rule."
+    )
+    trace: str = Field(
+        "",
+        description="local/sim drivers: a spot price trace (CSV, as in shared/data/spot-prices) "
+        "replayed as the live prices; empty: the catalog's prices.",
+    )
+    trace_speed: float = Field(1.0, gt=0, description="Trace seconds replayed per model second.")
+    trace_types: dict[str, str] = Field(
+        {}, description='Catalog type -> trace type, e.g. {"local-2" = "r3.large"}.'
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in ("static", "cost", "availability", "balanced"):
+            raise ValueError(
+                f"unknown policy {value!r}; known: static, cost, availability, balanced"
+            )
+        return value
+
+
 class CostConfig(_Section):
     """How cost reports split a shared VM's cost among its jobs (SPEC.md §7)."""
 
@@ -420,6 +469,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     ledger: LedgerConfig = LedgerConfig()
     cost: CostConfig = CostConfig()
+    hopping: HoppingConfig = HoppingConfig()
     aws: AwsConfig = AwsConfig()
     gce: GceConfig = GceConfig()
     executor: ExecutorConfig = ExecutorConfig()

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,19 @@ from aiohttp import web
 from controller.api import build_app
 from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
-from controller.config import Config
+from controller.config import Config, ConfigError
 from controller.executors.local import LocalExecutor
+from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
 from controller.learning import Learner
 from controller.metrics import Metrics
+from controller.price_trace import TraceError, TraceReplay, read_trace
 from controller.scheduler import Scheduler
 from controller.sdnotify import notify
 from controller.store import Store
 from controller.tokens import Tokens
 from controller.wiring import make_driver, make_model_book
+from drivers.base import PriceSample
 
 log = logging.getLogger("spotbag.daemon")
 
@@ -65,6 +69,8 @@ class Controller:
         self.scheduler: Scheduler | None = None  # type: ignore[assignment]
         self._loop_task: asyncio.Task | None = None
         self._learning_task: asyncio.Task | None = None
+        self._hopper_task: asyncio.Task | None = None
+        self.hopper: Hopper | None = None
         self.learner: Learner | None = None
         self._lock_file: Any = None
 
@@ -136,12 +142,51 @@ class Controller:
             "preemption models: %s configured, %d learned", self.config.preemption.model, learned
         )
         await self.scheduler.recover()
+        if self.config.hopping.enabled:
+            self.hopper = Hopper(
+                settings=self.config.hopping,
+                catalog=self.catalog,
+                scheduler=self.scheduler,
+                store=self.store,
+                price_source=await self._price_source(),
+                now=self.clock.now,
+                time_scale=self.config.driver.time_scale,
+                boot_delay_s=self.config.driver.boot_delay_s,
+            )
+            self._hopper_task = asyncio.create_task(self.hopper.run(), name="hopper")
         pushes = self.driver.name in EPHEMERAL_DRIVERS
         self._loop_task = asyncio.create_task(
             self.scheduler.run(describe=not pushes), name="scheduler"
         )
 
+    async def _price_source(self) -> PriceSource:
+        """The driver's spot prices, or for the local and sim drivers a replayed trace."""
+        hopping = self.config.hopping
+        if not hopping.trace:
+            return self.driver.spot_prices
+        if self.driver.name not in EPHEMERAL_DRIVERS:
+            raise ConfigError("[hopping] trace replays prices for the local and sim drivers only")
+        try:
+            trace = await asyncio.to_thread(read_trace, hopping.trace)
+        except TraceError as exc:
+            raise ConfigError(f"[hopping] trace: {exc}") from None
+        replay = TraceReplay(
+            trace,
+            self.clock.now(),
+            type_map=hopping.trace_types,
+            speed=hopping.trace_speed * self.config.driver.time_scale,
+        )
+
+        async def replayed(types: Sequence[str], zones: Sequence[str]) -> list[PriceSample]:
+            return replay.prices_at(self.clock.now(), types, ())
+
+        return replayed
+
     async def stop(self) -> None:
+        if self._hopper_task is not None:
+            self._hopper_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._hopper_task
         if self._learning_task is not None:
             self._learning_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -187,6 +187,23 @@ _SCHEMAS: dict[str, Any] = {
             "in_use": {"type": "array", "items": {"type": "object"}},
         },
     },
+    "Hopping": {
+        "type": "object",
+        "properties": {
+            "configured": {"type": "object"},
+            "market": {
+                "type": "array",
+                "description": "Per VM type: price now, window mean and deviation (USD/h), "
+                "on-demand price, normalised price now.",
+                "items": {"type": "object"},
+            },
+            "migrations": {
+                "type": "array",
+                "description": "The hopper's moves, newest first, with reason, prices and index.",
+                "items": {"type": "object"},
+            },
+        },
+    },
     "VmList": {
         "type": "object",
         "properties": {

@@ -20,7 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from drivers.base import VmState
+from policies.index import TypeMarket
 from policies.packing import PricedType, Shape, cheapest_type, copies_that_fit, zone_allowed
 from policies.reuse import ReuseTable
 
@@ -48,6 +51,7 @@ class VmView(NamedTuple):
     requested_at: float = 0.0  # when it was launched
     age_h: float = 0.0  # model hours since launch
     table: ReuseTable | None = None  # reuse decisions for its preemption model; None: always reuse
+    draining: str = ""  # why it takes no new jobs (its jobs are moving away); ended when empty
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Snapshot:
     boot_timeout_s: float = float("inf")
     hot_spare_s: float = 0.0  # idle VMs past their risky start are kept this long
     blocked_until: Mapping[str, float] = field(default_factory=dict)  # type -> launch back-off end
+    # Live prices and the hopping policy (controller/hopper.py); None: the catalog's prices.
+    market: TypeMarket | None = None
 
 
 class Place(NamedTuple):
@@ -167,8 +173,9 @@ def _pack(
 
 def plan(snapshot: Snapshot) -> Plan:
     now = snapshot.now
-    running = [vm for vm in snapshot.vms if vm.state is VmState.RUNNING]
-    pending = [vm for vm in snapshot.vms if vm.state is VmState.PENDING]
+    drained = [vm for vm in snapshot.vms if vm.draining]
+    running = [vm for vm in snapshot.vms if vm.state is VmState.RUNNING and not vm.draining]
+    pending = [vm for vm in snapshot.vms if vm.state is VmState.PENDING and not vm.draining]
     free = {vm.vm_id: vm.free for vm in snapshot.vms}
     gpu_demand = any(g.shape.gpus > 0 and g.queued > 0 for g in snapshot.demand)
 
@@ -209,6 +216,9 @@ def plan(snapshot: Snapshot) -> Plan:
             terminations.append(Terminate(vm.vm_id, f"{kind} for {now - vm.idle_since:.0f} s"))
         else:
             wake.append(deadline)
+    for vm in drained:
+        if not vm.running_attempts:
+            terminations.append(Terminate(vm.vm_id, f"drained: {vm.draining}"))
     for vm in pending:
         deadline = vm.requested_at + snapshot.boot_timeout_s
         if deadline <= now:
@@ -235,17 +245,17 @@ def _launches(
         remaining = leftover.get(group.bag_id, 0)
         if remaining == 0:
             continue
-        fitting = [
-            PricedType(t.name, t.capacity, t.spot_price_per_hour)
-            for t in snapshot.catalog
-            if _eligible(group, t.name, t.zone)
-        ]
+        fitting = _fitting(group, snapshot.catalog)
         problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
         if problem is not None:
             unplaceable.append(Unplaceable(group.bag_id, problem))
             continue
         open_types = [t for t in fitting if snapshot.blocked_until.get(t.name, 0.0) <= now]
-        choice = cheapest_type(group.shape, open_types)
+        choice = None
+        if snapshot.market is not None:
+            choice = policy_type(snapshot.market, group.shape, open_types)
+        if choice is None:
+            choice = cheapest_type(group.shape, open_types)
         if choice is None:  # every type that can hold the job is backed off
             until = min(
                 snapshot.blocked_until[t.name]
@@ -263,6 +273,46 @@ def _launches(
         budget -= count
         launches.append(Launch(vm_type.name, count, group.bag_id))
     return launches, unplaceable, blocked_wake, short
+
+
+def _fitting(group: DemandGroup, catalog: Sequence[CatalogType]) -> list[PricedType]:
+    return [
+        PricedType(t.name, t.capacity, t.spot_price_per_hour)
+        for t in catalog
+        if _eligible(group, t.name, t.zone)
+    ]
+
+
+def preferred_launch(
+    market: TypeMarket, group: DemandGroup, catalog: Sequence[CatalogType]
+) -> tuple[PricedType, int] | None:
+    """The type (and slots) the hopping policy picks for new VMs of `group`'s jobs,
+    ignoring launch back-offs; what the hopper compares a running VM's type with."""
+    return policy_type(market, group.shape, _fitting(group, catalog))
+
+
+def policy_type(
+    market: TypeMarket, shape: Shape, types: Sequence[PricedType]
+) -> tuple[PricedType, int] | None:
+    """The type the hopping policy prefers for VMs of `shape` jobs among `types`, and its
+    slot count; None when the market knows none of them usable (the caller falls back on
+    the catalog's prices)."""
+    position = {name: i for i, name in enumerate(market.names)}
+    slots = np.zeros(len(market.names))
+    offered = {}
+    for vm_type in types:
+        i = position.get(vm_type.name)
+        if i is not None:
+            slots[i] = copies_that_fit(shape, vm_type.capacity)
+            offered[i] = vm_type
+    if not offered:
+        return None
+    scores = market.launch_scores(shape.cpus, shape.memory_gb, slots)
+    candidates = [(scores[i], market.names[i], i) for i in offered if np.isfinite(scores[i])]
+    if not candidates:
+        return None
+    _, _, best = min(candidates)
+    return offered[best], int(slots[best])
 
 
 def why_unplaceable(

@@ -108,6 +108,7 @@ class AttemptRun:
     due_at: float | None = None  # when the scheduler next signals (or reviews) it
     signalled_at: float | None = None  # a checkpoint asked for and not yet confirmed
     missed_checkpoints: int = 0  # in a row; the job is left alone after a few
+    migrating: str = ""  # why the hopper moves it: checkpoint, stop, run again elsewhere
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +132,7 @@ class VmRun:
     attempts: dict[str, None] = field(default_factory=dict)  # ordered set of attempt ids
     idle_since: float | None = None
     terminating: bool = False
+    draining: str = ""  # why no new job is placed on it (the hopper moves its jobs away)
     belief: Belief | None = None  # the preemption model assumed for it
     table: ReuseTable | None = None  # reuse decisions under that model (None: always reuse)
     capacity: Shape = field(init=False)

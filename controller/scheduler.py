@@ -56,7 +56,16 @@ from controller.ledger import Accounts
 from controller.metrics import Metrics
 from controller.model_book import ModelBook
 from controller.models import AttemptState, BagState, JobState, check_transition
-from controller.planner import CatalogType, DemandGroup, Plan, Snapshot, Terminate, VmView, plan
+from controller.planner import (
+    CatalogType,
+    DemandGroup,
+    Plan,
+    Snapshot,
+    Terminate,
+    VmView,
+    plan,
+    preferred_launch,
+)
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
 from controller.store import Store, WriteBatch
 from drivers.base import (
@@ -70,6 +79,7 @@ from drivers.base import (
 )
 from policies.checkpoint import next_checkpoint_h, planned_work_left
 from policies.cost import vm_share
+from policies.index import TypeMarket
 
 log = logging.getLogger("spotbag.scheduler")
 
@@ -95,6 +105,19 @@ class _Admit:
 @dataclass(frozen=True)
 class _Cancel:
     bag_id: str
+
+
+@dataclass(frozen=True)
+class MigrationCandidate:
+    """A running VM whose jobs could all move (controller/hopper.py decides)."""
+
+    vm_id: str
+    vm_type: str
+    bag_id: str  # every job on it is of this bag
+    cpus: float  # used by its jobs together
+    memory_gb: float
+    remaining_h: float  # model hours of work left, the shortest of its jobs
+    jobs: list[tuple[str, int]]
 
 
 class Scheduler:
@@ -137,6 +160,9 @@ class Scheduler:
         self._pending: dict[str, None] = {}  # VMs not yet running
         self._roomy: dict[str, None] = {}  # running VMs with some free capacity
         self._idle: dict[str, None] = {}  # running VMs with no attempt
+        self._draining: dict[str, None] = {}  # running VMs whose jobs the hopper moves away
+        self._migration_stops: list[str] = []  # attempts checkpointed for a move: stop them
+        self.market: TypeMarket | None = None  # live prices and policy (controller/hopper.py)
         self._by_provider_id: dict[str, str] = {}
         self._backoff: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
         self._inbox: list[VmStatus | AttemptEvent | CheckpointEvent] = []
@@ -378,7 +404,7 @@ class Scheduler:
         self.jobs.clear()
         self.attempts.clear()
         self.vms.clear()
-        for index in (self._pending, self._roomy, self._idle, self._by_provider_id):
+        for index in (self._pending, self._roomy, self._idle, self._draining, self._by_provider_id):
             index.clear()
         self._due.clear()
 
@@ -484,6 +510,8 @@ class Scheduler:
             # before its bag is cancelled) keeps its outcome.
             await self._handle_events(batch, events)
             cancels = self._run_commands(batch, commands, now)
+            cancels += self._migration_stops
+            self._migration_stops = []
             self._admit_held(batch, now)
             decision = plan(self._snapshot(now))
             starts, launches = self._record_plan(decision, batch, now)
@@ -707,6 +735,12 @@ class Scheduler:
             vm_age_h=age_h,
             detail=event.detail,
         )
+        if attempt.migrating and attempt.state is AttemptState.RUNNING:
+            if event.ok and job is not None:
+                self._migration_stops.append(attempt.id)  # it resumes from here elsewhere
+                return
+            log.warning("attempt %s stays: no checkpoint to move with", attempt.id)
+            attempt.migrating = ""
         if attempt.state is AttemptState.RUNNING:
             self._plan_checkpoint(attempt, event.at)
 
@@ -723,6 +757,10 @@ class Scheduler:
             )
             return
         code = event.exit_code
+        if event.outcome is Outcome.KILLED and attempt.migrating:
+            reason = f"migrated: {attempt.migrating}"
+            self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
+            return
         if event.outcome is Outcome.KILLED:
             # Stopped by the controller, not by a user or the job itself.
             reason = "stopped by the controller" + (f" ({event.detail})" if event.detail else "")
@@ -741,6 +779,78 @@ class Scheduler:
             reason = f"exited with code {code}" + (f" ({event.detail})" if event.detail else "")
             retry = code in bag.spec.retryable_exit_codes
         self._finish_attempt(attempt, AttemptState.FAILED, at, code, reason, batch, retry=retry)
+
+    # --- migration (the hopper) ------------------------------------------------------
+
+    def migration_candidates(self, now: float) -> list[MigrationCandidate]:
+        """Running VMs whose every job can move (checkpointable, running, not already
+        moving), with what the jobs use and how long they still run (model hours)."""
+        to_h = self.time_scale / 3600.0
+        found = []
+        for vm in self.vms.values():
+            if vm.state is not VmState.RUNNING or vm.terminating or vm.draining or not vm.attempts:
+                continue
+            attempts = [self.attempts[a] for a in vm.attempts if a in self.attempts]
+            bag_ids = {a.bag_id for a in attempts}
+            if len(bag_ids) != 1:
+                continue  # jobs of several bags: where they would go is not one choice
+            bag = self.bags.get(next(iter(bag_ids)))
+            if (
+                bag is None
+                or not bag.spec.checkpointable
+                or any(a.state is not AttemptState.RUNNING or a.cancelling for a in attempts)
+            ):
+                continue
+            left_h = [
+                max(bag.runtime_estimate_s - a.saved_s - max(0.0, now - a.mark_at), 0.0) * to_h
+                for a in attempts
+            ]
+            found.append(
+                MigrationCandidate(
+                    vm_id=vm.id,
+                    vm_type=vm.vm_type.name,
+                    bag_id=bag.id,
+                    cpus=sum(a.shape.cpus for a in attempts),
+                    memory_gb=sum(a.shape.memory_gb for a in attempts),
+                    remaining_h=min(left_h),
+                    jobs=[(a.bag_id, a.idx) for a in attempts],
+                )
+            )
+        return found
+
+    def preferred_type(self, bag_id: str) -> str | None:
+        """The type the planner would launch now for `bag_id`'s jobs under the hopping
+        policy (None: no market, or no usable type)."""
+        bag = self.bags.get(bag_id)
+        if bag is None or self.market is None:
+            return None
+        group = DemandGroup(bag.id, bag.shape, 1, bag.allowed_types, bag.regions)
+        choice = preferred_launch(self.market, group, self._catalog_view)
+        return choice[0].name if choice is not None else None
+
+    def request_migration(self, vm_id: str, reason: str) -> list[tuple[str, int]]:
+        """Move every job off `vm_id`: no new job goes there, each is asked to checkpoint
+        now and, once it has, stopped and queued again (LOST, not counted) to resume on
+        a VM the planner picks by the hopping policy; the VM ends when empty. Returns the
+        jobs asked to move (none if the VM cannot be drained any more)."""
+        vm = self.vms.get(vm_id)
+        if vm is None or vm.state is not VmState.RUNNING or vm.terminating or vm.draining:
+            return []
+        now = self.clock.now()
+        vm.draining = reason
+        self._refresh_vm_sets(vm)
+        moved = []
+        for attempt_id in vm.attempts:
+            attempt = self.attempts.get(attempt_id)
+            if attempt is None or attempt.state is not AttemptState.RUNNING:
+                continue
+            attempt.migrating = reason
+            moved.append((attempt.bag_id, attempt.idx))
+            if attempt.signalled_at is None:  # else the checkpoint under way will do
+                attempt.due_at = now
+                heapq.heappush(self._due, (now, attempt.id, True))
+        self._wake.set()
+        return moved
 
     # --- state changes (the only places that change job/attempt/VM state) --------
 
@@ -955,7 +1065,7 @@ class Scheduler:
     def _untrack_vm(self, vm: VmRun) -> None:
         self.vms.pop(vm.id, None)
         self._by_provider_id.pop(vm.provider_id, None)
-        for index in (self._pending, self._roomy, self._idle):
+        for index in (self._pending, self._roomy, self._idle, self._draining):
             index.pop(vm.id, None)
 
     def _set_provider_id(self, vm: VmRun, provider_id: str) -> None:
@@ -967,10 +1077,13 @@ class Scheduler:
         live = vm.id in self.vms
         pending = live and vm.state is VmState.PENDING and not vm.terminating
         usable = live and vm.state is VmState.RUNNING and not vm.terminating
+        draining = usable and bool(vm.draining)
+        usable = usable and not draining
         for index, member in (
             (self._pending, pending),
             (self._roomy, usable and vm.free.cpus > 0 and vm.free.memory_gb > 0),
             (self._idle, usable and not vm.attempts),
+            (self._draining, draining),
         ):
             if member:
                 index[vm.id] = None
@@ -994,6 +1107,7 @@ class Scheduler:
             if bag.queue
         ]
         candidates = list(self._pending) + list(self._roomy if demand else self._idle)
+        candidates += [v for v in self._draining if v not in self._roomy and v not in self._idle]
         views = []
         for vm_id in candidates:
             vm = self.vms[vm_id]
@@ -1010,6 +1124,7 @@ class Scheduler:
                     vm.requested_at,
                     max(0.0, now - vm.requested_at) * to_hours,
                     vm.table,
+                    vm.draining,
                 )
             )
         return Snapshot(
@@ -1025,6 +1140,7 @@ class Scheduler:
             if self.book
             else 0.0,
             blocked_until={t: until for t, (until, _) in self._backoff.items()},
+            market=self.market,
         )
 
     def _record_plan(
@@ -1287,6 +1403,10 @@ class Scheduler:
         run to the end, the plan is reviewed when the job should have ended (a job that
         outruns its estimate is planned again with a tenth of the estimate left)."""
         attempt.due_at = None
+        if attempt.migrating and attempt.signalled_at is None:  # moving: checkpoint now
+            attempt.due_at = now
+            heapq.heappush(self._due, (now, attempt.id, True))
+            return
         bag = self.bags.get(attempt.bag_id)
         vm = self.vms.get(attempt.vm_id)
         settings = self.checkpointing

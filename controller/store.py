@@ -217,6 +217,32 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX attempts_by_vm ON attempts(vm_id, bag_id);
         """,
     ),
+    (
+        "spot price samples (kept for [hopping] retention_days) and the hopper's migrations (hops)",
+        """
+        CREATE TABLE price_samples (
+            vm_type TEXT NOT NULL,
+            zone TEXT NOT NULL DEFAULT '',
+            at REAL NOT NULL,  -- epoch seconds
+            price_per_hour REAL NOT NULL,
+            PRIMARY KEY (vm_type, zone, at)
+        ) WITHOUT ROWID;
+        CREATE INDEX price_samples_by_time ON price_samples(at);
+        CREATE TABLE hops (  -- "migrations" records the schema's own
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            vm_id TEXT NOT NULL,  -- the VM left
+            from_type TEXT NOT NULL,
+            to_type TEXT NOT NULL,  -- the type the policy chose to move to
+            policy TEXT NOT NULL,
+            price_from REAL NOT NULL,  -- USD/h at the decision
+            price_to REAL NOT NULL,
+            index_price REAL,  -- the index (USD/h per sqrt(vCPU*GB)) at the decision
+            jobs TEXT NOT NULL DEFAULT '[]',  -- [[bag_id, idx], ...] asked to checkpoint and move
+            reason TEXT NOT NULL
+        );
+        """,
+    ),
 ]
 
 
@@ -1221,6 +1247,68 @@ class Store:
                 "ORDER BY requested_at DESC LIMIT :limit",
                 {"driver": driver, "now": now, "limit": limit},
             )
+
+        return await self.read(select)
+
+    async def add_price_samples(self, rows: Sequence[tuple[str, str, float, float]]) -> None:
+        """Record (vm_type, zone, at, price_per_hour) samples; a repeat is ignored."""
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR IGNORE INTO price_samples (vm_type, zone, at, price_per_hour) "
+                "VALUES (?, ?, ?, ?)",
+                rows,
+            )
+
+        if rows:
+            await self.write(insert)
+
+    async def price_samples(
+        self, since: float, until: float | None = None, vm_types: Sequence[str] | None = None
+    ) -> list[tuple[str, str, float, float]]:
+        """(vm_type, zone, at, price_per_hour) from `since` to `until`, oldest first."""
+
+        def select(conn: sqlite3.Connection) -> list[tuple[str, str, float, float]]:
+            sql = "SELECT vm_type, zone, at, price_per_hour FROM price_samples WHERE at >= ?"
+            args: list[Any] = [since]
+            if until is not None:
+                sql += " AND at <= ?"
+                args.append(until)
+            if vm_types:
+                sql += f" AND vm_type IN ({', '.join('?' * len(vm_types))})"
+                args += list(vm_types)
+            return [tuple(r) for r in conn.execute(sql + " ORDER BY at", args)]
+
+        return await self.read(select)
+
+    async def prune_price_samples(self, before: float) -> int:
+        """Delete samples older than `before`, keeping each series' last one before it (the
+        price in effect at `before`); the number deleted."""
+
+        def prune(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "DELETE FROM price_samples WHERE at < ? AND at < ("
+                " SELECT max(p.at) FROM price_samples p WHERE p.vm_type = price_samples.vm_type"
+                " AND p.zone = price_samples.zone AND p.at < ?)",
+                (before, before),
+            ).rowcount
+
+        return await self.write(prune)
+
+    async def add_migration(self, row: dict[str, Any]) -> None:
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO hops (at, vm_id, from_type, to_type, policy, price_from, "
+                "price_to, index_price, jobs, reason) VALUES (:at, :vm_id, :from_type, "
+                ":to_type, :policy, :price_from, :price_to, :index_price, :jobs, :reason)",
+                row,
+            )
+
+        await self.write(insert)
+
+    async def list_migrations(self, limit: int = 1000) -> list[dict[str, Any]]:
+        def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            return _rows(conn, "SELECT * FROM hops ORDER BY id DESC LIMIT :limit", {"limit": limit})
 
         return await self.read(select)
 

@@ -49,6 +49,7 @@ from enum import StrEnum
 import numpy as np
 
 DEFAULT_CAP_FACTOR = 10.0  # EC2 capped spot prices at 10 × on-demand (pre-2017 market)
+FLAT_PRICE_FRACTION = 1e-3  # deviations below this share of the mean price count as this
 
 
 class Policy(StrEnum):
@@ -200,28 +201,128 @@ def window_stats(market: Market, need: Need) -> WindowStats:
 
 
 def scores(policy: Policy, market: Market, need: Need, stats: WindowStats) -> np.ndarray:
-    """Each VM's score under `policy` (lower is better; +inf: not eligible)."""
+    """Each VM's score under `policy` for one job of `need` (lower is better; +inf: not
+    eligible)."""
     used = np.sqrt(need.cpus * need.memory_gb)
-    inf = np.full(market.now.shape, np.inf)
+    return policy_scores(policy, market.cpus, market.memory_gb, used, stats)
+
+
+def policy_scores(
+    policy: Policy,
+    cpus: np.ndarray,
+    memory_gb: np.ndarray,
+    used: np.ndarray | float,
+    stats: WindowStats,
+) -> np.ndarray:
+    """The scores of `scores`, with `used` = sqrt(vCPUs·GB the job(s) use) per VM (a VM
+    packed with several jobs uses more of itself, which lowers its price per used unit)."""
+    used = np.asarray(used, dtype=float)
     if policy is Policy.STATIC:
         score = stats.mean_price / used
     elif policy is Policy.COST:
         score = stats.now_price / used
     elif policy is Policy.AVAILABILITY:
-        normalized = normalized_prices(stats.now_price, market.cpus, market.memory_gb)
+        normalized = normalized_prices(stats.now_price, cpus, memory_gb)
         below = normalized <= stats.index_now * (1 + 1e-12)
         # The steadiest of those priced at or below the index; if none is, the cheapest
         # (a large offset keeps every below-index VM ahead of the fallback).
         fallback = 1e6 + stats.now_price / used
-        score = np.where(below, stats.std_price, fallback)
+        score = np.where(below, stats.std_price / used, fallback)
     else:  # balanced: maximise the Sharpe ratio, i.e. minimise its negative
         per_unit_mean = stats.mean_price / used
-        per_unit_std = stats.std_price / used
-        index_per_unit = stats.index_mean
+        # A price steadier than 0.1% of itself counts as that steady: with flat prices the
+        # ratio then ranks by price, not by the rounding noise of a zero deviation.
+        per_unit_std = np.maximum(stats.std_price / used, FLAT_PRICE_FRACTION * per_unit_mean)
         with np.errstate(divide="ignore", invalid="ignore"):
-            sharpe = (index_per_unit - per_unit_mean) / np.maximum(per_unit_std, 1e-12)
+            sharpe = (stats.index_mean - per_unit_mean) / np.maximum(per_unit_std, 1e-12)
         score = -sharpe
-    return np.where(stats.usable & ~np.isnan(score), score, inf)
+    return np.where(stats.usable & ~np.isnan(score), score, np.inf)
+
+
+@dataclass(frozen=True)
+class TypeMarket:
+    """What the hopper knows of each VM type's price, for choosing types to launch: the
+    price now and its window mean and deviation (USD/h), per type in `names` order."""
+
+    policy: Policy
+    names: tuple[str, ...]
+    cpus: np.ndarray
+    memory_gb: np.ndarray
+    on_demand: np.ndarray
+    bid: np.ndarray
+    now_price: np.ndarray
+    mean_price: np.ndarray
+    std_price: np.ndarray
+    cap_factor: float = DEFAULT_CAP_FACTOR
+
+    def launch_scores(self, job_cpus: float, job_memory_gb: float, slots: np.ndarray) -> np.ndarray:
+        """Each type's score (lower is better, inf: not usable) for VMs that will each run
+        `slots` copies of a job (0: it does not fit). The index is over the types that fit;
+        its window mean is the mean of their normalised window means (the same unless
+        some prices were capped or missing in the window)."""
+        slots = np.asarray(slots, dtype=float)
+        fits = slots > 0
+        now = self.now_price
+        priced = ~np.isnan(now)
+        usable = fits & priced & (np.nan_to_num(now, nan=np.inf) <= self.bid)
+        size = np.sqrt(self.cpus * self.memory_gb)
+        counted = fits & priced & ~capped(np.nan_to_num(now), self.on_demand, self.cap_factor)
+        index_now = float(np.mean(now[counted] / size[counted])) if counted.any() else np.nan
+        with_mean = fits & ~np.isnan(self.mean_price)
+        index_mean = (
+            float(np.mean(self.mean_price[with_mean] / size[with_mean]))
+            if with_mean.any()
+            else np.nan
+        )
+        stats = WindowStats(
+            fits, usable, now, self.mean_price, self.std_price, index_now, index_mean
+        )
+        used = np.maximum(slots, 1.0) * np.sqrt(job_cpus * job_memory_gb)
+        return policy_scores(self.policy, self.cpus, self.memory_gb, used, stats)
+
+    def index_now(self, cpus: float, memory_gb: float) -> float:
+        """𝕀 now over the types that hold `cpus` and `memory_gb` (NaN: none priced)."""
+        now = np.nan_to_num(self.now_price, nan=np.inf)
+        counted = (
+            (self.cpus >= cpus)
+            & (self.memory_gb >= memory_gb)
+            & np.isfinite(now)
+            & ~capped(now, self.on_demand, self.cap_factor)
+        )
+        if not counted.any():
+            return float("nan")
+        return float(np.mean(now[counted] / np.sqrt(self.cpus[counted] * self.memory_gb[counted])))
+
+    def move_decision(
+        self, current: int, target: int, need: Need, *, literal_trigger: bool = False
+    ) -> tuple[bool, str]:
+        """Whether jobs of `need` on type `current` should move to `target`, the type the
+        policy now prefers for them, by the policy's rule (module docstring)."""
+        if current == target:
+            return False, "on the preferred type"
+        price_from, price_to = float(self.now_price[current]), float(self.now_price[target])
+        if not price_to <= self.bid[target]:  # NaN or above its bid
+            return False, f"{self.names[target]} is not priced below its bid"
+        if not price_from <= self.bid[current]:
+            return True, f"{self.names[current]} is priced above its bid ({price_from:.4f} USD/h)"
+        if self.policy is Policy.STATIC:
+            return False, "static: stays until revoked"
+        index = self.index_now(need.cpus, need.memory_gb)
+        size = np.sqrt(self.cpus * self.memory_gb)
+        normalized_from = price_from / size[current]
+        if self.policy is Policy.AVAILABILITY and normalized_from <= index:
+            return False, "availability: at or below the index"
+        if literal_trigger:
+            pays = paper_trigger(index, normalized_from, price_to / size[target])
+        else:
+            pays = bool(move_pays(price_from, price_to, need.remaining_h, need.migration_h))
+        if not pays:
+            return False, f"moving to {self.names[target]} does not pay"
+        return True, (
+            f"{self.policy.value}: {self.names[current]} {price_from:.4f} -> "
+            f"{self.names[target]} {price_to:.4f} USD/h pays over {need.remaining_h:.2f} h "
+            f"(index {index:.5f})"
+        )
 
 
 def decide(

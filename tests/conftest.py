@@ -40,6 +40,11 @@ mttf_h = {mttf_h}
 [executor]
 kill_grace_s = 1.0
 
+[hopping]
+# Types are chosen by the policy; jobs stay where they start (tests of other features
+# count their attempts). tests/integration/test_hopping.py moves jobs.
+migrate = false
+
 [[vm_types]]
 name = "local-2"
 cpus = 2

@@ -120,9 +120,18 @@ class AwsCloud:
     cheap, roomy = "m5.large", "m5.xlarge"
 
     def __init__(self) -> None:
+        from drivers.base import PriceSample
         from tests.fakes.aws import MotoCloud
 
         self.cloud = MotoCloud()
+        # The spot price history the daemon's hopper reads: the cheap type is cheaper.
+        now = time.time()
+        self.cloud.set_spot_prices(
+            [
+                PriceSample(self.cheap, f"{self.cloud.region}a", 0.035, now),
+                PriceSample(self.roomy, f"{self.cloud.region}a", 0.07, now),
+            ]
+        )
         self.settings = self.cloud.settings(controller_id="unused")
         self.env = self.cloud.env()
 

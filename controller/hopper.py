@@ -1,0 +1,216 @@
+"""The hopper: spot hopping by cloud-index tracking in the running daemon (SPEC.md §5).
+
+Every `[hopping] interval_s` of model time (5 minutes by default) it
+
+1. samples the spot price of every catalog type (the driver's `spot_prices`, or a
+   replayed trace for the local and sim drivers) and records the samples in the store,
+   which keeps them for `retention_days`;
+2. hands the scheduler a `TypeMarket` (price now, window mean and deviation per type,
+   the policy), by which the planner chooses the type of every new VM;
+3. with `migrate`, looks at each running VM whose jobs can all move (one bag,
+   checkpointable): when the policy now prefers another type for that bag and the
+   policy's rule says the move pays (policies.index.TypeMarket.move_decision), it asks
+   the scheduler to move them (checkpoint, stop, resume on a new VM of the preferred
+   type) and records the migration with its reason, prices and index.
+
+The window's statistics come from an in-memory buffer of the samples, filled from the
+store at start so a restart keeps the history. Price per type: the sample for the
+type's own zone, else the cheapest zone's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import warnings
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.config import HoppingConfig
+from drivers.base import PriceSample, VmType
+from policies.index import Need, Policy, TypeMarket
+
+log = logging.getLogger("spotbag.hopper")
+
+MIN_INTERVAL_REAL_S = 1.0
+PriceSource = Callable[[Sequence[str], Sequence[str]], Awaitable[Sequence[PriceSample]]]
+
+
+@dataclass
+class HopRound:
+    """What one round did (for logs, metrics and tests)."""
+
+    at: float
+    prices: dict[str, float] = field(default_factory=dict)  # type -> USD/h (NaN: none)
+    migrations: list[dict] = field(default_factory=list)
+    stays: dict[str, str] = field(default_factory=dict)  # vm_id -> why it stays
+
+
+class Hopper:
+    def __init__(
+        self,
+        *,
+        settings: HoppingConfig,
+        catalog: Sequence[VmType],
+        scheduler,
+        store,
+        price_source: PriceSource,
+        now: Callable[[], float],
+        time_scale: float = 1.0,
+        boot_delay_s: float = 0.0,
+    ) -> None:
+        self.settings = settings
+        self.catalog = list(catalog)
+        self.scheduler = scheduler
+        self.store = store
+        self.price_source = price_source
+        self.now = now
+        self.time_scale = time_scale
+        self.boot_delay_s = boot_delay_s  # real seconds (the driver's), part of a move
+        self.policy = Policy(settings.policy)
+        self.names = tuple(t.name for t in self.catalog)
+        self.position = {name: i for i, name in enumerate(self.names)}
+        self.cpus = np.array([t.cpus for t in self.catalog], dtype=float)
+        self.memory_gb = np.array([t.memory_gb for t in self.catalog], dtype=float)
+        self.on_demand = np.array(
+            [t.on_demand_price_per_hour or math.inf for t in self.catalog], dtype=float
+        )
+        self.bid = self.on_demand * settings.bid_factor
+        self.rows: deque[tuple[float, np.ndarray]] = deque()  # (at, price per type)
+        self.rounds = 0
+
+    # --- real seconds of the daemon's clock for model-time settings ----------------------
+
+    @property
+    def interval_real_s(self) -> float:
+        # At most one round a second however fast model time runs (simulated fleets).
+        return max(self.settings.interval_s / self.time_scale, MIN_INTERVAL_REAL_S)
+
+    @property
+    def window_real_s(self) -> float:
+        return self.settings.window_s / self.time_scale
+
+    async def load_history(self) -> None:
+        """Fill the window from the store's samples (a restart keeps its statistics)."""
+        now = self.now()
+        rows = await self.store.price_samples(now - self.window_real_s, vm_types=self.names)
+        by_time: dict[float, list[PriceSample]] = {}
+        for vm_type, zone, at, price in rows:
+            by_time.setdefault(at, []).append(PriceSample(vm_type, zone, price, at))
+        for at in sorted(by_time):
+            self.rows.append((at, self._prices_of(by_time[at])))
+
+    def _prices_of(self, samples: Sequence[PriceSample]) -> np.ndarray:
+        """Price per catalog type: its own zone's sample, else the cheapest zone's."""
+        prices = np.full(len(self.names), np.nan)
+        own = np.zeros(len(self.names), dtype=bool)
+        for sample in samples:
+            i = self.position.get(sample.vm_type)
+            if i is None:
+                continue
+            mine = sample.zone == self.catalog[i].zone
+            if mine and not own[i]:
+                prices[i], own[i] = sample.price_per_hour, True
+            elif not own[i] and not sample.price_per_hour >= prices[i]:
+                prices[i] = sample.price_per_hour
+        return prices
+
+    def market(self) -> TypeMarket | None:
+        if not self.rows:
+            return None
+        window = np.vstack([row for _, row in self.rows])
+        with warnings.catch_warnings():  # a type with no price in the window: NaN, fine
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(window, axis=0)
+            std = np.nanstd(window, axis=0)
+        return TypeMarket(
+            policy=self.policy,
+            names=self.names,
+            cpus=self.cpus,
+            memory_gb=self.memory_gb,
+            on_demand=self.on_demand,
+            bid=self.bid,
+            now_price=window[-1],
+            mean_price=mean,
+            std_price=std,
+        )
+
+    async def round(self) -> HopRound:
+        """Sample, hand the market to the scheduler, and move what should move."""
+        now = self.now()
+        self.rounds += 1
+        zones = sorted({t.zone for t in self.catalog if t.zone})
+        samples = await self.price_source(self.names, zones)
+        prices = self._prices_of(samples)
+        await self.store.add_price_samples(
+            [
+                (s.vm_type, s.zone, now, s.price_per_hour)
+                for s in samples
+                if s.vm_type in self.position
+            ]
+        )
+        self.rows.append((now, prices))
+        while self.rows and self.rows[0][0] < now - self.window_real_s:
+            self.rows.popleft()
+        if self.rounds % 12 == 1:
+            await self.store.prune_price_samples(now - self.settings.retention_days * 86400)
+        result = HopRound(now, {n: float(p) for n, p in zip(self.names, prices, strict=True)})
+        market = self.market()
+        self.scheduler.market = market
+        if market is None or not self.settings.migrate:
+            return result
+        for candidate in self.scheduler.migration_candidates(now):
+            current = self.position.get(candidate.vm_type)
+            preferred = self.scheduler.preferred_type(candidate.bag_id)
+            if current is None or preferred is None:
+                continue
+            target = self.position[preferred]
+            migration_h = (
+                self.boot_delay_s * self.time_scale
+                + candidate.memory_gb * self.settings.migration_s_per_gb
+            ) / 3600.0
+            need = Need(candidate.cpus, candidate.memory_gb, candidate.remaining_h, migration_h)
+            move, why = market.move_decision(
+                current, target, need, literal_trigger=self.settings.literal_trigger
+            )
+            if not move:
+                result.stays[candidate.vm_id] = why
+                continue
+            jobs = self.scheduler.request_migration(candidate.vm_id, why)
+            if not jobs:
+                continue
+            row = {
+                "at": now,
+                "vm_id": candidate.vm_id,
+                "from_type": candidate.vm_type,
+                "to_type": preferred,
+                "policy": self.policy.value,
+                "price_from": float(market.now_price[current]),
+                "price_to": float(market.now_price[target]),
+                "index_price": market.index_now(candidate.cpus, candidate.memory_gb),
+                "jobs": json.dumps(jobs),
+                "reason": why,
+            }
+            if math.isnan(row["index_price"]):
+                row["index_price"] = None
+            await self.store.add_migration(row)
+            result.migrations.append(row)
+            log.info("moving %d job(s) off %s: %s", len(jobs), candidate.vm_id, why)
+        return result
+
+    async def run(self) -> None:
+        """Rounds every interval until cancelled; a failed round is logged, not fatal."""
+        await self.load_history()
+        while True:
+            try:
+                await self.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("hopping round failed; trying again next interval")
+            await asyncio.sleep(self.interval_real_s)
