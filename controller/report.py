@@ -27,12 +27,15 @@ a second; rendering (table, CSV, HTML) is in controller/report_render.py.
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from controller.store import Store
 from policies.allocation import DEFAULT_WEIGHTS, Weights
+from policies.index import DEFAULT_CAP_FACTOR as CAP_FACTOR
 from policies.ledger_rules import GPU_WEIGHT
 from policies.vm_cost import split_vm_costs
 
@@ -61,6 +64,102 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("cpu_h", "CPU-hours used"),
 )
 MAX_TIMELINE_VMS = 5000  # VMs listed for the timeline; the figures cover all
+
+
+class SampledMarket:
+    """Spot price samples of the store, per (type, zone) series, with the cloud index
+    (SPEC.md §5) over every type of known size: the mean, at each sample time, of each
+    type's cheapest zone price over sqrt(vCPUs·GB), leaving out capped prices."""
+
+    def __init__(
+        self,
+        series: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]],
+        index_at: np.ndarray,
+        index: np.ndarray,
+    ) -> None:
+        self.series = series
+        self.index_at, self.index = index_at, index
+        self.count = int(sum(len(at) for at, _ in series.values()))
+
+    @classmethod
+    def from_rows(cls, prices: Sequence[tuple], sizes: Sequence[tuple]) -> SampledMarket:
+        grouped: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+        for vm_type, zone, at, price in prices:
+            ats, values = grouped.setdefault((vm_type, zone), ([], []))
+            ats.append(at)
+            values.append(price)
+        series = {k: (np.array(a), np.array(v)) for k, (a, v) in grouped.items()}
+        size = {t: (c, m, od) for t, c, m, od in sizes if c and m}
+        per_time: dict[float, dict[str, float]] = {}
+        for vm_type, _, at, price in prices:
+            if vm_type in size:
+                cheapest = per_time.setdefault(at, {})
+                cheapest[vm_type] = min(price, cheapest.get(vm_type, math.inf))
+        index_at = np.array(sorted(per_time))
+        index = np.array(
+            [
+                np.mean(
+                    [
+                        p / math.sqrt(size[t][0] * size[t][1])
+                        for t, p in per_time[at].items()
+                        if not (size[t][2] and p >= CAP_FACTOR * size[t][2])
+                    ]
+                    or [math.nan]
+                )
+                for at in index_at
+            ]
+        )
+        return cls(series, index_at, index)
+
+    def vm_price_samples(self, vm_types, zones, spot) -> tuple[np.ndarray, ...] | None:
+        """(vm index, at, price) for split_vm_costs: each spot VM's type in its zone, else
+        in any zone of that type; on-demand VMs keep their price."""
+        if not self.series:
+            return None
+        vm_of, ats, values = [], [], []
+        by_type: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for (vm_type, _), pair in self.series.items():
+            by_type.setdefault(vm_type, []).append(pair)
+        for v, (vm_type, zone, is_spot) in enumerate(zip(vm_types, zones, spot, strict=True)):
+            if not is_spot:
+                continue
+            pair = self.series.get((vm_type, zone))
+            if pair is None and vm_type in by_type:
+                pairs = by_type[vm_type]
+                pair = (
+                    np.concatenate([a for a, _ in pairs]),
+                    np.concatenate([p for _, p in pairs]),
+                )
+                order = np.argsort(pair[0], kind="stable")
+                pair = (pair[0][order], pair[1][order])
+            if pair is None:
+                continue
+            vm_of.append(np.full(len(pair[0]), v))
+            ats.append(pair[0])
+            values.append(pair[1])
+        if not vm_of:
+            return None
+        return np.concatenate(vm_of), np.concatenate(ats), np.concatenate(values)
+
+    def index_cost_usd(self, start_s, end_s, cpus, memory_gb) -> np.ndarray:
+        """∫ 𝕀(t) dt × sqrt(C·M) over each [start, end] (USD; NaN where no index covers
+        it). 𝕀 is a step function from each sample time on; before the first, unknown."""
+        start_s, end_s = np.asarray(start_s, float), np.asarray(end_s, float)
+        result = np.full(len(start_s), np.nan)
+        valid = ~np.isnan(self.index)
+        if not valid.any():
+            return result
+        at, index = self.index_at[valid], self.index[valid]
+        cumulative = np.concatenate([[0.0], np.cumsum(index[:-1] * np.diff(at))])
+
+        def integral(t: np.ndarray) -> np.ndarray:
+            k = np.clip(np.searchsorted(at, t, side="right") - 1, 0, len(at) - 1)
+            return cumulative[k] + index[k] * (t - at[k])
+
+        lo = np.maximum(start_s, at[0])
+        covered = end_s > lo
+        area = np.where(covered, integral(np.maximum(end_s, lo)) - integral(lo), np.nan)
+        return area / 3600.0 * np.sqrt(np.asarray(cpus, float) * np.asarray(memory_gb, float))
 
 
 class ReportScopeEmpty(LookupError):
@@ -129,6 +228,7 @@ def compute_report(
     a_end = np.array([now if e is None else e for e in a_cols[6]], dtype=float)
     a_reserved = bag_resources[a_bag] if len(a_bag) else np.zeros((0, 3))
 
+    market = SampledMarket.from_rows(rows.get("prices", ()), rows.get("sizes", ()))
     costs = split_vm_costs(
         running,
         ended,
@@ -141,7 +241,10 @@ def compute_report(
         a_reserved,
         weights=weights,
         idle_timeout_s=idle_timeout_s,
+        price_samples=market.vm_price_samples(vm_cols[1], vm_cols[2], spot),
     )
+    # The index beside the price paid: ∫ 𝕀(t)·sqrt(C·M) dt over each VM's billed life.
+    index_usd = market.index_cost_usd(running, ended, capacity[:, 0], capacity[:, 1])
 
     # Each attempt carries its share of its VM's time that no attempt held: its
     # VM-hours over all the attempts' VM-hours on that VM (by count if those are 0).
@@ -191,6 +294,19 @@ def compute_report(
     totals = _grouped(columns, np.zeros(len(a_vm), dtype=np.int64), 1, a_vm, vm_preempted)[0]
 
     used_vms = np.unique(a_vm)
+
+    def _paid_and_index(k: int) -> dict[str, float | None]:
+        """Mean price paid per VM-hour by the type's VMs, and the index price for their
+        size over the same hours (None without price samples)."""
+        of_type = used_vms[type_of_vm[used_vms] == k]
+        life_h = float(costs.life_h[of_type].sum())
+        covered = of_type[~np.isnan(index_usd[of_type])]
+        covered_h = float(costs.life_h[covered].sum())
+        return {
+            "price_paid_per_h": float(costs.cost_usd[of_type].sum()) / life_h if life_h else None,
+            "index_price_per_h": float(index_usd[covered].sum()) / covered_h if covered_h else None,
+        }
+
     timeline = [
         {
             "id": vms[v][0],
@@ -212,10 +328,11 @@ def compute_report(
         "idle_timeout_s": idle_timeout_s,
         "totals": totals,
         "by_vm_type": [
-            {"vm_type": str(type_codes[k]), **group}
+            {"vm_type": str(type_codes[k]), **group, **_paid_and_index(k)}
             for k, group in enumerate(by_type)
             if group["attempts"]
         ],
+        "price_samples": market.count,
         "by_bag": [
             {
                 "bag_id": bags[b][0],

@@ -31,6 +31,10 @@ TABLE_COLUMNS = (
     ("lost_h", "lost h", "{:,.2f}"),
     ("checkpoint_h", "ckpt h", "{:,.2f}"),
     ("cpu_h", "CPU-h", "{:,.2f}"),
+    # Per VM type: the mean spot price paid, and the index price for the type's size over
+    # the same hours (SPEC.md §5; needs the hopper's price samples).
+    ("price_paid_per_h", "paid $/h", "{:.4f}"),
+    ("index_price_per_h", "index $/h", "{:.4f}"),
 )
 
 
@@ -50,9 +54,9 @@ def tables(report: dict[str, Any]) -> list[Table]:
     for _, header, _ in TABLE_COLUMNS:
         by_type.add_column(header, justify="right")
     for row in report["by_vm_type"]:
-        by_type.add_row(row["vm_type"], *(_fmt(row[k], p) for k, _, p in TABLE_COLUMNS))
+        by_type.add_row(row["vm_type"], *(_fmt(row.get(k), p) for k, _, p in TABLE_COLUMNS))
     by_type.add_row(
-        "total", *(_fmt(report["totals"][k], p) for k, _, p in TABLE_COLUMNS), style="bold"
+        "total", *(_fmt(report["totals"].get(k), p) for k, _, p in TABLE_COLUMNS), style="bold"
     )
     out = [by_type]
     if "account" in report["scope"]:
@@ -63,7 +67,7 @@ def tables(report: dict[str, Any]) -> list[Table]:
             by_bag.add_column(header, justify="right")
         for row in report["by_bag"]:
             by_bag.add_row(
-                row["bag_id"], row["name"], *(_fmt(row[k], p) for k, _, p in TABLE_COLUMNS)
+                row["bag_id"], row["name"], *(_fmt(row.get(k), p) for k, _, p in TABLE_COLUMNS)
             )
         out.append(by_bag)
     return out
@@ -156,9 +160,9 @@ def _html_table(
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in columns)
     body = []
     for row in rows:
-        cells = "".join(f"<td>{html.escape(_fmt(row[n], p))}</td>" for n, _, p in columns)
+        cells = "".join(f"<td>{html.escape(_fmt(row.get(n), p))}</td>" for n, _, p in columns)
         body.append(f"<tr><td>{html.escape(str(row[key]))}</td>{cells}</tr>")
-    cells = "".join(f"<td>{html.escape(_fmt(totals[n], p))}</td>" for n, _, p in columns)
+    cells = "".join(f"<td>{html.escape(_fmt(totals.get(n), p))}</td>" for n, _, p in columns)
     body.append(f'<tr class="total"><td>total</td>{cells}</tr>')
     return f"<table><tr><th>{html.escape(header)}</th>{head}</tr>{''.join(body)}</table>"
 

@@ -951,7 +951,33 @@ class Store:
                 f"FROM attempts WHERE vm_id IN {on_vms} AND bag_id NOT IN ({scope_sql})",
                 params,
             ).fetchall()
-            return {"bags": bags, "vms": vms, "attempts": attempts}
+            # The spot prices sampled while those VMs lived (from the last sample before the
+            # first of them started), and every type's size, for the index.
+            first, last = conn.execute(
+                f"SELECT min(requested_at), max(coalesce(ended_at, 1e300)) FROM vms WHERE id IN {on_vms}",
+                params,
+            ).fetchone()
+            prices: list[tuple] = []
+            if first is not None:
+                start = conn.execute(
+                    "SELECT max(at) FROM price_samples WHERE at <= ?", (first,)
+                ).fetchone()[0]
+                prices = conn.execute(
+                    "SELECT vm_type, zone, at, price_per_hour FROM price_samples "
+                    "WHERE at >= ? AND at <= ? ORDER BY at",
+                    (first if start is None else start, last),
+                ).fetchall()
+            sizes = conn.execute(
+                "SELECT vm_type, max(cpus), max(memory_gb), max(on_demand_price_per_hour) "
+                "FROM vms GROUP BY vm_type"
+            ).fetchall()
+            return {
+                "bags": bags,
+                "vms": vms,
+                "attempts": attempts,
+                "prices": prices,
+                "sizes": sizes,
+            }
 
         return await self.read(select)
 

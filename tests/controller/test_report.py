@@ -148,3 +148,42 @@ async def test_bags_sharing_vms_split_their_cost_exactly_and_an_account_report_a
         await report_of(tmp_path, account="nobody")
     with pytest.raises(ReportScopeEmpty):
         await report_of(tmp_path, bag_id="b0000000099")
+
+
+def test_sampled_prices_price_each_vm_and_give_the_index_beside():
+    import numpy as np
+
+    from controller.report import SampledMarket
+    from policies.vm_cost import split_vm_costs
+
+    prices = [
+        ("a", "z1", 0.0, 0.02),
+        ("a", "z2", 0.0, 0.03),  # a's dearer zone: the index takes a's cheapest
+        ("b", "z1", 0.0, 0.06),
+        ("a", "z1", 3600.0, 0.04),
+        ("b", "z1", 3600.0, 3.0),  # capped (10 × on-demand 0.3): left out of the index
+    ]
+    sizes = [("a", 2, 2.0, 0.1), ("b", 4, 4.0, 0.3)]
+    market = SampledMarket.from_rows(prices, sizes)
+    assert market.count == 5
+    np.testing.assert_allclose(market.index, [(0.02 / 2 + 0.06 / 4) / 2, 0.04 / 2])
+    start, end = np.array([1800.0, 0.0]), np.array([5400.0, 1800.0])
+    index_usd = market.index_cost_usd(start, end, np.array([2.0, 2.0]), np.array([2.0, 2.0]))
+    np.testing.assert_allclose(index_usd, [(0.0125 * 0.5 + 0.02 * 0.5) * 2, 0.0125 * 0.5 * 2])
+
+    samples = market.vm_price_samples(["a", "a"], ["z1", "z9"], np.array([True, True]))
+    costs = split_vm_costs(
+        start,
+        end,
+        np.array([[2, 2, 0], [2, 2, 0]], float),
+        np.array([0.5, 0.5]),
+        np.array([0.1, 0.1]),
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0),
+        np.zeros(0),
+        np.zeros((0, 3)),
+        price_samples=samples,
+    )
+    # VM 0 (zone z1): 0.02 for half an hour, then 0.04 for half an hour. VM 1's zone has no
+    # series: a's samples of every zone in time order (of the two at t=0, the later row).
+    np.testing.assert_allclose(costs.cost_usd, [0.02 * 0.5 + 0.04 * 0.5, 0.03 * 0.5])

@@ -166,4 +166,13 @@ def test_a_job_moves_to_the_type_that_became_cheaper_and_resumes(daemon):
 
     vm = wait_until(drained, 20, 0.2, "the drained VM to end")
     assert vm["reason"].startswith("drained: cost: a-2")
+
+    # The report prices each VM by the samples of its life and shows the index beside.
+    report = client.report(bag=bag["id"])
+    by_type = {row["vm_type"]: row for row in report["by_vm_type"]}
+    a, b = by_type["a-2 (spot)"], by_type["b-2 (spot)"]
+    assert 0.01 <= a["price_paid_per_h"] <= 0.09 and b["price_paid_per_h"] == pytest.approx(0.05)
+    # The index for a 2 vCPU/8 GB type is the mean of the two prices: 0.03, then 0.07.
+    assert 0.03 <= a["index_price_per_h"] <= 0.07 and b["index_price_per_h"] == pytest.approx(0.07)
+    assert report["price_samples"] >= 4
     daemon.stop()
