@@ -414,6 +414,50 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--limit", default=20, show_default=True, help="Migrations to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON answer.")
+@click.pass_context
+def hopping(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Spot hopping: the live market per VM type and the latest migrations."""
+    data = _call(_client(ctx).hopping, limit)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    configured = data["configured"]
+    console.print(
+        f"policy {configured['policy']}, every {configured['interval_s']:g} model s over "
+        f"{configured['window_s']:g} s windows; migrate: {configured['migrate']}",
+        highlight=False,
+    )
+    table = Table(title="market")
+    for column in ("VM type", "now $/h", "mean $/h", "std $/h", "on-demand $/h"):
+        table.add_column(column, justify="left" if column == "VM type" else "right")
+    fmt = "{:.4f}"
+    for row in data["market"]:
+        table.add_row(
+            row["vm_type"],
+            *(
+                "–" if row[k] is None else fmt.format(row[k])
+                for k in ("price_now", "price_mean", "price_std", "on_demand")
+            ),
+        )
+    console.print(table)
+    moves = Table(title="migrations (newest first)")
+    for column in ("when", "VM", "from", "to", "$/h", "reason"):
+        moves.add_column(column)
+    for move in data["migrations"]:
+        moves.add_row(
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(move["at"])),
+            move["vm_id"],
+            move["from_type"],
+            move["to_type"],
+            f"{move['price_from']:.4f} -> {move['price_to']:.4f}",
+            move["reason"],
+        )
+    console.print(moves)
+
+
+@cli.command()
 @click.argument("vm_id")
 @click.pass_context
 def preempt(ctx: click.Context, vm_id: str) -> None:

@@ -175,4 +175,9 @@ def test_a_job_moves_to_the_type_that_became_cheaper_and_resumes(daemon):
     # The index for a 2 vCPU/8 GB type is the mean of the two prices: 0.03, then 0.07.
     assert 0.03 <= a["index_price_per_h"] <= 0.07 and b["index_price_per_h"] == pytest.approx(0.07)
     assert report["price_samples"] >= 4
+
+    from tests.integration.test_cli import spotbag
+
+    shown = spotbag("hopping", state_dir=daemon.state_dir).stdout
+    assert "policy cost" in shown and "a-2" in shown and "0.0900 -> 0.0500" in shown
     daemon.stop()
