@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/prepaid.py
 	$(BIN)/python bench/report.py
 	$(BIN)/python bench/cloud_drivers.py
+	$(BIN)/python bench/hopping.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
