@@ -106,6 +106,7 @@ from drivers.base import (
     VmStatus,
     VmType,
 )
+from drivers.retry import Backoff, with_retries
 
 log = logging.getLogger("spotbag.drivers.aws")
 
@@ -813,25 +814,12 @@ class AwsDriver:
 
     async def _api(self, region: str, what: str, call: Callable[[Any], T]) -> T | None:
         """Run `call(ec2 client of region)` in a thread under a slot, retrying throttling
-        and transient failures; errors come out typed."""
+        and transient failures (drivers/retry.py); errors come out typed."""
         s = self._settings
-        attempt = 0
-        while True:
-            try:
-                async with self._slots:
-                    return await asyncio.to_thread(lambda: call(self._client(region)))
-            except Exception as exc:
-                error = classify(exc, what)
-                if error is None:
-                    raise
-                if not isinstance(error, _Retry):
-                    raise error from exc
-                if attempt >= s.max_retries:
-                    raise TransientError(
-                        f"{error} (still failing after {attempt + 1} attempts)"
-                    ) from exc
-                ceiling_s = min(s.backoff_max_s, s.backoff_base_s * 2**attempt)
-                delay_s = self._rng.uniform(0.0, ceiling_s)  # full jitter
-                log.debug("%s; retry %d in %.3f s", error, attempt + 1, delay_s)
-                attempt += 1
-                await asyncio.sleep(delay_s)
+
+        async def run() -> T:
+            async with self._slots:
+                return await asyncio.to_thread(lambda: call(self._client(region)))
+
+        backoff = Backoff(s.max_retries, s.backoff_base_s, s.backoff_max_s)
+        return await with_retries(run, classify, what, backoff, self._rng, retryable=_Retry)

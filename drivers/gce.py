@@ -112,6 +112,7 @@ from drivers.base import (
     VmStatus,
     VmType,
 )
+from drivers.retry import Backoff, with_retries
 
 log = logging.getLogger("spotbag.drivers.gce")
 
@@ -771,34 +772,18 @@ class GceDriver:
         *,
         accept: tuple[type[DriverError], ...] = (),
     ) -> T | None:
-        """Run `call` in a thread under a slot, retrying throttling and transient failures.
-
-        Errors come out typed; ones in `accept` are returned as None instead."""
+        """Run `call` in a thread under a slot, retrying throttling and transient failures
+        (drivers/retry.py). Errors come out typed; ones in `accept` are returned as None."""
         s = self._settings
-        attempt = 0
-        while True:
-            try:
-                async with self._slots:
-                    return await asyncio.to_thread(lambda: call(self._get_clients()))
-            except Exception as exc:
-                error = classify(exc, what)
-                if error is None:
-                    raise
-                if accept and isinstance(error, accept):
-                    return None
-                if not isinstance(error, _Retry):
-                    raise error from exc
-                if attempt >= s.max_retries:
-                    final = TransientError(f"{error} (still failing after {attempt + 1} attempts)")
-                    final.retry_after_s = error.retry_after_s
-                    raise final from exc
-                ceiling_s = min(s.backoff_max_s, s.backoff_base_s * 2**attempt)
-                delay_s = self._rng.uniform(0.0, ceiling_s)  # full jitter
-                if error.retry_after_s is not None:
-                    delay_s = max(delay_s, min(error.retry_after_s, s.backoff_max_s))
-                log.debug("%s; retry %d in %.3f s", error, attempt + 1, delay_s)
-                attempt += 1
-                await asyncio.sleep(delay_s)
+
+        async def run() -> T:
+            async with self._slots:
+                return await asyncio.to_thread(lambda: call(self._get_clients()))
+
+        backoff = Backoff(s.max_retries, s.backoff_base_s, s.backoff_max_s)
+        return await with_retries(
+            run, classify, what, backoff, self._rng, retryable=_Retry, accept=accept
+        )
 
 
 def _token_of(instance: compute_v1.Instance) -> str:
