@@ -166,17 +166,23 @@ class Hopper:
             return result
         for candidate in self.scheduler.migration_candidates(now):
             current = self.position.get(candidate.vm_type)
-            preferred = self.scheduler.preferred_type(candidate.bag_id)
-            if current is None or preferred is None:
+            choice = self.scheduler.preferred_type(candidate.bag_id)
+            if current is None or choice is None:
                 continue
+            preferred, slots = choice
             target = self.position[preferred]
+            target_vms = math.ceil(len(candidate.jobs) / max(slots, 1))
             migration_h = (
                 self.boot_delay_s * self.time_scale
                 + candidate.memory_gb * self.settings.migration_s_per_gb
             ) / 3600.0
             need = Need(candidate.cpus, candidate.memory_gb, candidate.remaining_h, migration_h)
             move, why = market.move_decision(
-                current, target, need, literal_trigger=self.settings.literal_trigger
+                current,
+                target,
+                need,
+                target_vms=target_vms,
+                literal_trigger=self.settings.literal_trigger,
             )
             if not move:
                 result.stays[candidate.vm_id] = why
@@ -191,7 +197,7 @@ class Hopper:
                 "to_type": preferred,
                 "policy": self.policy.value,
                 "price_from": float(market.now_price[current]),
-                "price_to": float(market.now_price[target]),
+                "price_to": float(market.now_price[target]) * target_vms,
                 "index_price": market.index_now(candidate.cpus, candidate.memory_gb),
                 "jobs": json.dumps(jobs),
                 "reason": why,

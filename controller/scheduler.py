@@ -818,15 +818,15 @@ class Scheduler:
             )
         return found
 
-    def preferred_type(self, bag_id: str) -> str | None:
+    def preferred_type(self, bag_id: str) -> tuple[str, int] | None:
         """The type the planner would launch now for `bag_id`'s jobs under the hopping
-        policy (None: no market, or no usable type)."""
+        policy and how many jobs one VM of it holds (None: no market, or no usable type)."""
         bag = self.bags.get(bag_id)
         if bag is None or self.market is None:
             return None
         group = DemandGroup(bag.id, bag.shape, 1, bag.allowed_types, bag.regions)
         choice = preferred_launch(self.market, group, self._catalog_view)
-        return choice[0].name if choice is not None else None
+        return (choice[0].name, choice[1]) if choice is not None else None
 
     def request_migration(self, vm_id: str, reason: str) -> list[tuple[str, int]]:
         """Move every job off `vm_id`: no new job goes there, each is asked to checkpoint

@@ -294,14 +294,22 @@ class TypeMarket:
         return float(np.mean(now[counted] / np.sqrt(self.cpus[counted] * self.memory_gb[counted])))
 
     def move_decision(
-        self, current: int, target: int, need: Need, *, literal_trigger: bool = False
+        self,
+        current: int,
+        target: int,
+        need: Need,
+        *,
+        target_vms: int = 1,
+        literal_trigger: bool = False,
     ) -> tuple[bool, str]:
-        """Whether jobs of `need` on type `current` should move to `target`, the type the
-        policy now prefers for them, by the policy's rule (module docstring)."""
+        """Whether jobs of `need` on one VM of type `current` should move to `target_vms`
+        VMs of type `target`, the type the policy now prefers for them, by the policy's
+        rule (module docstring); Pⱼ is the price of all the target VMs together."""
         if current == target:
             return False, "on the preferred type"
-        price_from, price_to = float(self.now_price[current]), float(self.now_price[target])
-        if not price_to <= self.bid[target]:  # NaN or above its bid
+        price_from = float(self.now_price[current])
+        price_to = float(self.now_price[target]) * target_vms
+        if not self.now_price[target] <= self.bid[target]:  # NaN or above its bid
             return False, f"{self.names[target]} is not priced below its bid"
         if not price_from <= self.bid[current]:
             return True, f"{self.names[current]} is priced above its bid ({price_from:.4f} USD/h)"
@@ -313,15 +321,16 @@ class TypeMarket:
         if self.policy is Policy.AVAILABILITY and normalized_from <= index:
             return False, "availability: at or below the index"
         if literal_trigger:
-            pays = paper_trigger(index, normalized_from, price_to / size[target])
+            pays = paper_trigger(index, normalized_from, self.now_price[target] / size[target])
         else:
             pays = bool(move_pays(price_from, price_to, need.remaining_h, need.migration_h))
         if not pays:
             return False, f"moving to {self.names[target]} does not pay"
+        count = f"{target_vms} × " if target_vms > 1 else ""
         return True, (
             f"{self.policy.value}: {self.names[current]} {price_from:.4f} -> "
-            f"{self.names[target]} {price_to:.4f} USD/h pays over {need.remaining_h:.2f} h "
-            f"(index {index:.5f})"
+            f"{count}{self.names[target]} {price_to:.4f} USD/h pays over "
+            f"{need.remaining_h:.2f} h (index {index:.5f})"
         )
 
 

@@ -129,3 +129,12 @@ async def test_price_samples_are_kept_and_pruned_but_the_price_in_effect_stays(t
     left = await store.price_samples(0.0)
     assert [(r[0], r[2]) for r in left] == [("u", 1.0)] + [("t", float(a)) for a in range(5, 11)]
     await store.close()
+
+
+def test_a_packed_vm_moves_only_if_the_vms_its_jobs_need_cost_less():
+    # Four jobs on a big VM at 0.12; small VMs hold one each at 0.04: 4 × 0.04 > 0.12.
+    m = market(Policy.COST, [0.04, 0.12, 0.05])
+    need = Need(8, 16, remaining_h=5.0, migration_h=0.01)
+    assert not m.move_decision(1, 0, need, target_vms=4)[0]
+    move, why = m.move_decision(1, 0, need, target_vms=2)  # 2 × 0.04 < 0.12
+    assert move and "2 × small 0.0800" in why
