@@ -41,6 +41,17 @@ MIN_INTERVAL_REAL_S = 1.0
 PriceSource = Callable[[Sequence[str], Sequence[str]], Awaitable[Sequence[PriceSample]]]
 
 
+def latest_per_series(samples: Sequence[PriceSample]) -> list[PriceSample]:
+    """The price in effect now per (type, zone): a source may answer with a history (EC2
+    gives the last hour of changes), of which only the latest counts."""
+    latest: dict[tuple[str, str], PriceSample] = {}
+    for sample in samples:
+        key = (sample.vm_type, sample.zone)
+        if key not in latest or sample.at >= latest[key].at:
+            latest[key] = sample
+    return list(latest.values())
+
+
 @dataclass
 class HopRound:
     """What one round did (for logs, metrics and tests)."""
@@ -145,7 +156,7 @@ class Hopper:
         now = self.now()
         self.rounds += 1
         zones = sorted({t.zone for t in self.catalog if t.zone})
-        samples = await self.price_source(self.names, zones)
+        samples = latest_per_series(await self.price_source(self.names, zones))
         prices = self._prices_of(samples)
         await self.store.add_price_samples(
             [

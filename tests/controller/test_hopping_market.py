@@ -138,3 +138,16 @@ def test_a_packed_vm_moves_only_if_the_vms_its_jobs_need_cost_less():
     assert not m.move_decision(1, 0, need, target_vms=4)[0]
     move, why = m.move_decision(1, 0, need, target_vms=2)  # 2 × 0.04 < 0.12
     assert move and "2 × small 0.0800" in why
+
+
+def test_only_the_latest_sample_of_a_history_counts():
+    from controller.hopper import latest_per_series
+    from drivers.base import PriceSample
+
+    history = [
+        PriceSample("m5.large", "us-east-1a", 0.05, 200.0),
+        PriceSample("m5.large", "us-east-1a", 0.03, 100.0),
+        PriceSample("m5.large", "us-east-1b", 0.04, 150.0),
+    ]
+    latest = {(s.zone, s.price_per_hour) for s in latest_per_series(history)}
+    assert latest == {("us-east-1a", 0.05), ("us-east-1b", 0.04)}
