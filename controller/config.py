@@ -426,6 +426,11 @@ class VmTypeConfig(_Section):
         0.0, ge=0, description="On-demand price, USD per hour; 0: the driver's price table (aws)."
     )
     zone: str = Field("", description="Zone or region label.")
+    instance_type: str = Field(
+        "",
+        description="The cloud's machine type if `name` is not one (aws, gce): list one type "
+        'per zone as e.g. name = "m5.large-1b", instance_type = "m5.large", zone = "us-east-1b".',
+    )
     model_key: str = Field(
         "",
         description="Preemption model key (provider/type/zone, e.g. gce/n1-highcpu-16/us-central1-c) "

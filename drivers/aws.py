@@ -74,6 +74,7 @@ inside the instance or through EventBridge, neither of which a head node polls.)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -114,6 +115,7 @@ T = TypeVar("T")
 
 CONTROLLER_TAG = "spotbag:controller"
 TOKEN_TAG = "spotbag:token"
+VM_TYPE_TAG = "spotbag:vm-type"  # the catalog's name (the instance type may differ)
 STATUS_PAGE = 1000  # describe_instance_status / describe_instances: the API's largest page
 ID_FILTER_BATCH = 200  # instance ids per describe_instances filter
 TERMINATE_BATCH = 1000
@@ -394,14 +396,16 @@ class AwsDriver:
 
     def _priced(self, vm_type: VmType) -> VmType:
         """`vm_type` with its on-demand price: the override, else its own, else the table."""
-        override = self._settings.on_demand_prices.get(vm_type.name)
+        override = self._settings.on_demand_prices.get(
+            vm_type.name, self._settings.on_demand_prices.get(vm_type.machine)
+        )
         if override is not None:
             price = override
         elif vm_type.on_demand_price_per_hour > 0:
             return vm_type
         else:
             region = region_of(vm_type.zone) or self._settings.region
-            price = bundled_on_demand_prices().get(region, {}).get(vm_type.name, 0.0)
+            price = bundled_on_demand_prices().get(region, {}).get(vm_type.machine, 0.0)
         return VmType(**{**vm_type.__dict__, "on_demand_price_per_hour": price})
 
     # --- Driver protocol -----------------------------------------------------------------
@@ -504,15 +508,31 @@ class AwsDriver:
         names = sorted(set(types) if types else set(self._types))
         if self._price_source is not None:
             return list(self._price_source(names, zones))
+        catalog = [self._types[n] for n in names if n in self._types]
+        machines = {t.machine for t in catalog} | {n for n in names if n not in self._types}
         regions = sorted({region_of(z) or self._settings.region for z in zones}) or [
             self._settings.region
         ]
-        samples: list[PriceSample] = []
+        history: list[PriceSample] = []
         for region in regions:
-            samples += await self._region_prices(region, tuple(names))
+            history += await self._region_prices(region, tuple(sorted(machines)))
         if zones:  # zones may name availability zones or whole regions
             wanted = set(zones)
-            samples = [p for p in samples if p.zone in wanted or region_of(p.zone) in wanted]
+            history = [p for p in history if p.zone in wanted or region_of(p.zone) in wanted]
+        # Back to catalog names: a type placed in an availability zone gets that zone's
+        # prices; one without a zone gets every zone's. A name that is not in the catalog
+        # is a machine type asked for as it is.
+        samples = []
+        for price in history:
+            matched = [
+                t
+                for t in catalog
+                if t.machine == price.vm_type and (not region_of(t.zone) or t.zone == price.zone)
+            ]
+            if matched:
+                samples += [dataclasses.replace(price, vm_type=t.name) for t in matched]
+            elif price.vm_type in names and price.vm_type not in self._types:
+                samples.append(price)
         return samples
 
     # --- what we send ---------------------------------------------------------------------
@@ -531,11 +551,12 @@ class AwsDriver:
         tags += [
             {"Key": CONTROLLER_TAG, "Value": s.controller_id},
             {"Key": TOKEN_TAG, "Value": req.token},
+            {"Key": VM_TYPE_TAG, "Value": vm_type.name},
             {"Key": "Name", "Value": f"spotbag-{req.token}"[:255]},
         ]
         params: dict[str, Any] = {
             "ImageId": s.image_id,
-            "InstanceType": vm_type.name,
+            "InstanceType": vm_type.machine,
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": client_token(s.controller_id, req.token),
@@ -583,7 +604,7 @@ class AwsDriver:
         launched = _epoch_s(instance.get("LaunchTime"))
         self._seen[vm_id] = _Seen(
             token=token if token is not None else _tags(instance).get(TOKEN_TAG, ""),
-            vm_type=instance.get("InstanceType", ""),
+            vm_type=_tags(instance).get(VM_TYPE_TAG, instance.get("InstanceType", "")),
             zone=instance.get("Placement", {}).get("AvailabilityZone", ""),
             region=region,
             launched_at=launched if launched is not None else self._now(),

@@ -37,6 +37,14 @@ class VmType:
     spot_price_per_hour: float = 0.0
     on_demand_price_per_hour: float = 0.0
     zone: str = ""
+    # The cloud's machine type when `name` is not one: the same machine type listed once
+    # per zone needs distinct names ("m5.large-1b", instance_type "m5.large").
+    instance_type: str = ""
+
+    @property
+    def machine(self) -> str:
+        """What the cloud calls this type."""
+        return self.instance_type or self.name
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ T = TypeVar("T")
 CONTROLLER_LABEL = "spotbag-controller"
 TOKEN_LABEL = "spotbag-token"
 TOKEN_METADATA_KEY = "spotbag-token"
+VM_TYPE_METADATA_KEY = "spotbag-vm-type"  # the catalog's name (the machine type may differ)
 PREEMPTED_OPERATION = "compute.instances.preempted"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 PAGE_SIZE = 500  # the API's largest page
@@ -520,7 +521,10 @@ class GceDriver:
         labels = {label_key(k): label_value(v) for k, v in req.tags.items()}
         labels[CONTROLLER_LABEL] = self._controller_label
         labels[TOKEN_LABEL] = label_value(req.token)
-        metadata = [compute_v1.Items(key=TOKEN_METADATA_KEY, value=req.token)]
+        metadata = [
+            compute_v1.Items(key=TOKEN_METADATA_KEY, value=req.token),
+            compute_v1.Items(key=VM_TYPE_METADATA_KEY, value=vm_type.name),
+        ]
         if s.startup_script:
             metadata.append(compute_v1.Items(key="startup-script", value=s.startup_script))
         interface = compute_v1.NetworkInterface(network=s.network)
@@ -528,7 +532,7 @@ class GceDriver:
             interface.subnetwork = s.subnetwork
         instance = compute_v1.Instance(
             name=instance_name(s.controller_id, req.token),
-            machine_type=f"zones/{zone}/machineTypes/{vm_type.name}",
+            machine_type=f"zones/{zone}/machineTypes/{vm_type.machine}",
             labels=labels,
             metadata=compute_v1.Metadata(items=metadata),
             disks=[
@@ -631,7 +635,8 @@ class GceDriver:
         created = _epoch_s(instance.creation_timestamp)
         self._seen[vm_id] = _Seen(
             token=_token_of(instance),
-            vm_type=_last_segment(instance.machine_type),
+            vm_type=_metadata(instance, VM_TYPE_METADATA_KEY)
+            or _last_segment(instance.machine_type),
             zone=_last_segment(instance.zone),
             launched_at=created if created is not None else self._now(),
             instance_id=instance.id,
@@ -784,6 +789,13 @@ class GceDriver:
         return await with_retries(
             run, classify, what, backoff, self._rng, retryable=_Retry, accept=accept
         )
+
+
+def _metadata(instance: compute_v1.Instance, key: str) -> str:
+    for item in instance.metadata.items:
+        if item.key == key:
+            return item.value
+    return ""
 
 
 def _token_of(instance: compute_v1.Instance) -> str:

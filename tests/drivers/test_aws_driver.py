@@ -64,6 +64,7 @@ async def test_launch_sends_a_tagged_one_time_spot_request_with_user_data(cloud)
     assert cloud.tags_of(status.vm_id) == {
         "spotbag:controller": ctl,
         "spotbag:token": "bag-1/vm 7",
+        "spotbag:vm-type": "m5.xlarge",
         "Name": "spotbag-bag-1/vm 7",
         "team": "lab",
     }
@@ -203,7 +204,11 @@ async def test_spot_prices_are_read_page_by_page_and_cached(cloud):
         now=lambda: clock[0],
     )
     got = await driver.spot_prices([], [])
-    assert sorted(got, key=repr) == sorted(samples, key=repr)
+    # Each catalog type is placed in one zone: it gets that zone's prices.
+    placed = [
+        p for p in samples if (p.vm_type, p.zone[-1]) in (("m5.large", "a"), ("m5.xlarge", "b"))
+    ]
+    assert sorted(got, key=repr) == sorted(placed, key=repr)
     assert cloud.layer.calls["DescribeSpotPriceHistory"] == 3  # 3,000 samples, pages of 1,000
     only_a = await driver.spot_prices(["m5.large"], [f"{REGION}a"])
     assert {(p.vm_type, p.zone) for p in only_a} == {("m5.large", f"{REGION}a")}
@@ -300,3 +305,33 @@ def test_user_data_values_are_shell_quoted_and_placeholders_checked():
         render_user_data("$nope", token="t", controller_id="c", controller_url="", vm_type="v")
     with pytest.raises(PermanentError, match="16384"):
         render_user_data("x" * 20_000, token="t", controller_id="c", controller_url="", vm_type="v")
+
+
+async def test_one_instance_type_listed_per_zone_launches_and_is_priced_per_zone(cloud):
+    per_zone = [
+        VmType("m5-1a", 2, 8.0, 0, 0.04, 0.0, f"{REGION}a", instance_type="m5.large"),
+        VmType("m5-1b", 2, 8.0, 0, 0.03, 0.0, f"{REGION}b", instance_type="m5.large"),
+    ]
+    now = 1_790_000_000.0
+    cloud.set_spot_prices(
+        [
+            PriceSample("m5.large", f"{REGION}a", 0.041, now),
+            PriceSample("m5.large", f"{REGION}b", 0.029, now),
+            PriceSample("m5.large", f"{REGION}c", 0.001, now),
+        ]
+    )
+    driver = cloud.driver(per_zone, controller_id())
+    assert {t.name: t.on_demand_price_per_hour for t in driver.vm_types()} == {
+        "m5-1a": 0.096,
+        "m5-1b": 0.096,
+    }
+    prices = {(p.vm_type, p.zone): p.price_per_hour for p in await driver.spot_prices([], [])}
+    assert prices == {("m5-1a", f"{REGION}a"): 0.041, ("m5-1b", f"{REGION}b"): 0.029}
+    status = await driver.launch(LaunchRequest("z", per_zone[1]))
+    got = instance(cloud, status.vm_id)
+    assert (
+        got["InstanceType"] == "m5.large" and got["Placement"]["AvailabilityZone"] == f"{REGION}b"
+    )
+    assert status.vm_type == "m5-1b"
+    fresh = cloud.driver(per_zone, driver._settings.controller_id)
+    assert (await fresh.describe([status.vm_id]))[status.vm_id].vm_type == "m5-1b"

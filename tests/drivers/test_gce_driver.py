@@ -40,8 +40,10 @@ ZONES = ("us-central1-a", "us-central1-b")
 TYPES = [
     VmType("e2-standard-2", 2, 8.0, 0, 0.02, 0.067, "us-central1-a"),
     VmType("n2-standard-8", 8, 32.0, 0, 0.09, 0.39, ""),  # no zone: placed by token hash
+    # The same machine type listed for another zone under its own name.
+    VmType("e2-2-b", 2, 8.0, 0, 0.019, 0.067, "us-central1-b", instance_type="e2-standard-2"),
 ]
-E2, N2 = TYPES
+E2, N2, E2_B = TYPES
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -156,7 +158,11 @@ async def test_the_instance_is_a_spot_vm_carrying_our_labels_and_exact_token(api
         "team": "data-science",
     }
     metadata = {item["key"]: item["value"] for item in body["metadata"]["items"]}
-    assert metadata == {"spotbag-token": token, "startup-script": "#!/bin/sh\necho hi\n"}
+    assert metadata == {
+        "spotbag-token": token,
+        "spotbag-vm-type": "e2-standard-2",
+        "startup-script": "#!/bin/sh\necho hi\n",
+    }
     assert body["scheduling"] == {
         "provisioningModel": "SPOT",
         "instanceTerminationAction": "DELETE",
@@ -373,6 +379,7 @@ async def test_spot_prices_come_from_the_settings_then_the_catalog(api):
         ("e2-standard-2", "us-central1-a", 0.021, 50.0),
         ("n2-standard-8", "us-central1-a", 0.09, 50.0),
         ("n2-standard-8", "us-central1-b", 0.09, 50.0),
+        ("e2-2-b", "us-central1-b", 0.019, 50.0),
     ]
     assert [p.zone for p in await driver.spot_prices(["n2-standard-8"], ["europe-west4-a"])] == [
         "europe-west4-a"
@@ -410,3 +417,13 @@ async def test_the_contract_harness():
         assert seen == []  # GCE pushes nothing; the controller polls describe
     finally:
         harness.close()
+
+
+async def test_a_type_listed_per_zone_launches_its_machine_type_there(api):
+    driver = make_driver(api)
+    status = await driver.launch(LaunchRequest("per-zone", E2_B))
+    body = stored(api, status.vm_id)
+    assert body["machineType"].endswith("/zones/us-central1-b/machineTypes/e2-standard-2")
+    assert status.vm_type == "e2-2-b" and status.zone == "us-central1-b"
+    fresh = make_driver(api)  # a restarted controller reads the catalog name back
+    assert (await fresh.describe([status.vm_id]))[status.vm_id].vm_type == "e2-2-b"
