@@ -99,6 +99,7 @@ class AttemptRun:
     started_at: float
     log_path: str
     shape: Shape
+    ref: str = ""  # the executor's reference (the Slurm job id)
     cancelling: bool = False
     # Checkpoints. Work is measured in seconds of the job's runtime: `saved_s` is what
     # the job had saved at `mark_at` (the attempt's start, or its last checkpoint), so
@@ -133,6 +134,11 @@ class VmRun:
     idle_since: float | None = None
     terminating: bool = False
     draining: str = ""  # why no new job is placed on it (the hopper moves its jobs away)
+    # Joined the executor's cluster (a Slurm node registered): only then does it take
+    # attempts. Always true for executors that do not join VMs.
+    ready: bool = True
+    ready_at: float | None = None
+    pool_node: str = ""  # the Slurm power-saving node it serves ("" for spotbag's own VMs)
     belief: Belief | None = None  # the preemption model assumed for it
     table: ReuseTable | None = None  # reuse decisions under that model (None: always reuse)
     capacity: Shape = field(init=False)
@@ -160,4 +166,6 @@ class VmRun:
             "running_at": self.running_at,
             "ended_at": self.ended_at,
             "time_scale": time_scale,
+            "ready_at": self.ready_at,
+            "pool_node": self.pool_node,
         }

@@ -47,9 +47,15 @@ from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
 from controller.executors.base import (
     AttemptEvent,
     AttemptSpec,
+    AttemptStarted,
+    CallbackNoted,
     CheckpointEvent,
     Executor,
     ExecutorError,
+    ExecutorEvent,
+    ExecutorUnavailable,
+    LiveAttempt,
+    NodeEvent,
     Outcome,
 )
 from controller.ledger import Accounts
@@ -165,13 +171,17 @@ class Scheduler:
         self.market: TypeMarket | None = None  # live prices and policy (controller/hopper.py)
         self._by_provider_id: dict[str, str] = {}
         self._backoff: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
-        self._inbox: list[VmStatus | AttemptEvent | CheckpointEvent] = []
+        self._inbox: list[VmStatus | ExecutorEvent] = []
         self._commands: list[_Admit | _Cancel] = []
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_describe = 0.0
         self._replan = False  # an action failed: plan again at once, not at the next event
         self._call_slots = asyncio.Semaphore(settings.max_concurrent_calls)
+        # The executor could not take attempts (Slurm down): no new ones until then.
+        self._starts_blocked_until = 0.0
+        self._starts_backoff_s = 0.0
+        self._terminate_now: list[Terminate] = []  # VMs whose node broke
         self.checkpointing = checkpointing or CheckpointConfig()
         self.tables = tables or TableCache(
             None,
@@ -194,7 +204,7 @@ class Scheduler:
         self._inbox.append(status)
         self._wake.set()
 
-    def _on_attempt_event(self, event: AttemptEvent | CheckpointEvent) -> None:
+    def _on_attempt_event(self, event: ExecutorEvent) -> None:
         self._inbox.append(event)
         self._wake.set()
 
@@ -316,6 +326,10 @@ class Scheduler:
                 running_at=row["running_at"],
                 reason=row["reason"],
                 free=capacity_of(vm_type),
+                # A VM joins the executor's cluster anew in its eyes: it says so again.
+                ready=not self.executor.joins_vms,
+                ready_at=row["ready_at"],
+                pool_node=row["pool_node"],
             )
             status = owned.pop(vm.id, None)
             if status is not None and status.vm_id:
@@ -348,6 +362,7 @@ class Scheduler:
                 started_at=row["started_at"],
                 log_path=row["log_path"],
                 shape=bag.shape,
+                ref=row["ref"],
                 mark_at=row["checkpointed_at"] or row["started_at"],
             )
             job = self.jobs.get((attempt.bag_id, attempt.idx))
@@ -355,7 +370,16 @@ class Scheduler:
             self.attempts[attempt.id] = attempt
             bag.live_attempts += 1
             attempts.append(attempt)
-        adopted = await self.executor.recover([a.id for a in attempts])
+        live = [vm.id for vm in self.vms.values() if vm.id not in {m.id for m in missing}]
+        adopted = await self.executor.recover(
+            [
+                LiveAttempt(
+                    a.id, a.vm_id, a.started_at, self.bags[a.bag_id].spec.max_runtime_s, a.ref
+                )
+                for a in attempts
+            ],
+            live,
+        )
         # An attempt whose end is waiting in the inbox is not lost, even when its VM is
         # gone: its event (e.g. it finished while the controller was down) says how it ended.
         ended = {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
@@ -385,6 +409,8 @@ class Scheduler:
             if vm.state is VmState.RUNNING and not vm.attempts:
                 vm.idle_since = now
             self._refresh_vm_sets(vm)
+            if vm.state is VmState.RUNNING and not vm.ready:
+                await self._call(self.executor.vm_started(vm.id, vm.vm_type))
         for bag in list(self.bags.values()):
             if bag.done:
                 self._finish_bag(bag, now, batch)
@@ -448,12 +474,16 @@ class Scheduler:
     async def shutdown(self, *, vms_die_with_controller: bool) -> None:
         """Stop every attempt and record it LOST (it is queued again on the next start);
         record the VMs gone when they do not outlive the controller (local driver).
-        Attempts that ended before they could be stopped are recorded as they ended."""
+        Attempts that ended before they could be stopped are recorded as they ended.
+
+        Attempts that outlive the controller (Slurm jobs on VMs that outlive it) are left
+        running and recorded as they are: the next start re-adopts them."""
         await self.executor.shutdown()
         now = self.clock.now()
         batch = self.store.new_batch()
         await self._handle_events(batch)
-        for attempt in list(self.attempts.values()):
+        keep_running = self.executor.attempts_outlive_controller and not vms_die_with_controller
+        for attempt in [] if keep_running else list(self.attempts.values()):
             self._finish_attempt(
                 attempt, AttemptState.LOST, now, None, "the controller stopped", batch
             )
@@ -514,6 +544,9 @@ class Scheduler:
             self._migration_stops = []
             self._admit_held(batch, now)
             decision = plan(self._snapshot(now))
+            if self._terminate_now:
+                decision.terminations.extend(self._terminate_now)
+                self._terminate_now = []
             starts, launches = self._record_plan(decision, batch, now)
             await self.store.apply(batch)
         except BaseException:
@@ -531,6 +564,8 @@ class Scheduler:
         if self._replan:
             return now
         wanted = [t for t in (decision.next_wake_at, self._next_due()) if t is not None]
+        if self._starts_blocked_until > now:
+            wanted.append(self._starts_blocked_until)
         return min(wanted) if wanted else None
 
     # --- commands and events ------------------------------------------------------
@@ -652,9 +687,10 @@ class Scheduler:
     async def _handle_events(
         self,
         batch: WriteBatch,
-        events: list[VmStatus | AttemptEvent | CheckpointEvent] | None = None,
+        events: list[VmStatus | ExecutorEvent] | None = None,
     ) -> None:
-        """Handle events oldest first (by default, every event waiting in the inbox)."""
+        """Handle events oldest first (by default, every event waiting in the inbox).
+        A callback's key is recorded with the changes its event causes (or alone)."""
         if events is None:
             events, self._inbox = self._inbox, []
         events.sort(key=lambda e: e.changed_at if isinstance(e, VmStatus) else e.at)
@@ -663,8 +699,18 @@ class Scheduler:
                 await self._on_status(event, batch)
             elif isinstance(event, CheckpointEvent):
                 self._on_checkpoint(event, batch)
-            else:
+            elif isinstance(event, AttemptEvent):
                 self._on_attempt_end(event, batch)
+                if event.key:
+                    batch.callback(event.key, event.at, f"end:{event.outcome}", event.attempt_id)
+            elif isinstance(event, AttemptStarted):
+                self._on_attempt_started(event, batch)
+                if event.key:
+                    batch.callback(event.key, event.at, "started", event.attempt_id)
+            elif isinstance(event, NodeEvent):
+                self._on_node(event, batch)
+            elif isinstance(event, CallbackNoted):
+                batch.callback(event.key, event.at, event.kind, event.subject)
 
     async def _on_status(self, status: VmStatus, batch: WriteBatch) -> None:
         vm = self.vms.get(status.token)
@@ -683,16 +729,57 @@ class Scheduler:
         if status.state is VmState.RUNNING and vm.state is VmState.PENDING:
             self._vm_to(vm, VmState.RUNNING, at, "", batch)
             vm.running_at = at
-            vm.idle_since = at
+            if self.executor.joins_vms:
+                vm.ready = False  # it takes attempts once it has joined (a NodeEvent)
+                await self._call(self.executor.vm_started(vm.id, vm.vm_type))
+            else:
+                vm.ready_at = at
+                vm.idle_since = at
             self._refresh_vm_sets(vm)
             batch.vm(vm.row(self.driver.name, self.time_scale))
             return
         if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
-            if vm.attempts:
-                await self._call(self.executor.vm_lost(vm.id))
+            # Whatever ran there is dead; an executor with a cluster forgets the node.
+            await self._call(self.executor.vm_lost(vm.id))
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
             self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
+
+    def _on_node(self, event: NodeEvent, batch: WriteBatch) -> None:
+        """The VM joined the executor's cluster (it takes attempts from now on), or its
+        node broke under it (it is terminated: its attempts end with it)."""
+        vm = self.vms.get(event.vm_id)
+        if vm is None or vm.state is not VmState.RUNNING or vm.terminating:
+            return
+        if event.ready and not vm.ready:
+            vm.ready = True
+            vm.ready_at = vm.ready_at or event.at
+            if not vm.attempts:
+                vm.idle_since = event.at
+            self._refresh_vm_sets(vm)
+            batch.vm(vm.row(self.driver.name, self.time_scale))
+            log.info("VM %s joined: %s", vm.id, event.detail or "ready")
+        elif not event.ready and vm.ready:
+            vm.ready = False
+            vm.terminating = True
+            vm.reason = f"its node broke: {event.detail}"
+            self._refresh_vm_sets(vm)
+            self._terminate_now.append(Terminate(vm.id, vm.reason))
+            log.warning("terminating VM %s: %s", vm.id, vm.reason)
+
+    def _on_attempt_started(self, event: AttemptStarted, batch: WriteBatch) -> None:
+        """A queued attempt began to run: it is RUNNING from then (its time, and its
+        checkpoint schedule, count from there)."""
+        attempt = self.attempts.get(event.attempt_id)
+        if attempt is None or attempt.state is not AttemptState.STARTING:
+            return
+        check_transition("attempt", attempt.state, AttemptState.RUNNING)
+        attempt.state = AttemptState.RUNNING
+        attempt.started_at = max(attempt.started_at, event.at)
+        attempt.mark_at = attempt.started_at
+        self._write_attempt(attempt, batch)
+        if not attempt.cancelling:
+            self._plan_checkpoint(attempt, event.at)
 
     def _on_checkpoint(self, event: CheckpointEvent, batch: WriteBatch) -> None:
         """A checkpoint we asked for ended. Written: the job's saved work moves on to
@@ -760,6 +847,10 @@ class Scheduler:
         if event.outcome is Outcome.KILLED and attempt.migrating:
             reason = f"migrated: {attempt.migrating}"
             self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
+            return
+        if event.outcome is Outcome.NOT_STARTED:
+            reason = "not started" + (f": {event.detail}" if event.detail else "")
+            self._finish_attempt(attempt, AttemptState.LOST, at, None, reason, batch)
             return
         if event.outcome is Outcome.KILLED:
             # Stopped by the controller, not by a user or the job itself.
@@ -885,18 +976,7 @@ class Scheduler:
                 vm.idle_since = at
             self._refresh_vm_sets(vm)
         attempt.state = state
-        batch.attempt(
-            attempt.bag_id,
-            attempt.idx,
-            attempt.number,
-            attempt.vm_id,
-            state,
-            attempt.started_at,
-            at,
-            exit_code,
-            reason,
-            attempt.log_path,
-        )
+        self._write_attempt(attempt, batch, at, exit_code, reason)
         self._record_usage(attempt, vm, state, at, batch)
         batch.ledger_entries(
             at,
@@ -937,6 +1017,28 @@ class Scheduler:
             if retry and job.counted >= bag.spec.max_attempts:
                 reason = f"{reason}; gave up after max_attempts={bag.spec.max_attempts}"
             self._job_to(job, JobState.FAILED, at, batch, reason)
+
+    def _write_attempt(
+        self,
+        attempt: AttemptRun,
+        batch: WriteBatch,
+        ended_at: float | None = None,
+        exit_code: int | None = None,
+        reason: str = "",
+    ) -> None:
+        batch.attempt(
+            attempt.bag_id,
+            attempt.idx,
+            attempt.number,
+            attempt.vm_id,
+            attempt.state,
+            attempt.started_at,
+            ended_at,
+            exit_code,
+            reason,
+            attempt.log_path,
+            attempt.ref,
+        )
 
     def _record_usage(
         self,
@@ -1030,11 +1132,17 @@ class Scheduler:
         vm.state = state
 
     def _end_vm(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
-        """A VM is gone: its attempts are preempted (retried) and it leaves memory."""
+        """A VM is gone: its attempts are preempted (retried) and it leaves memory. An
+        attempt still waiting in the executor's queue never ran: it is lost (not counted)."""
         for attempt_id in list(vm.attempts):
             attempt = self.attempts[attempt_id]
             why = f"VM {vm.id} {state}" + (f": {reason}" if reason else "")
-            ended = AttemptState.CANCELLED if attempt.cancelling else AttemptState.PREEMPTED
+            if attempt.cancelling:
+                ended = AttemptState.CANCELLED
+            elif attempt.state is AttemptState.STARTING and self.executor.queues_attempts:
+                ended, why = AttemptState.LOST, f"never started: {why}"
+            else:
+                ended = AttemptState.PREEMPTED
             self._finish_attempt(attempt, ended, at, None, why, batch)
         self._vm_to(vm, state, at, reason, batch)
         vm.reason = reason
@@ -1075,8 +1183,11 @@ class Scheduler:
     def _refresh_vm_sets(self, vm: VmRun) -> None:
         """Keep the pending / roomy / idle indexes in step with the VM."""
         live = vm.id in self.vms
-        pending = live and vm.state is VmState.PENDING and not vm.terminating
-        usable = live and vm.state is VmState.RUNNING and not vm.terminating
+        # A running VM that has not joined the executor's cluster yet is capacity on its
+        # way, like a booting one.
+        booting = vm.state is VmState.PENDING or (vm.state is VmState.RUNNING and not vm.ready)
+        pending = live and booting and not vm.terminating
+        usable = live and vm.state is VmState.RUNNING and vm.ready and not vm.terminating
         draining = usable and bool(vm.draining)
         usable = usable and not draining
         for index, member in (
@@ -1094,18 +1205,24 @@ class Scheduler:
 
     def _snapshot(self, now: float) -> Snapshot:
         to_hours = self.time_scale / 3600.0  # real seconds -> model hours
-        demand = [
-            DemandGroup(
-                bag.id,
-                bag.shape,
-                len(bag.queue),
-                bag.allowed_types,
-                bag.regions,
-                bag.runtime_estimate_s * to_hours,
-            )
-            for bag in self.bags.values()
-            if bag.queue
-        ]
+        # While the executor cannot take attempts, nothing is placed (or launched for).
+        blocked = now < self._starts_blocked_until
+        demand = (
+            []
+            if blocked
+            else [
+                DemandGroup(
+                    bag.id,
+                    bag.shape,
+                    len(bag.queue),
+                    bag.allowed_types,
+                    bag.regions,
+                    bag.runtime_estimate_s * to_hours,
+                )
+                for bag in self.bags.values()
+                if bag.queue
+            ]
+        )
         candidates = list(self._pending) + list(self._roomy if demand else self._idle)
         candidates += [v for v in self._draining if v not in self._roomy and v not in self._idle]
         views = []
@@ -1116,7 +1233,7 @@ class Scheduler:
                     vm.id,
                     vm.vm_type.name,
                     vm.zone,
-                    vm.state,
+                    vm.state if vm.ready else VmState.PENDING,
                     vm.capacity,
                     vm.free,
                     len(vm.attempts),
@@ -1178,7 +1295,9 @@ class Scheduler:
                 batch.transition(now, "vm", vm.id, "", VmState.PENDING, f"for bag {launch.bag_id}")
                 launches.append(vm)
         for termination in decision.terminations:
-            vm = self.vms[termination.vm_id]
+            vm = self.vms.get(termination.vm_id)
+            if vm is None:
+                continue  # ended earlier in this pass
             vm.terminating = True
             vm.reason = termination.reason
             self._refresh_vm_sets(vm)
@@ -1213,6 +1332,9 @@ class Scheduler:
         self._job_to(job, JobState.RUNNING, now, batch, f"attempt {attempt.number} on {vm.id}")
         spec = bag.spec
         return AttemptSpec(
+            cpus=spec.resources.cpus,
+            memory_gb=spec.resources.memory_gb,
+            gpus=spec.resources.gpus,
             attempt_id=attempt.id,
             bag_id=bag.id,
             job_id=job.id,
@@ -1250,15 +1372,15 @@ class Scheduler:
 
         return await asyncio.gather(*(bounded(call) for call in calls))
 
-    async def _start(self, spec: AttemptSpec) -> tuple[AttemptSpec, str | None]:
+    async def _start(self, spec: AttemptSpec) -> tuple[AttemptSpec, str, Exception | None]:
+        """Hand an attempt to the executor: (spec, its reference there, the error if any)."""
         try:
-            await self.executor.start(spec)
+            return spec, await self.executor.start(spec), None
         except ExecutorError as exc:
-            return spec, str(exc)
+            return spec, "", exc
         except Exception as exc:
             log.exception("starting %s failed", spec.attempt_id)
-            return spec, f"internal error: {exc}"
-        return spec, None
+            return spec, "", ExecutorError(f"internal error: {exc}")
 
     async def _launch(self, vm: VmRun) -> tuple[VmRun, VmStatus | None, Exception | None]:
         request = LaunchRequest(
@@ -1267,6 +1389,7 @@ class Scheduler:
             spot=vm.spot,
             zone=vm.zone,
             tags={"spotbag-controller": self.controller_id},
+            bootstrap=self.executor.bootstrap_values(vm.id, vm.vm_type),
         )
         try:
             return vm, await self.driver.launch(request), None
@@ -1299,30 +1422,30 @@ class Scheduler:
             ]
         )
         now = self.clock.now()
-        for spec, error in results[: len(starts)]:
+        unavailable = None
+        for spec, ref, error in results[: len(starts)]:
             attempt = self.attempts.get(spec.attempt_id)
             if attempt is None or attempt.state is not AttemptState.STARTING:
                 continue
             if error is None:
-                check_transition("attempt", attempt.state, AttemptState.RUNNING)
-                attempt.state = AttemptState.RUNNING
-                batch.attempt(
-                    attempt.bag_id,
-                    attempt.idx,
-                    attempt.number,
-                    attempt.vm_id,
-                    attempt.state,
-                    attempt.started_at,
-                    None,
-                    None,
-                    "",
-                    attempt.log_path,
+                attempt.ref = ref
+                if not self.executor.queues_attempts:
+                    check_transition("attempt", attempt.state, AttemptState.RUNNING)
+                    attempt.state = AttemptState.RUNNING
+                    self._plan_checkpoint(attempt, now)
+                # else it runs once the executor says so (AttemptStarted)
+                self._write_attempt(attempt, batch)
+            elif isinstance(error, ExecutorUnavailable):
+                unavailable = error
+                self._on_attempt_end(
+                    AttemptEvent(spec.attempt_id, now, Outcome.NOT_STARTED, None, str(error)), batch
                 )
-                self._plan_checkpoint(attempt, now)
             else:
                 self._on_attempt_end(
-                    AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, error), batch
+                    AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, str(error)),
+                    batch,
                 )
+        self._update_start_backoff(unavailable, now, bool(starts))
         launched = results[len(starts) : len(starts) + len(launches)]
         for vm, status, error in launched:
             self._launched(vm, status, error, now, batch)
@@ -1354,6 +1477,26 @@ class Scheduler:
         batch.vm(vm.row(self.driver.name, self.time_scale))
         if status.state is not vm.state:
             self._push(status)
+
+    def _update_start_backoff(
+        self, error: ExecutorUnavailable | None, now: float, started: bool
+    ) -> None:
+        """After the executor could not take attempts, start none for a while (from
+        launch_backoff_s, doubling up to launch_backoff_max_s); a pass whose starts all
+        went through clears it."""
+        if error is None:
+            if started:
+                self._starts_backoff_s = 0.0
+            return
+        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
+        self._starts_backoff_s = min(most, max(base, 2 * self._starts_backoff_s))
+        self._starts_blocked_until = now + self._starts_backoff_s
+        log.warning(
+            "the %s executor cannot take attempts (%s); no new ones for %.0f s",
+            self.executor.name,
+            error,
+            self._starts_backoff_s,
+        )
 
     def _update_backoff(
         self, launched: list[tuple[VmRun, Any, Exception | None]], now: float

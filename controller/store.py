@@ -243,6 +243,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "executors that run attempts elsewhere (Slurm): each attempt's reference there (the "
+        "Slurm job id), when a VM joined the cluster, the Slurm node a pool VM serves, and "
+        "the callbacks received, each recorded once with the change it caused",
+        """
+        ALTER TABLE attempts ADD COLUMN ref TEXT NOT NULL DEFAULT '';
+        ALTER TABLE vms ADD COLUMN ready_at REAL;
+        ALTER TABLE vms ADD COLUMN pool_node TEXT NOT NULL DEFAULT '';
+        CREATE TABLE callbacks (
+            key TEXT PRIMARY KEY,  -- job name:job id:restart count:event (SLURM.md)
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL DEFAULT ''
+        ) WITHOUT ROWID;
+        """,
+    ),
 ]
 
 
@@ -291,6 +307,7 @@ class WriteBatch:
     checkpoints: list[tuple] = field(default_factory=list)
     checkpoint_deltas: dict[str, list[float]] = field(default_factory=dict)  # n, seconds, lost
     ledger: list[tuple] = field(default_factory=list)  # (at, account, kind, cpu_h, key, note)
+    callbacks: dict[str, tuple] = field(default_factory=dict)  # key -> (key, at, kind, subject)
 
     def __bool__(self) -> bool:
         return bool(
@@ -303,6 +320,7 @@ class WriteBatch:
             or self.checkpoints
             or self.checkpoint_deltas
             or self.ledger
+            or self.callbacks
         )
 
     def size(self) -> int:
@@ -323,6 +341,8 @@ class WriteBatch:
                 mine[i] += value
         self.progress.update(later.progress)
         self.ledger.extend(later.ledger)
+        for key, row in later.callbacks.items():
+            self.callbacks.setdefault(key, row)
         self.checkpoints.extend(later.checkpoints)
         for bag_id, totals in later.checkpoint_deltas.items():
             mine = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
@@ -373,6 +393,7 @@ class WriteBatch:
         exit_code: int | None,
         reason: str,
         log_path: str,
+        ref: str = "",
     ) -> None:
         self.attempts[(bag_id, idx, number)] = (
             bag_id,
@@ -385,10 +406,11 @@ class WriteBatch:
             exit_code,
             reason,
             log_path,
+            ref,
         )
 
     def vm(self, row: dict[str, Any]) -> None:
-        self.vms[row["id"]] = tuple(row[c] for c in VM_COLUMNS)
+        self.vms[row["id"]] = tuple(row[c] if c in row else _VM_DEFAULTS[c] for c in VM_COLUMNS)
 
     def bag_finished(self, bag_id: str, state: str, finished_at: float) -> None:
         self.bags[bag_id] = (state, finished_at, bag_id)
@@ -453,6 +475,10 @@ class WriteBatch:
         """Ledger entries (policies.ledger_rules.Entry) caused by this batch's changes."""
         self.ledger.extend((at, e.account, e.kind, e.cpu_h, e.key, note) for e in entries)
 
+    def callback(self, key: str, at: float, kind: str, subject: str) -> None:
+        """A callback was handled (with whatever else this batch changes because of it)."""
+        self.callbacks.setdefault(key, (key, at, kind, subject))
+
     def work_lost(self, bag_id: str, lost_s: float) -> None:
         """Work a preemption threw away (since the job's last checkpoint)."""
         totals = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
@@ -477,7 +503,13 @@ VM_COLUMNS = (
     "running_at",
     "ended_at",
     "time_scale",
+    "ready_at",
+    "pool_node",
 )
+
+
+# Columns a VM row may leave out (added by later migrations).
+_VM_DEFAULTS = {"time_scale": 1.0, "ready_at": None, "pool_node": ""}
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -496,7 +528,7 @@ def _apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
     if batch.attempts:
         conn.executemany(
             "INSERT OR REPLACE INTO attempts (bag_id, idx, number, vm_id, state, started_at, "
-            "ended_at, exit_code, reason, log_path) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "ended_at, exit_code, reason, log_path, ref) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             batch.attempts.values(),
         )
     if batch.vms:
@@ -541,6 +573,11 @@ def _apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
         )
     if batch.bags:
         conn.executemany("UPDATE bags SET state=?, finished_at=? WHERE id=?", batch.bags.values())
+    if batch.callbacks:
+        conn.executemany(
+            "INSERT OR IGNORE INTO callbacks (key, at, kind, subject) VALUES (?,?,?,?)",
+            batch.callbacks.values(),
+        )
     if batch.transitions:
         conn.executemany(
             "INSERT INTO transitions (at, entity, entity_id, from_state, to_state, reason) "
@@ -1016,6 +1053,14 @@ class Store:
         """Every account token, revoked ones included (with their hashes)."""
         return await self.read(
             lambda conn: _rows(conn, "SELECT * FROM account_tokens ORDER BY created_at, id")
+        )
+
+    async def callback_seen(self, key: str) -> bool:
+        """Whether a callback with this key was handled already."""
+        return await self.read(
+            lambda conn: (
+                conn.execute("SELECT 1 FROM callbacks WHERE key = ?", (key,)).fetchone() is not None
+            )
         )
 
     async def request_cancel(self, bag_id: str, at: float) -> bool:

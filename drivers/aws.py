@@ -16,8 +16,9 @@ Identity
 Launch
     `run_instances` with `InstanceMarketOptions` spot, one-time, terminate on
     interruption (spot VMs) and no MaxPrice unless configured (the cap is then the
-    on-demand price), tags on the instance and its volumes, and user data rendered
-    from drivers/templates/aws_user_data.sh (or a configured template). Placement:
+    on-demand price), tags on the instance and its volumes, and user data: the boot
+    script of drivers/bootstrap.py (or a configured template), which joins the VM to
+    Slurm when the executor asked for a node. Placement:
     the request's zone, else the type's zone if it is an availability zone; a
     configured subnet for that zone wins over both.
 
@@ -80,7 +81,6 @@ import json
 import logging
 import random
 import re
-import string
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -94,6 +94,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from drivers import bootstrap
 from drivers.base import (
     CapacityError,
     DriverError,
@@ -239,27 +240,14 @@ def bundled_on_demand_prices() -> dict[str, dict[str, float]]:
     return {region: dict(prices) for region, prices in table["prices"].items()}
 
 
-def default_user_data_template() -> str:
-    return resources.files("drivers").joinpath("templates/aws_user_data.sh").read_text()
-
-
-def render_user_data(template: str, **values: str) -> str:
-    """The template with $token, $controller_id, $controller_url, $vm_type substituted
-    (shell-quoted); a $name it does not know is an error, not silently left."""
-    quoted = {k: _shell_quote(v) for k, v in values.items()}
+def render_user_data(template: str | None, settings: Mapping[str, str]) -> str:
+    """The VM's boot script (drivers/bootstrap.py: the bundled one when `template` is
+    None) with its SPOTBAG_* settings; a bad template or one too large for EC2 is a
+    PermanentError."""
     try:
-        rendered = string.Template(template).substitute(quoted)
-    except (KeyError, ValueError) as exc:
-        raise PermanentError(f"user data template: unknown or bad placeholder {exc}") from None
-    if len(rendered.encode()) > USER_DATA_MAX_BYTES:
-        raise PermanentError(
-            f"user data is {len(rendered.encode())} bytes; EC2 takes at most {USER_DATA_MAX_BYTES}"
-        )
-    return rendered
-
-
-def _shell_quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"
+        return bootstrap.render(template, settings, max_bytes=USER_DATA_MAX_BYTES)
+    except bootstrap.BootstrapError as exc:
+        raise PermanentError(f"user data: {exc}") from None
 
 
 def _epoch_s(value: Any) -> float | None:
@@ -390,9 +378,7 @@ class AwsDriver:
         self._first_seen: dict[str, tuple[VmState, float]] = {}
         self._price_cache: dict[tuple, tuple[float, list[PriceSample]]] = {}
         template_path = settings.user_data_template
-        self._template = (
-            Path(template_path).read_text() if template_path else default_user_data_template()
-        )
+        self._template = Path(template_path).read_text() if template_path else None
 
     def _priced(self, vm_type: VmType) -> VmType:
         """`vm_type` with its on-demand price: the override, else its own, else the table."""
@@ -543,6 +529,23 @@ class AwsDriver:
         zone = req.zone or req.vm_type.zone
         return zone if region_of(zone) else ""
 
+    def boot_settings(self, req: LaunchRequest, zone: str) -> dict[str, str]:
+        """The VM's /etc/spotbag/node.env: who it is, whose it is, where the secret
+        store is (its region; the endpoint when one is configured, e.g. moto's), and
+        what the executor asked for (its Slurm node)."""
+        s = self._settings
+        settings = {
+            "SPOTBAG_VM_ID": req.token,
+            "SPOTBAG_CONTROLLER_ID": s.controller_id,
+            "SPOTBAG_CONTROLLER_URL": s.controller_url,
+            "SPOTBAG_VM_TYPE": req.vm_type.name,
+            "SPOTBAG_AWS_REGION": region_of(zone) or s.region,
+        }
+        if s.endpoint_url:
+            settings["SPOTBAG_AWS_ENDPOINT_URL"] = s.endpoint_url
+        settings.update(req.bootstrap)
+        return settings
+
     def run_instances_params(self, req: LaunchRequest, zone: str) -> dict[str, Any]:
         """The keyword arguments of the run_instances call that launches `req`."""
         s = self._settings
@@ -564,13 +567,7 @@ class AwsDriver:
                 {"ResourceType": "instance", "Tags": tags},
                 {"ResourceType": "volume", "Tags": tags},
             ],
-            "UserData": render_user_data(
-                self._template,
-                token=req.token,
-                controller_id=s.controller_id,
-                controller_url=s.controller_url,
-                vm_type=vm_type.name,
-            ),
+            "UserData": render_user_data(self._template, self.boot_settings(req, zone)),
             # The controller ends the VM; a VM that shuts itself down is gone, not stopped.
             "InstanceInitiatedShutdownBehavior": "terminate",
         }

@@ -54,6 +54,9 @@ class LaunchRequest:
     spot: bool = True
     zone: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
+    # Values for the VM's bootstrap (node.env): what it needs to join the executor's
+    # cluster, e.g. its Slurm node name. The driver renders them into its user data.
+    bootstrap: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ import requests
 from google.api_core import exceptions as core_exceptions
 from google.cloud import compute_v1
 
+from drivers import bootstrap
 from drivers.base import (
     CapacityError,
     DriverError,
@@ -126,6 +127,7 @@ PREEMPTED_OPERATION = "compute.instances.preempted"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 PAGE_SIZE = 500  # the API's largest page
 HTTP_TIMEOUT_S = 60.0  # per HTTP request; operations are polled, so no call waits long
+STARTUP_SCRIPT_MAX_BYTES = 256 * 1024  # GCE's limit on one metadata value
 # Fixed forever: requestIds of existing VMs are derived from it.
 REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://spotbag/drivers/gce/request-id")
 
@@ -174,7 +176,7 @@ class GceSettings:
     operation_poll_s: float = 0.2
     operation_timeout_s: float = 120.0
     spot_prices: Mapping[str, float] = field(default_factory=dict, hash=False)  # USD/hour
-    startup_script: str | None = None  # metadata startup-script
+    startup_script: str | None = None  # metadata startup-script; None: the bundled boot script
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "zones", tuple(self.zones))
@@ -514,6 +516,33 @@ class GceDriver:
         zones = self._settings.zones
         return req.zone or req.vm_type.zone or zones[int(_digest(req.token)[:8], 16) % len(zones)]
 
+    def boot_settings(self, req: LaunchRequest) -> dict[str, str]:
+        """The VM's /etc/spotbag/node.env: who it is, whose it is, what the executor
+        asked for (its Slurm node); with a configured API endpoint (a fake, in tests),
+        the metadata server and Secret Manager are looked for there too."""
+        s = self._settings
+        settings = {
+            "SPOTBAG_VM_ID": req.token,
+            "SPOTBAG_CONTROLLER_ID": s.controller_id,
+            "SPOTBAG_VM_TYPE": req.vm_type.name,
+        }
+        if s.api_endpoint:
+            settings["SPOTBAG_GCE_METADATA_URL"] = f"{s.api_endpoint}/computeMetadata/v1"
+            settings["SPOTBAG_SECRETMANAGER_URL"] = s.api_endpoint
+        settings.update(req.bootstrap)
+        return settings
+
+    def startup_script(self, req: LaunchRequest) -> str:
+        """The configured startup script as it is, else the bundled boot script."""
+        if self._settings.startup_script:
+            return self._settings.startup_script
+        try:
+            return bootstrap.render(
+                None, self.boot_settings(req), max_bytes=STARTUP_SCRIPT_MAX_BYTES
+            )
+        except bootstrap.BootstrapError as exc:
+            raise PermanentError(f"startup script: {exc}") from None
+
     def instance_resource(self, req: LaunchRequest, zone: str) -> compute_v1.Instance:
         """The instance launch inserts for `req` in `zone`."""
         s = self._settings
@@ -525,8 +554,7 @@ class GceDriver:
             compute_v1.Items(key=TOKEN_METADATA_KEY, value=req.token),
             compute_v1.Items(key=VM_TYPE_METADATA_KEY, value=vm_type.name),
         ]
-        if s.startup_script:
-            metadata.append(compute_v1.Items(key="startup-script", value=s.startup_script))
+        metadata.append(compute_v1.Items(key="startup-script", value=self.startup_script(req)))
         interface = compute_v1.NetworkInterface(network=s.network)
         if s.subnetwork:
             interface.subnetwork = s.subnetwork

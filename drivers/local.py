@@ -9,15 +9,23 @@ VM lives and dies.
 
 The clock is injected too (`now`, `call_at`): the sim driver is this class on a
 virtual clock.
+
+With VM hosts (drivers/local_hosts.py, `[driver] hosts = "netns"`) a VM is also a
+host of its own: booting it runs its boot script (drivers/bootstrap.py) in a network
+namespace, where a slurmd joins the head node's Slurm; its end kills that host. The
+VMs then do the work, through Slurm, as cloud VMs do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from drivers import bootstrap
 from drivers.base import (
     CapacityError,
     DriverError,
@@ -32,6 +40,8 @@ from drivers.base import (
     VmType,
 )
 
+log = logging.getLogger("spotbag.drivers.local")
+
 LifetimeSampler = Callable[[VmType], float]  # model hours; inf = never preempted
 
 
@@ -39,6 +49,7 @@ LifetimeSampler = Callable[[VmType], float]  # model hours; inf = never preempte
 class _Vm:
     status: VmStatus
     timers: list[Any]
+    bootstrap: Mapping[str, str] = field(default_factory=dict)
 
 
 class LocalDriver:
@@ -59,9 +70,14 @@ class LocalDriver:
         lifetime_h: LifetimeSampler,
         boot_delay_s: float = 0.0,
         time_scale: float = 1.0,
+        hosts: Any = None,
+        controller_id: str = "",
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
+        self._hosts = hosts  # drivers.local_hosts.NamespaceHosts, or None: bookkeeping only
+        self._controller_id = controller_id
+        self._tasks: set[asyncio.Task] = set()
         self._types = {t.name: t for t in types}
         self._now = now
         self._call_at = call_at
@@ -101,7 +117,7 @@ class LocalDriver:
             launched_at=now,
             changed_at=now,
         )
-        vm = _Vm(status=status, timers=[])
+        vm = _Vm(status=status, timers=[], bootstrap=dict(req.bootstrap))
         self._vms[vm_id] = vm
         self._by_token[req.token] = vm_id
         vm.timers.append(self._call_at(now + self._boot_delay_s, lambda: self._boot(vm_id)))
@@ -161,10 +177,52 @@ class LocalDriver:
 
     # --- timeline ----------------------------------------------------------
 
+    @property
+    def vms_outlive_controller(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        """Halt every VM host (they are this process's; the next start finds none)."""
+        if self._hosts is not None:
+            await self._hosts.halt_all()
+
     def _boot(self, vm_id: str) -> None:
         vm = self._vms[vm_id]
+        if vm.status.state is not VmState.PENDING:
+            return
+        if self._hosts is None:
+            self._set(vm, VmState.RUNNING, "")
+            return
+        self._spawn(self._boot_host(vm_id))
+
+    async def _boot_host(self, vm_id: str) -> None:
+        """Run the VM's boot script on a host of its own; it is RUNNING once that
+        started (joining the cluster is the executor's to notice), FAILED if not."""
+        vm = self._vms[vm_id]
+        settings = {
+            "SPOTBAG_VM_ID": vm.status.token,
+            "SPOTBAG_CONTROLLER_ID": self._controller_id,
+            "SPOTBAG_VM_TYPE": vm.status.vm_type,
+            # slurmd shares the head's kernel here: it must report its start as a boot.
+            "SPOTBAG_SLURMD_REPORT_BOOT": "1",
+            **vm.bootstrap,
+        }
+        try:
+            script = bootstrap.render(None, settings)
+            await self._hosts.boot(vm_id, script, hostname=vm.status.token)
+        except Exception as exc:
+            log.warning("VM %s could not boot its host: %s", vm_id, exc)
+            self._end(vm_id, VmState.FAILED, f"its host did not boot: {exc}")
+            return
         if vm.status.state is VmState.PENDING:
             self._set(vm, VmState.RUNNING, "")
+        else:  # ended while it booted
+            await self._hosts.halt(vm_id)
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _end(self, vm_id: str, state: VmState, reason: str) -> None:
         vm = self._vms.get(vm_id)
@@ -173,6 +231,8 @@ class LocalDriver:
         for timer in vm.timers:
             timer.cancel()
         vm.timers.clear()
+        if self._hosts is not None:
+            self._spawn(self._hosts.halt(vm_id))  # its processes die with it, at once
         self._set(vm, state, reason)
 
     def _set(self, vm: _Vm, state: VmState, reason: str) -> None:

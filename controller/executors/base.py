@@ -6,6 +6,16 @@ simulation makes one of each per attempt).
 An executor reports what happens to attempts as `AttemptEvent`s (and the
 checkpoints it was asked for as `CheckpointEvent`s) pushed to its subscribers.
 It never decides retries or states: the scheduler does.
+
+Executors differ in three ways the scheduler asks about (class attributes):
+
+- `joins_vms`: a VM runs attempts only once it has joined the executor's cluster
+  (a Slurm node registered); the executor says so with a `NodeEvent`. Until then
+  the scheduler treats a running VM like a booting one.
+- `queues_attempts`: `start` hands the attempt to a queue and returns; the
+  executor reports with `AttemptStarted` when it really runs.
+- `attempts_outlive_controller`: attempts keep running when the controller
+  stops (Slurm jobs); the controller then leaves them be and re-adopts them.
 """
 
 from __future__ import annotations
@@ -15,13 +25,17 @@ from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from controller.bagspec import ParamValue, SimulationHints
+from drivers.base import VmType
 
 
 class Outcome(StrEnum):
     EXITED = "exited"  # the program ended by itself; exit_code says how
     TIMED_OUT = "timed_out"  # killed after max_runtime_s
     KILLED = "killed"  # killed on request (cancel, VM lost, shutdown)
-    START_FAILED = "start_failed"  # could not be started at all
+    START_FAILED = "start_failed"  # could not be started at all (the job's fault: counted)
+    # Never ran, through no fault of its own (the engine could not take it, or its node
+    # never became available): run again, not counted against max_attempts.
+    NOT_STARTED = "not_started"
 
 
 class AttemptEvent(NamedTuple):
@@ -30,6 +44,35 @@ class AttemptEvent(NamedTuple):
     outcome: Outcome
     exit_code: int | None = None
     detail: str = ""
+    key: str = ""  # the callback that told (recorded with the change it causes)
+
+
+class AttemptStarted(NamedTuple):
+    """An attempt handed to a queue began to run (executors that queue attempts)."""
+
+    attempt_id: str
+    at: float  # when it began, epoch seconds
+    key: str = ""
+
+
+class NodeEvent(NamedTuple):
+    """A VM joined the executor's cluster and can run attempts (`ready`), or its node
+    broke (not ready any more: `detail` says how)."""
+
+    vm_id: str
+    at: float
+    ready: bool
+    detail: str = ""
+
+
+class CallbackNoted(NamedTuple):
+    """A callback that changed nothing here (an allocation notice, a wake-up, an event
+    for an attempt already ended): recorded so that a replay is known as one."""
+
+    key: str
+    at: float
+    kind: str
+    subject: str  # what it was about, e.g. the Slurm job name
 
 
 class CheckpointEvent(NamedTuple):
@@ -60,25 +103,54 @@ class AttemptSpec(NamedTuple):
     simulation: SimulationHints | None = None
     resume_work_s: float = 0.0  # work already saved in the job's checkpoint (sim executor)
     checkpoint_cost_s: float = 0.0  # how long the job takes to write one (sim executor)
+    cpus: int = 1  # what the job reserves on its VM (Slurm: -c, --mem)
+    memory_gb: float = 1.0
+    gpus: int = 0
 
 
-AttemptListener = Callable[[AttemptEvent | CheckpointEvent], None]
+class LiveAttempt(NamedTuple):
+    """An attempt the store has as starting or running (for `recover`)."""
+
+    attempt_id: str
+    vm_id: str
+    started_at: float
+    max_runtime_s: float
+    ref: str = ""  # the executor's own reference, e.g. the Slurm job id
+
+
+ExecutorEvent = AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | CallbackNoted
+AttemptListener = Callable[[ExecutorEvent], None]
 
 
 class ExecutorError(Exception):
     """An attempt could not be started; the message says why."""
 
 
+class ExecutorUnavailable(ExecutorError):
+    """The executor cannot take attempts now (its cluster does not answer): the attempt
+    did not start, through no fault of its own; new ones wait a while."""
+
+
 class Executor(Protocol):
     name: str
+    joins_vms: bool
+    queues_attempts: bool
+    attempts_outlive_controller: bool
 
     def subscribe(self, listener: AttemptListener) -> None: ...
 
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
         """Where the attempt's output goes ("" when it keeps none)."""
 
-    async def start(self, spec: AttemptSpec) -> None:
-        """Start the attempt; raise ExecutorError if it cannot start."""
+    def bootstrap_values(self, vm_id: str, vm_type: VmType) -> Mapping[str, str]:
+        """What a new VM's bootstrap needs to join this executor's cluster (none: {})."""
+
+    async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
+        """The VM runs: executors that join VMs watch for it (NodeEvent)."""
+
+    async def start(self, spec: AttemptSpec) -> str:
+        """Start the attempt; returns the executor's reference for it ("" if none).
+        Raises ExecutorError if it cannot start."""
 
     async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
         """Ask a running attempt to write a checkpoint now; returns at once. Whether it
@@ -88,11 +160,15 @@ class Executor(Protocol):
         """Stop the attempt; its end is reported as an event (Outcome.KILLED)."""
 
     async def vm_lost(self, vm_id: str) -> None:
-        """The VM is gone: its attempts are dead (the local executor kills them)."""
+        """The VM is gone (preempted, terminated, failed): its attempts are dead (the
+        local executor kills them; the Slurm executor downs and removes its node)."""
 
-    async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
+    async def recover(
+        self, attempts: Sequence[LiveAttempt], live_vm_ids: Sequence[str]
+    ) -> set[str]:
         """After a controller restart: which of these attempts are still running and
-        watched again. The rest are lost (and must not be left running)."""
+        watched again (or were reported ended). The rest are lost (and must not be left
+        running). `live_vm_ids` are the VMs still alive."""
 
     async def shutdown(self) -> None:
         """Stop every attempt (the controller is stopping)."""

@@ -23,40 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.bagspec import job_environment
+from controller.executors.attempt_files import (
+    WRAPPER,
+    checkpoint_fingerprint,
+    end_event,
+    exit_status_path,
+    read_exit_status,
+)
 from controller.executors.base import (
     AttemptEvent,
     AttemptListener,
     AttemptSpec,
     CheckpointEvent,
     ExecutorError,
+    LiveAttempt,
     Outcome,
 )
+from drivers.base import VmType
 
 RUN_KEY = "SPOTBAG_RUN_KEY"
-
-# Every job runs under this POSIX sh wrapper ($1: the command, $2: the exit-status file).
-# It runs the command in the background of its own process group, forwards TERM to
-# it, and records the command's exit status in $2 once it ends, so that an attempt
-# that finishes while the daemon is down is still known to have finished (recover()).
-# `wait` returns early when a trapped signal arrives, hence the loop until the command
-# is really gone.
-# The checkpoint signal, SIGUSR1, goes to the whole process group. The wrapper ignores
-# it before it starts the command, so the shells in between (and programs that do not
-# checkpoint) inherit "ignore" and live on, while a program that installs a handler
-# (Python's signal.signal, C's sigaction) gets it.
-WRAPPER = """\
-trap '' USR1
-/bin/sh -c "$1" &
-child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM
-while :; do
-    wait "$child"
-    code=$?
-    kill -0 "$child" 2>/dev/null || break
-done
-printf '%s\\n' "$code" > "$2.tmp" && mv "$2.tmp" "$2"
-exit "$code"
-"""
 
 
 @dataclass
@@ -71,6 +56,9 @@ class _Running:
 
 class LocalExecutor:
     name = "local"
+    joins_vms = False
+    queues_attempts = False
+    attempts_outlive_controller = False
 
     def __init__(
         self,
@@ -104,6 +92,12 @@ class LocalExecutor:
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
         return str(self._logs / bag_id / f"{job_id}.{number}.log")
 
+    def bootstrap_values(self, vm_id: str, vm_type: VmType) -> dict[str, str]:
+        return {}
+
+    async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
+        return None
+
     def workdir_problem(self, path: str) -> str | None:
         """Why jobs could not run in `path` on this host (None when they can)."""
         if not os.path.isdir(path):
@@ -115,7 +109,7 @@ class LocalExecutor:
     def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
         return self._checkpoints / bag_id / job_id
 
-    async def start(self, spec: AttemptSpec) -> None:
+    async def start(self, spec: AttemptSpec) -> str:
         log_path = Path(self.log_path(spec.bag_id, spec.job_id, spec.number))
         checkpoint_dir = self.checkpoint_dir(spec.bag_id, spec.job_id)
         env = dict(self._base_env)
@@ -157,6 +151,7 @@ class LocalExecutor:
         running = _Running(spec, process)
         self._running[spec.attempt_id] = running
         running.watcher = asyncio.create_task(self._watch(running), name=f"watch {spec.attempt_id}")
+        return ""
 
     async def _watch(self, running: _Running) -> None:
         spec, process = running.spec, running.process
@@ -172,7 +167,14 @@ class LocalExecutor:
             # Whatever happened, the scheduler hears of the end exactly once.
             self._running.pop(spec.attempt_id, None)
             self._emit(
-                _end_event(spec, process.returncode, running.stop_reason, timed_out, self._now())
+                end_event(
+                    spec.attempt_id,
+                    spec.max_runtime_s,
+                    process.returncode,
+                    running.stop_reason,
+                    timed_out,
+                    self._now(),
+                )
             )
 
     def _emit(self, event: AttemptEvent | CheckpointEvent) -> None:
@@ -248,7 +250,9 @@ class LocalExecutor:
         for running in [r for r in self._running.values() if r.spec.vm_id == vm_id]:
             await self._stop(running, "VM lost", grace_s=0)
 
-    async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
+    async def recover(
+        self, attempts: Sequence[LiveAttempt], live_vm_ids: Sequence[str] = ()
+    ) -> set[str]:
         """After a restart (or a rebuild of the scheduler's memory):
 
         - attempts this executor still runs are watched on;
@@ -256,6 +260,7 @@ class LocalExecutor:
         - attempts that finished meanwhile (their exit status was recorded) are
           reported as ended, with that status, instead of being lost and run again.
         Returns the attempts that are running or were reported."""
+        attempt_ids = [a.attempt_id for a in attempts]
         keep = {r.process.pid for r in self._running.values()}
         await asyncio.to_thread(kill_orphans, self._controller_id, keep_groups=keep)
         known = {a for a in attempt_ids if a in self._running}
@@ -264,7 +269,7 @@ class LocalExecutor:
                 continue
             job_id, _, number = attempt_id.rpartition(".")
             log_path = Path(self.log_path(job_id.rpartition("-")[0], job_id, int(number)))
-            finished = await asyncio.to_thread(_read_exit_status, exit_status_path(log_path))
+            finished = await asyncio.to_thread(read_exit_status, exit_status_path(log_path))
             if finished is not None:
                 code, at = finished
                 self._emit(
@@ -291,73 +296,6 @@ class LocalExecutor:
 
     def running_pids(self) -> dict[str, int]:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
-
-
-def _end_event(
-    spec: AttemptSpec, code: int | None, stop_reason: str, timed_out: bool, at: float
-) -> AttemptEvent:
-    """How an attempt ended, from its exit status and why (if) we stopped it."""
-    if timed_out:
-        return AttemptEvent(
-            spec.attempt_id,
-            at,
-            Outcome.TIMED_OUT,
-            code,
-            f"exceeded max_runtime_s={spec.max_runtime_s:g}",
-        )
-    if stop_reason:
-        return AttemptEvent(spec.attempt_id, at, Outcome.KILLED, code, stop_reason)
-    if code is None:  # the watcher itself was interrupted
-        return AttemptEvent(spec.attempt_id, at, Outcome.KILLED, None, "watch interrupted")
-    if code > 128:  # the command died of a signal (sh reports 128 + signal number)
-        number = code - 128
-        name = signal.strsignal(number) if 0 < number < 65 else None
-        return AttemptEvent(
-            spec.attempt_id,
-            at,
-            Outcome.EXITED,
-            code,
-            f"killed by signal {number} ({name or 'unknown'})" if name else "",
-        )
-    if code < 0:  # the wrapper itself was killed by a signal nobody here sent
-        return AttemptEvent(
-            spec.attempt_id,
-            at,
-            Outcome.EXITED,
-            128 - code,
-            f"killed by signal {-code} ({signal.strsignal(-code) or 'unknown'})",
-        )
-    return AttemptEvent(spec.attempt_id, at, Outcome.EXITED, code)
-
-
-def exit_status_path(log_path: Path) -> Path:
-    """Where the wrapper records an attempt's exit status (beside its log)."""
-    return log_path.with_suffix(".exit")
-
-
-def _read_exit_status(path: Path) -> tuple[int, float] | None:
-    """(exit status, when it was written) of a finished attempt, or None."""
-    try:
-        return int(path.read_text().strip()), path.stat().st_mtime
-    except (OSError, ValueError):
-        return None
-
-
-def checkpoint_fingerprint(directory: Path) -> tuple:
-    """What identifies the checkpoint files in `directory` now: (name, inode, mtime,
-    size) of each, temporary names left out. A rename into place changes the inode."""
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return ()
-    found = []
-    for entry in entries:
-        if entry.name.startswith(".") or entry.name.endswith(".tmp"):
-            continue
-        with contextlib.suppress(OSError):
-            st = entry.stat(follow_symlinks=False)
-            found.append((entry.name, st.st_ino, st.st_mtime_ns, st.st_size))
-    return tuple(sorted(found))
 
 
 def _prepare_dirs(*paths: Path) -> None:

@@ -24,12 +24,17 @@ from controller.executors.base import (
     AttemptListener,
     AttemptSpec,
     CheckpointEvent,
+    LiveAttempt,
     Outcome,
 )
+from drivers.base import VmType
 
 
 class SimExecutor:
     name = "sim"
+    joins_vms = False
+    queues_attempts = False
+    attempts_outlive_controller = False
 
     def __init__(
         self,
@@ -54,6 +59,12 @@ class SimExecutor:
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
         return ""
 
+    def bootstrap_values(self, vm_id: str, vm_type: VmType) -> dict[str, str]:
+        return {}
+
+    async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
+        return None
+
     def _runtime_s(self, spec: AttemptSpec) -> float:
         hints = spec.simulation
         mean = (hints.runtime_s if hints and hints.runtime_s else None) or spec.estimated_runtime_s
@@ -67,7 +78,7 @@ class SimExecutor:
         z = self._normals.pop()
         return math.exp(math.log(mean) - sigma2 / 2 + math.sqrt(sigma2) * z)
 
-    async def start(self, spec: AttemptSpec) -> None:
+    async def start(self, spec: AttemptSpec) -> str:
         runtime_s = max(0.0, self._runtime_s(spec) - spec.resume_work_s)
         hints = spec.simulation
         fails = bool(
@@ -91,6 +102,7 @@ class SimExecutor:
         self._timers[spec.attempt_id] = (spec.vm_id, timer)
         self._ends[spec.attempt_id] = (spec, end, end_at)
         self._by_vm.setdefault(spec.vm_id, {})[spec.attempt_id] = None
+        return ""
 
     async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
         if attempt_id not in self._timers or attempt_id in self._writing:
@@ -140,8 +152,10 @@ class SimExecutor:
             self._forget(attempt_id).cancel()
         self._by_vm.pop(vm_id, None)
 
-    async def recover(self, attempt_ids: Sequence[str]) -> set[str]:
-        return {a for a in attempt_ids if a in self._timers}
+    async def recover(
+        self, attempts: Sequence[LiveAttempt], live_vm_ids: Sequence[str] = ()
+    ) -> set[str]:
+        return {a.attempt_id for a in attempts if a.attempt_id in self._timers}
 
     async def shutdown(self) -> None:
         for _, timer in self._timers.values():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.executors.attempt_files import checkpoint_fingerprint
 from controller.executors.base import (
     AttemptEvent,
     AttemptSpec,
@@ -18,7 +19,7 @@ from controller.executors.base import (
     ExecutorError,
     Outcome,
 )
-from controller.executors.local import LocalExecutor, checkpoint_fingerprint, kill_orphans
+from controller.executors.local import LocalExecutor, kill_orphans
 
 
 def spec(

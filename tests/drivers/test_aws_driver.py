@@ -73,7 +73,7 @@ async def test_launch_sends_a_tagged_one_time_spot_request_with_user_data(cloud)
     )["UserData"]["Value"]
     script = base64.b64decode(user_data).decode()
     assert script.startswith("#!/bin/bash")
-    assert "SPOTBAG_TOKEN='bag-1/vm 7'" in script and "http://head:8080" in script
+    assert "SPOTBAG_VM_ID='bag-1/vm 7'" in script and "http://head:8080" in script
     assert status.zone == f"{REGION}b" and status.token == "bag-1/vm 7"
 
 
@@ -293,18 +293,22 @@ def test_regions_of_zones():
 
 
 def test_user_data_values_are_shell_quoted_and_placeholders_checked():
-    rendered = render_user_data(
-        "T=$token C=$controller_id U=$controller_url V=$vm_type",
-        token="it's $(rm -rf /)",
-        controller_id="c",
-        controller_url="",
-        vm_type="m5.large",
-    )
+    settings = {
+        "SPOTBAG_VM_ID": "it's $(rm -rf /)",
+        "SPOTBAG_CONTROLLER_ID": "c",
+        "SPOTBAG_CONTROLLER_URL": "",
+        "SPOTBAG_VM_TYPE": "m5.large",
+    }
+    rendered = render_user_data("T=$token C=$controller_id U=$controller_url V=$vm_type", settings)
     assert rendered == "T='it'\"'\"'s $(rm -rf /)' C='c' U='' V='m5.large'"
     with pytest.raises(PermanentError, match="placeholder"):
-        render_user_data("$nope", token="t", controller_id="c", controller_url="", vm_type="v")
+        render_user_data("$nope", settings)
     with pytest.raises(PermanentError, match="16384"):
-        render_user_data("x" * 20_000, token="t", controller_id="c", controller_url="", vm_type="v")
+        render_user_data("x" * 20_000, settings)
+    # The bundled boot script carries every setting, quoted, in node.env.
+    bundled = render_user_data(None, dict(settings, SPOTBAG_SLURM_NODE="sb-vm-1"))
+    assert "SPOTBAG_VM_ID='it'\"'\"'s $(rm -rf /)'" in bundled
+    assert "SPOTBAG_SLURM_NODE='sb-vm-1'" in bundled
 
 
 async def test_one_instance_type_listed_per_zone_launches_and_is_priced_per_zone(cloud):

@@ -1,0 +1,223 @@
+"""Slurm's command-line tools, run off the event loop, each with a timeout.
+
+Every call is an asyncio subprocess (the loop never waits on it) with a scrubbed
+environment: PATH, SLURM_CONF and a UTF-8 locale. Nothing of the daemon's own
+environment reaches Slurm: sbatch's default `--export=ALL` would otherwise hand
+the daemon's variables (its API token, cloud credentials) to every job.
+
+Failures are typed so the caller can tell "try again later" from "no":
+
+- `SlurmUnavailable`: the controller did not answer (timeout, connection refused,
+  a tool that is not installed): nothing was decided, retry later;
+- `SlurmRefused`: Slurm answered and said no (unknown node, bad option); the
+  message is Slurm's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# What Slurm's clients print when they cannot reach slurmctld (22.05's messages):
+# the request may not have been seen at all, so the answer is "unknown", not "no".
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Zero Bytes were transmitted"
+    r"|Connection refused|Communication connection failure|Slurm backup controller in standby"
+    r"|Could not establish a configuration source",
+    re.IGNORECASE,
+)
+
+
+class SlurmError(Exception):
+    """A Slurm command failed; `command` names it."""
+
+    def __init__(self, message: str, command: str = "") -> None:
+        super().__init__(message)
+        self.command = command
+
+
+class SlurmUnavailable(SlurmError):
+    """Slurm did not answer: nothing is known to have happened; try again later."""
+
+
+class SlurmRefused(SlurmError):
+    """Slurm answered no; the message is Slurm's."""
+
+
+@dataclass(frozen=True)
+class SlurmTools:
+    """Where Slurm's tools are and how to call them.
+
+    `slurm_conf` is the cluster's slurm.conf ("" leaves SLURM_CONF unset, so the tools
+    use their compiled-in default or configless lookup); `bin_dir` holds sbatch,
+    squeue, ... ("" finds them on the daemon's PATH)."""
+
+    slurm_conf: str = ""
+    bin_dir: str = ""
+    timeout_s: float = 30.0
+
+    def environment(self) -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+        }
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def path_of(self, tool: str) -> str:
+        return os.path.join(self.bin_dir, tool) if self.bin_dir else tool
+
+    async def run(
+        self,
+        tool: str,
+        *args: str,
+        stdin: bytes | None = None,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """Run `tool args...`; its stdout on success. Raises SlurmUnavailable or
+        SlurmRefused (see the module docstring)."""
+        command = " ".join([tool, *args[:3]]) + (" ..." if len(args) > 3 else "")
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.path_of(tool),
+                *args,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=dict(env) if env is not None else self.environment(),
+            )
+        except FileNotFoundError:
+            where = f" in {self.bin_dir}" if self.bin_dir else " on PATH"
+            raise SlurmUnavailable(
+                f"{tool} not found{where}: is Slurm installed?", command
+            ) from None
+        except OSError as exc:
+            raise SlurmUnavailable(f"cannot run {tool}: {exc}", command) from None
+        try:
+            out, err = await asyncio.wait_for(process.communicate(stdin), limit)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            with contextlib.suppress(Exception):
+                await process.wait()
+            raise SlurmUnavailable(f"{command}: no answer within {limit:g} s", command) from None
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            raise
+        if process.returncode != 0:
+            message = (err or out).decode("utf-8", "replace").strip() or (
+                f"exit status {process.returncode}"
+            )
+            kind = SlurmUnavailable if _UNREACHABLE.search(message) else SlurmRefused
+            raise kind(f"{command}: {message}", command)
+        return out.decode("utf-8", "replace")
+
+
+# --- parsing -------------------------------------------------------------------------
+
+
+def split_rows(text: str, fields: int) -> list[list[str]]:
+    """Rows of `|`-separated output with `fields` columns; the last column keeps any
+    further `|` (put free text such as job names last)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", fields - 1)
+        if len(parts) == fields:
+            rows.append(parts)
+    return rows
+
+
+def key_values(line: str) -> dict[str, str]:
+    """`scontrol -o show ...` output (one record per line, Key=Value separated by
+    spaces; values may contain spaces only in the last fields, e.g. Reason)."""
+    found: dict[str, str] = {}
+    key = None
+    for token in line.split(" "):
+        name, sep, value = token.partition("=")
+        if sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9_:/]*", name):
+            key = name
+            found[key] = value
+        elif key is not None and token:
+            found[key] += " " + token
+    return found
+
+
+def exit_status(text: str) -> tuple[int, int]:
+    """Slurm's "code:signal" (ExitCode=4:0, EXITCODE=0:9) as (code, signal)."""
+    code, _, sig = text.strip().partition(":")
+    try:
+        return int(code or 0), int(sig or 0)
+    except ValueError:
+        return 0, 0
+
+
+def slurm_time(text: str) -> float | None:
+    """Epoch seconds of squeue's %S/%e time ("2026-11-25T08:05:14"), None for
+    "N/A", "Unknown" or "None"."""
+    import datetime as dt
+
+    text = text.strip()
+    if not text or text in ("N/A", "Unknown", "None", "0"):
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        # squeue prints local time without a zone.
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def hostlist_expand(expression: str) -> list[str]:
+    """Node names of a Slurm hostlist ("spot-[0-2,7],gpu1" -> spot-0 spot-1 spot-2
+    spot-7 gpu1), zero padding kept ("n[01-03]" -> n01 n02 n03). One bracket group
+    per name, as slurm.conf node names use."""
+    names: list[str] = []
+    for part in _split_top_level(expression):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", part)
+        if match is None:
+            if part:
+                names.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, sep, high = item.partition("-")
+            if not sep:
+                names.append(f"{prefix}{low}{suffix}")
+                continue
+            width = len(low) if low.startswith("0") else 0
+            for n in range(int(low), int(high) + 1):
+                names.append(f"{prefix}{n:0{width}d}{suffix}")
+    return names
+
+
+def hostlist_compress(names: Iterable[str]) -> str:
+    """A comma-separated list Slurm accepts wherever it takes a hostlist."""
+    return ",".join(names)
+
+
+def _split_top_level(expression: str) -> Sequence[str]:
+    parts, depth, current = [], 0, []
+    for char in expression.strip():
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
