@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from controller import report_render
 from controller.admission import admit
@@ -32,6 +33,7 @@ from controller.ids import BAG_ID, JOB_ID
 from controller.metrics import CONTENT_TYPE
 from controller.models import BagState, JobState
 from controller.report import ReportScopeEmpty, build_report
+from controller.slurm import callbacks
 from controller.summary import bag_view, fleet_view, job_view
 from controller.tokens import ADMIN, Principal, token_view
 from drivers.base import VmState
@@ -434,6 +436,38 @@ async def preempt_vm(request: web.Request) -> web.Response:
     return _json({"id": vm_id, "preempted": True}, status=202)
 
 
+async def slurm_event(request: web.Request) -> web.Response:
+    """A callback from slurmctld's hooks: signed with the hook secret (not a bearer
+    token), idempotent by its key (controller/slurm/callbacks.py)."""
+    c = _controller(request)
+    if c.executor is None or c.executor.name != "slurm":
+        raise Conflict('this daemon does not run the Slurm executor ([executor] name = "slurm")')
+    body = await request.read()
+    try:
+        callbacks.verify(
+            c.hook_secret,
+            request.headers.get(callbacks.TIMESTAMP_HEADER),
+            request.headers.get(callbacks.SIGNATURE_HEADER),
+            body,
+            c.clock.now(),
+            c.config.slurm.callback_window_s,
+        )
+    except callbacks.CallbackRejected as exc:
+        raise Unauthorized(f"Slurm callback refused: {exc}") from None
+    try:
+        event = callbacks.SlurmEvent.model_validate_json(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ApiError(f"malformed Slurm event: {problems}", code="invalid_event") from None
+    key = event.key
+    if c.executor.seen(key) or await c.store.callback_seen(key):
+        return _json({"key": key, "duplicate": True, "applied": False})
+    applied = c.take_slurm_event(event)
+    return _json({"key": key, "duplicate": False, "applied": applied})
+
+
 # --- the route table ---------------------------------------------------------------
 
 # --- accounts and the ledger --------------------------------------------------------
@@ -797,6 +831,20 @@ ROUTES: tuple[Route, ...] = (
             202: ("The VM was preempted.", None),
             404: ("No such live VM.", _ERR),
             409: ("The driver cannot inject preemptions.", _ERR),
+        },
+    ),
+    Route(
+        "POST",
+        "/v1/slurm/events",
+        slurm_event,
+        "A callback from slurmctld's hooks (slurm_hooks/): HMAC-signed with the hook secret "
+        "(X-Spotbag-Timestamp, X-Spotbag-Signature), no bearer token; a repeat changes nothing.",
+        auth=False,
+        responses={
+            200: ("Taken (or a duplicate: duplicate = true).", None),
+            400: ("A malformed event.", _ERR),
+            401: ("A bad signature or a timestamp outside the window.", _ERR),
+            409: ("The daemon does not run the Slurm executor.", _ERR),
         },
     ),
     Route(

@@ -102,6 +102,27 @@ class DriverConfig(_Section):
     seed: int | None = Field(
         None, description="Seed for sampled VM lifetimes; unset: a different run every time."
     )
+    hosts: str = Field(
+        "none",
+        description="Local driver: none (VMs are bookkeeping, jobs run on this host) or netns "
+        "(each VM is a network namespace on host_bridge that runs the VM boot script, so "
+        "with executor slurm its slurmd joins and the jobs run there; needs root).",
+    )
+    host_bridge: str = Field(
+        "spotbag0", description="Local driver, hosts = netns: the bridge the VM hosts join."
+    )
+    host_subnet: str = Field(
+        "10.203.0.0/24",
+        description="Local driver, hosts = netns: the bridge's subnet; its first address is "
+        "this host's (the Slurm controller the VMs reach).",
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _known_hosts(cls, value: str) -> str:
+        if value not in ("none", "netns"):
+            raise ValueError(f"unknown hosts {value!r}; known: none, netns")
+        return value
 
 
 PREEMPTION_MODELS = ("none", "exponential", "bathtub", "fitted")
@@ -390,11 +411,110 @@ class CostConfig(_Section):
 
 
 class ExecutorConfig(_Section):
+    name: str = Field(
+        "local",
+        description="Where jobs run: local (processes on this host) or slurm (Slurm jobs on "
+        "the VMs, which join the cluster as nodes; see [slurm]).",
+    )
     kill_grace_s: float = Field(
         5.0,
         ge=0,
-        description="Local executor: seconds between SIGTERM and SIGKILL when a job is "
-        "cancelled or the daemon stops.",
+        description="Seconds between SIGTERM and SIGKILL when a job is cancelled (and, for "
+        "the local executor, when the daemon stops).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_executor(cls, value: str) -> str:
+        if value not in ("local", "slurm"):
+            raise ValueError(f"unknown executor {value!r}; known: local, slurm")
+        return value
+
+
+class SlurmPoolConfig(_Section):
+    """A power-saving pool: CLOUD nodes in slurm.conf that spotbag backs with spot VMs
+    when Slurm resumes them, so Slurm users' own jobs run on spot VMs."""
+
+    partition: str = Field(min_length=1, description="The pool's Slurm partition.")
+    nodes: str = Field(
+        min_length=1, description='Its node names, a Slurm hostlist, e.g. "spot-m5l-[0-19]".'
+    )
+    vm_types: tuple[str, ...] = Field(
+        min_length=1,
+        description="Catalog types a pool VM may be (one shape: the first one's CPUs and "
+        "memory are the nodes'); the hopping policy picks among them.",
+    )
+
+
+class SlurmConfig(_Section):
+    """executor.name = "slurm": every attempt is a Slurm job pinned to its VM's node; VMs
+    join as dynamic nodes named after them (README "Slurm")."""
+
+    slurm_conf: str = Field(
+        "",
+        description="The cluster's slurm.conf for the daemon's Slurm commands; empty: "
+        "SLURM_CONF of the daemon's environment, else Slurm's default.",
+    )
+    bin_dir: str = Field("", description="Where sbatch, squeue, ... are; empty: on PATH.")
+    partition: str = Field("spotbag", description="The partition of spotbag's own nodes.")
+    node_prefix: str = Field(
+        "sb-",
+        description="Node names are <node_prefix><VM id>. Two controllers on one cluster "
+        "need different prefixes and partitions.",
+    )
+    node_feature: str = Field(
+        "spotbag",
+        description="The feature spotbag's nodes register with (the partition's NodeSet).",
+    )
+    conf_server: str = Field(
+        "",
+        description="host[:port] the VMs' slurmd fetch slurm.conf from (configless); empty: "
+        "SlurmctldHost's address and SlurmctldPort, as `scontrol show config` says.",
+    )
+    munge_key: str = Field(
+        "",
+        description="Where VMs fetch the munge key with their own role: "
+        "aws-secretsmanager:NAME, aws-ssm:NAME, gcp-secretmanager:projects/P/secrets/S/versions/V, "
+        "or file:PATH (baked into the image; the local driver's hosts share this host's disk).",
+    )
+    munge_socket: str = Field(
+        "",
+        description="The munge socket the cluster's slurm.conf names (AuthInfo=socket=); "
+        "empty: munge's default.",
+    )
+    shared_dir: str = Field(
+        "",
+        description="A directory the VMs see at the same path (NFS from the head node): job "
+        "logs, checkpoints and exit status files. Empty: STATE_DIR/shared.",
+    )
+    shared_mount: str = Field(
+        "",
+        description='What a VM mounts at shared_dir, e.g. "head:/var/lib/spotbag/shared" '
+        "(NFS); empty: the image or the VM's own setup provides it.",
+    )
+    hook_secret_file: str = Field(
+        "",
+        description="The secret slurmctld's hooks sign callbacks with; empty: "
+        "STATE_DIR/slurm-hook.secret (made at first start, mode 0600).",
+    )
+    callback_window_s: float = Field(
+        300.0, gt=0, description="Callbacks signed further from now than this are refused."
+    )
+    command_timeout_s: float = Field(30.0, gt=0, description="Longest wait for one Slurm command.")
+    poll_interval_s: float = Field(
+        1.0, gt=0, description="How often squeue and sinfo are asked (and at every callback)."
+    )
+    file_poll_s: float = Field(
+        0.2, gt=0, description="How often the shared files (program started, exit status) are read."
+    )
+    pending_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A job still pending this long after its submission is cancelled and run "
+        "again elsewhere (not counted).",
+    )
+    pools: tuple[SlurmPoolConfig, ...] = Field(
+        (), description="Power-saving pools for Slurm users' own jobs ([[slurm.pools]])."
     )
 
 
@@ -478,6 +598,7 @@ class Config(_Section):
     aws: AwsConfig = AwsConfig()
     gce: GceConfig = GceConfig()
     executor: ExecutorConfig = ExecutorConfig()
+    slurm: SlurmConfig = SlurmConfig()
     simulation: SimulationConfig = SimulationConfig()
     vm_types: tuple[VmTypeConfig, ...] = Field(
         DEFAULT_VM_TYPES, min_length=1, description="The VM types the local and sim drivers offer."

@@ -27,7 +27,7 @@ from controller.api import build_app
 from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
-from controller.executors.local import LocalExecutor
+from controller.executors.base import CallbackNoted
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
 from controller.learning import Learner
@@ -35,9 +35,10 @@ from controller.metrics import Metrics
 from controller.price_trace import TraceError, TraceReplay, read_trace
 from controller.scheduler import Scheduler
 from controller.sdnotify import notify
+from controller.slurm.callbacks import SlurmEvent
 from controller.store import Store
 from controller.tokens import Tokens
-from controller.wiring import make_driver, make_model_book
+from controller.wiring import make_driver, make_executor, make_model_book
 from drivers.base import PriceSample
 
 log = logging.getLogger("spotbag.daemon")
@@ -71,6 +72,7 @@ class Controller:
         self._learning_task: asyncio.Task | None = None
         self._hopper_task: asyncio.Task | None = None
         self.hopper: Hopper | None = None
+        self.hook_secret = b""
         self.learner: Learner | None = None
         self._lock_file: Any = None
 
@@ -101,15 +103,19 @@ class Controller:
             time_scale=self.config.driver.time_scale,
             book=self.book,
             controller_id=self.controller_id,
+            state_dir=self.state_dir,
         )
         # The driver's view of the catalog: it may fill in prices (aws: on-demand table).
         self.catalog = list(self.driver.vm_types())
-        self.executor = LocalExecutor(
-            self.state_dir,
+        if hasattr(self.driver, "start"):
+            await self.driver.start()  # the local driver's VM hosts: none left from before
+        self.executor = await make_executor(
+            self.config,
+            state_dir=self.state_dir,
             controller_id=self.controller_id,
             now=self.clock.now,
-            kill_grace_s=self.config.executor.kill_grace_s,
         )
+        self.hook_secret = self._resolve_hook_secret() if self.executor.name == "slurm" else b""
         self.scheduler = Scheduler(
             store=self.store,
             driver=self.driver,
@@ -159,6 +165,22 @@ class Controller:
             self.scheduler.run(describe=not pushes), name="scheduler"
         )
 
+    def take_slurm_event(self, event: SlurmEvent) -> bool:
+        """A verified, new callback from slurmctld's hooks: about one of our attempts (the
+        executor), else noted so that a replay is known. True when it was ours."""
+        if event.about_a_job and self.executor.take_callback(
+            key=event.key,
+            event=event.event,
+            job_name_=event.job_name,
+            job_id=event.job_id,
+            state=event.state,
+            exit_code=event.exit_code,
+        ):
+            return True
+        subject = event.job_name or event.nodes
+        self.scheduler.note(CallbackNoted(event.key, self.clock.now(), event.event, subject))
+        return False
+
     async def _price_source(self) -> PriceSource:
         """The driver's spot prices, or for the local and sim drivers a replayed trace."""
         hopping = self.config.hopping
@@ -197,6 +219,8 @@ class Controller:
             await self.scheduler.shutdown(
                 vms_die_with_controller=self.driver.name in EPHEMERAL_DRIVERS
             )
+        if self.driver is not None and hasattr(self.driver, "close"):
+            await self.driver.close()
         await self.store.close()
         if self._lock_file is not None:
             self._lock_file.close()
@@ -219,6 +243,20 @@ class Controller:
         lock_file.write(str(os.getpid()))
         lock_file.flush()
         self._lock_file = lock_file
+
+    def _resolve_hook_secret(self) -> bytes:
+        """The secret slurmctld's hooks sign callbacks with: [slurm] hook_secret_file, made
+        (random, mode 0600) when it does not exist yet."""
+        configured = self.config.slurm.hook_secret_file
+        path = Path(configured) if configured else self.state_dir / "slurm-hook.secret"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+        secret = path.read_bytes().strip()
+        if len(secret) < 16:
+            raise ConfigError(f"[slurm] hook secret {path} is shorter than 16 bytes")
+        return secret
 
     def _resolve_token(self) -> str:
         token = self.config.api.token or os.environ.get("SPOTBAG_TOKEN", "")

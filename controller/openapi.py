@@ -108,6 +108,10 @@ _SCHEMAS: dict[str, Any] = {
             "exit_code": {"type": ["integer", "null"]},
             "reason": _STR,
             "log_path": _STR,
+            "executor_ref": {
+                **_STR,
+                "description": "The executor's id for it: the Slurm job id (slurm), else empty.",
+            },
         },
     },
     "Job": {

@@ -208,6 +208,10 @@ class Scheduler:
         self._inbox.append(event)
         self._wake.set()
 
+    def note(self, event: ExecutorEvent) -> None:
+        """An event from outside the executor's own watch (a callback it did not take)."""
+        self._push(event)
+
     def _tables_ready(self) -> None:
         """A checkpoint table finished solving: plan the running jobs with it."""
         self._replan_checkpoints = True
@@ -478,6 +482,9 @@ class Scheduler:
 
         Attempts that outlive the controller (Slurm jobs on VMs that outlive it) are left
         running and recorded as they are: the next start re-adopts them."""
+        if vms_die_with_controller:
+            for vm in list(self.vms.values()):  # a cluster forgets their nodes
+                await self._call(self.executor.vm_lost(vm.id))
         await self.executor.shutdown()
         now = self.clock.now()
         batch = self.store.new_batch()

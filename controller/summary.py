@@ -108,7 +108,7 @@ def job_view(job: dict[str, Any]) -> dict[str, Any]:
                 )
                 if k in a
             }
-            | {"vm_type": a.get("vm_type")}
+            | {"vm_type": a.get("vm_type"), "executor_ref": a.get("ref", "")}
             for a in attempts
         ],
         "transitions": job.get("transitions", []),

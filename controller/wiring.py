@@ -1,10 +1,13 @@
-"""Building drivers and the model book from configuration (the one place that knows
-every driver's arguments)."""
+"""Building drivers, executors and the model book from configuration (the one place
+that knows every driver's and executor's arguments)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,9 +39,11 @@ def make_driver(
     time_scale: float,
     book: ModelBook,
     controller_id: str = "",
+    state_dir: Path | None = None,
 ) -> Driver:
     """The driver `name`; cloud drivers mark their VMs with `controller_id` (the store's
-    own id, so that after a restart the daemon finds the VMs it owns)."""
+    own id, so that after a restart the daemon finds the VMs it owns). The local driver's
+    VM hosts keep their consoles under `state_dir`."""
     cls = driver_class(name)
     if name == "aws":
         return cls(config.catalog(), aws_settings(config, controller_id), now=now)
@@ -56,6 +61,9 @@ def make_driver(
             when = dt.datetime.fromtimestamp(now(), dt.UTC)
             return float(book.configured(vm_type, when).model.sample_h(rng, 1)[0])
 
+        hosts = None
+        if name == "local" and config.driver.hosts == "netns":
+            hosts = local_hosts(config, controller_id, state_dir or config.resolved_state_dir())
         return cls(
             config.catalog(),
             now=now,
@@ -63,8 +71,109 @@ def make_driver(
             lifetime_h=lifetime_h,
             boot_delay_s=boot_delay_s,
             time_scale=time_scale,
+            **({"hosts": hosts, "controller_id": controller_id} if hosts is not None else {}),
         )
     raise ValueError(f"driver {name!r} cannot be built from this configuration")
+
+
+def local_hosts(config: Config, controller_id: str, state_dir: Path) -> Any:
+    """VM hosts in network namespaces for the local driver (drivers/local_hosts.py)."""
+    from drivers.local_hosts import PRIVATE_DIRS, HostError, NamespaceHosts
+
+    private = PRIVATE_DIRS
+    if config.slurm.munge_socket:  # each VM host runs its own munged there
+        private = (*private, os.path.dirname(config.slurm.munge_socket))
+    try:
+        return NamespaceHosts(
+            bridge=config.driver.host_bridge,
+            subnet=config.driver.host_subnet,
+            consoles=state_dir / "vms",
+            prefix=f"sb{controller_id[:8]}-",
+            private_dirs=private,
+        )
+    except (HostError, ValueError) as exc:
+        raise ConfigError(f"[driver] hosts = netns: {exc}") from None
+
+
+async def make_executor(
+    config: Config,
+    *,
+    state_dir: Path,
+    controller_id: str,
+    now: Callable[[], float],
+    head_address: str = "",
+) -> Any:
+    """The executor [executor] names. For Slurm, a conf_server left empty is found with
+    `scontrol show config` (or is the local VM hosts' view of this host)."""
+    if config.executor.name == "local":
+        from controller.executors.local import LocalExecutor
+
+        return LocalExecutor(
+            state_dir,
+            controller_id=controller_id,
+            now=now,
+            kill_grace_s=config.executor.kill_grace_s,
+        )
+    from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
+
+    slurm = config.slurm
+    if not slurm.munge_key:
+        raise ConfigError(
+            "executor slurm needs [slurm] munge_key: where VMs fetch the munge key "
+            "(aws-secretsmanager:NAME, aws-ssm:NAME, gcp-secretmanager:..., file:PATH)"
+        )
+    tools = slurm_tools(config)
+    conf_server = slurm.conf_server or await discover_conf_server(tools, head_address)
+    settings = SlurmExecutorSettings(
+        partition=slurm.partition,
+        node_prefix=slurm.node_prefix,
+        node_feature=slurm.node_feature,
+        conf_server=conf_server,
+        munge_key=slurm.munge_key,
+        munge_socket=slurm.munge_socket,
+        shared_dir=Path(slurm.shared_dir) if slurm.shared_dir else state_dir / "shared",
+        shared_mount=slurm.shared_mount,
+        poll_interval_s=slurm.poll_interval_s,
+        file_poll_s=slurm.file_poll_s,
+        pending_timeout_s=slurm.pending_timeout_s,
+    )
+    return SlurmExecutor(
+        settings,
+        tools=tools,
+        controller_id=controller_id,
+        now=now,
+        kill_grace_s=config.executor.kill_grace_s,
+    )
+
+
+def slurm_tools(config: Config) -> Any:
+    from controller.slurm.commands import SlurmTools
+
+    slurm = config.slurm
+    return SlurmTools(
+        slurm_conf=slurm.slurm_conf or os.environ.get("SLURM_CONF", ""),
+        bin_dir=slurm.bin_dir,
+        timeout_s=slurm.command_timeout_s,
+    )
+
+
+async def discover_conf_server(tools: Any, head_address: str = "") -> str:
+    """host:port of slurmctld from `scontrol show config` (SlurmctldHost's address, else
+    its name; `head_address` instead when the VMs reach this host there)."""
+    from controller.slurm.commands import SlurmError
+
+    try:
+        out = await tools.run("scontrol", "show", "config")
+    except SlurmError as exc:
+        raise ConfigError(
+            f"[slurm] conf_server is empty and Slurm cannot say where slurmctld is: {exc}"
+        ) from None
+    host = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", out, re.M)
+    port = re.search(r"^SlurmctldPort\s*=\s*(\d+)", out, re.M)
+    if host is None:
+        raise ConfigError("[slurm] conf_server is empty and scontrol shows no SlurmctldHost")
+    address = head_address or host.group(2) or host.group(1)
+    return f"{address}:{port.group(1)}" if port else address
 
 
 def aws_settings(config: Config, controller_id: str) -> Any:

@@ -17,6 +17,7 @@ renderer does not know is an error, not text left in the script.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ class BootstrapError(ValueError):
     """A template or a setting that cannot be rendered into a boot script."""
 
 
+@functools.cache
 def join_script() -> str:
     """The Slurm join step (drivers/templates/node_join.sh), static text."""
     return resources.files("drivers").joinpath("templates/node_join.sh").read_text()

@@ -181,6 +181,11 @@ class LocalDriver:
     def vms_outlive_controller(self) -> bool:
         return False
 
+    async def start(self) -> None:
+        """Remove VM hosts a crashed controller left (their VMs are gone with it)."""
+        if self._hosts is not None:
+            await self._hosts.halt_all()
+
     async def close(self) -> None:
         """Halt every VM host (they are this process's; the next start finds none)."""
         if self._hosts is not None:

@@ -172,3 +172,97 @@ def wait_for_bag(client: Client, bag_id: str, timeout_s: float = 90.0) -> dict:
         return bag if bag["state"] != "active" else None
 
     return wait_until(finished, timeout_s, 0.2, f"bag {bag_id} to finish")  # type: ignore[return-value]
+
+
+# --- a real Slurm cluster (tests/slurm_cluster.py) ---------------------------------
+
+
+def require_slurm() -> None:
+    """Skip when this machine cannot run Slurm; under CI (CI=true) that is a failure:
+    .ci/run installs it."""
+    from tests.slurm_cluster import missing
+
+    reason = missing()
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the Slurm tests, but: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """One cluster for the session: spotbag's dynamic-node partition and a power-saving
+    pool "spot" of four 2-CPU CLOUD nodes."""
+    require_slurm()
+    from controller.slurm.conf import PoolConf
+    from tests.slurm_cluster import SlurmCluster
+
+    cluster = SlurmCluster(
+        pools=[PoolConf("spot", "spot-[0-3]", cpus=2, memory_mb=3800, feature="local-2")]
+    ).start()
+    yield cluster
+    cluster.stop()
+
+
+SLURM_DRIVER = """hosts = "netns"
+host_bridge = "{bridge}"
+host_subnet = "{subnet}"
+"""
+SLURM_CONFIG = """
+[executor]
+name = "slurm"
+kill_grace_s = 1.0
+
+[slurm]
+slurm_conf = "{conf}"
+munge_key = "file:{munge_key}"
+munge_socket = "{munge_socket}"
+shared_dir = "{shared}"
+hook_secret_file = "{secret}"
+poll_interval_s = 0.5
+file_poll_s = 0.1
+pending_timeout_s = 30.0
+"""
+
+
+@pytest.fixture
+def make_slurm_daemon(make_daemon, slurm_cluster, tmp_path):
+    """Daemons whose VMs are VM hosts that join `slurm_cluster` and run the jobs; the
+    cluster's hooks call the last one started back."""
+
+    def make(**kwargs) -> Daemon:
+        daemon = make_daemon(**kwargs)
+        secret = daemon.state_dir / "slurm-hook.secret"
+        secret.write_bytes(slurm_cluster.hook_secret + b"\n")
+        secret.chmod(0o600)
+        shared = tmp_path / f"shared-{daemon.state_dir.name}"
+        text = daemon.config_path.read_text()
+        text = text.replace("\n[executor]\nkill_grace_s = 1.0\n", "\n")
+        text = text.replace(
+            "[driver]\n",
+            "[driver]\n"
+            + SLURM_DRIVER.format(bridge=slurm_cluster.bridge, subnet=slurm_cluster.subnet),
+            1,
+        )
+        daemon.config_path.write_text(
+            text
+            + SLURM_CONFIG.format(
+                conf=slurm_cluster.conf,
+                munge_key=slurm_cluster.munge_key,
+                munge_socket=slurm_cluster.munge_socket,
+                shared=shared,
+                secret=secret,
+            )
+        )
+        original_start = daemon.start
+
+        def start(*args, **kw):
+            client = original_start(*args, **kw)
+            slurm_cluster.point_hooks(client.url)
+            return client
+
+        daemon.start = start  # type: ignore[method-assign]
+        return daemon
+
+    return make

@@ -103,6 +103,6 @@ def end_event(
 
 
 def signal_detail(number: int) -> str:
-    """"killed by signal 9 (Killed)", or "" for a number that is no signal."""
+    """ "killed by signal 9 (Killed)", or "" for a number that is no signal."""
     name = signal.strsignal(number) if 0 < number < 65 else None
     return f"killed by signal {number} ({name})" if name else ""

@@ -316,7 +316,12 @@ class SlurmExecutor:
             self._untrack(attempt)
             raise ExecutorError(f"Slurm refused the job: {exc}") from None
         except SlurmUnavailable as exc:
-            return await self._unknown_submission(attempt, exc)
+            if exc.maybe_done:
+                return await self._unknown_submission(attempt, exc)
+            self._untrack(attempt)
+            self._unavailable = str(exc)
+            self._ensure_watcher()  # its polls notice when Slurm answers again
+            raise ExecutorUnavailable(f"Slurm does not answer: {exc}") from None
         attempt.job_id = out.strip().split(";")[0]
         self._ensure_watcher()
         return attempt.job_id
@@ -815,12 +820,12 @@ class SlurmExecutor:
                 submitted_at=live.started_at,
             )
             self._track(attempt)
-        self._ensure_watcher()
         try:
             found = await self._jobs_by_name()
         except SlurmError as exc:
             log.warning("Slurm does not answer at recovery (%s): keeping every attempt", exc)
             self._unavailable = str(exc)
+            self._ensure_watcher()
             return {a.attempt_id for a in attempts}
         kept: set[str] = set()
         ended: list[tuple[_Attempt, str, str]] = []
@@ -846,6 +851,7 @@ class SlurmExecutor:
         if ended:
             await self._finish_from_slurm(ended)
         await self._forget_gone_nodes(set(live_vm_ids))
+        self._ensure_watcher()  # only now: it would settle attempts under our feet
         return kept
 
     async def _forget_gone_nodes(self, live_vm_ids: set[str]) -> None:

@@ -32,16 +32,25 @@ _UNREACHABLE = re.compile(
 )
 
 
+# Failures before the request left this host: it certainly did not take effect.
+_NOT_SENT = re.compile(
+    r"connect failure|Connection refused|Could not establish a configuration source",
+    re.IGNORECASE,
+)
+
+
 class SlurmError(Exception):
     """A Slurm command failed; `command` names it."""
 
-    def __init__(self, message: str, command: str = "") -> None:
+    def __init__(self, message: str, command: str = "", *, maybe_done: bool = False) -> None:
         super().__init__(message)
         self.command = command
+        self.maybe_done = maybe_done
 
 
 class SlurmUnavailable(SlurmError):
-    """Slurm did not answer: nothing is known to have happened; try again later."""
+    """Slurm did not answer: try again later. `maybe_done`: the request may have reached
+    slurmctld and taken effect (a timeout), so look before doing it again."""
 
 
 class SlurmRefused(SlurmError):
@@ -108,7 +117,9 @@ class SlurmTools:
                 process.kill()
             with contextlib.suppress(Exception):
                 await process.wait()
-            raise SlurmUnavailable(f"{command}: no answer within {limit:g} s", command) from None
+            raise SlurmUnavailable(
+                f"{command}: no answer within {limit:g} s", command, maybe_done=True
+            ) from None
         except asyncio.CancelledError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
@@ -117,8 +128,11 @@ class SlurmTools:
             message = (err or out).decode("utf-8", "replace").strip() or (
                 f"exit status {process.returncode}"
             )
-            kind = SlurmUnavailable if _UNREACHABLE.search(message) else SlurmRefused
-            raise kind(f"{command}: {message}", command)
+            if _UNREACHABLE.search(message):
+                raise SlurmUnavailable(
+                    f"{command}: {message}", command, maybe_done=not _NOT_SENT.search(message)
+                )
+            raise SlurmRefused(f"{command}: {message}", command)
         return out.decode("utf-8", "replace")
 
 

@@ -352,10 +352,11 @@ async def test_a_fifth_of_all_calls_failing_still_launches_everything(api):
         *(driver.launch(LaunchRequest(f"vm-{i}", TYPES[i % 2])) for i in range(20))
     )
     described = await driver.describe([s.vm_id for s in launched])
-    await driver.terminate([s.vm_id for s in launched])
     assert len(described) == 20 and len(api.instances(PROJECT)) == 20
+    await driver.terminate([s.vm_id for s in launched])
     assert api.faults_injected["throttle"] >= 10  # of about 100 calls
-    assert {i["status"] for i in api.instances(PROJECT)} == {"STOPPING"}
+    # Every one is stopping, or already gone (stop_s is short: a slow run sees both).
+    assert {i["status"] for i in api.instances(PROJECT)} <= {"STOPPING"}
 
 
 # --- prices, subscribe, the contract harness -----------------------------------------------------
