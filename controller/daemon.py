@@ -43,7 +43,9 @@ from drivers.base import PriceSample
 
 log = logging.getLogger("spotbag.daemon")
 
-# Drivers whose VMs are this process's bookkeeping: they end when the daemon ends.
+# Drivers on this host (their VMs push their changes; a price trace may stand in for
+# the market). Their VMs end with the daemon unless the driver says they outlive it
+# (the local driver's VM hosts do).
 EPHEMERAL_DRIVERS = {"local", "sim"}
 
 
@@ -167,16 +169,19 @@ class Controller:
 
     def take_slurm_event(self, event: SlurmEvent) -> bool:
         """A verified, new callback from slurmctld's hooks: about one of our attempts (the
-        executor), else noted so that a replay is known. True when it was ours."""
-        if event.about_a_job and self.executor.take_callback(
-            key=event.key,
-            event=event.event,
-            job_name_=event.job_name,
-            job_id=event.job_id,
-            state=event.state,
-            exit_code=event.exit_code,
-        ):
-            return True
+        executor), else noted so that a replay is known. True when it changed a state."""
+        self.executor.remember(event.key)
+        if event.about_a_job:
+            taken = self.executor.take_callback(
+                key=event.key,
+                event=event.event,
+                job_name_=event.job_name,
+                job_id=event.job_id,
+                state=event.state,
+                exit_code=event.exit_code,
+            )
+            if taken:
+                return taken == "applied"
         subject = event.job_name or event.nodes
         self.scheduler.note(CallbackNoted(event.key, self.clock.now(), event.event, subject))
         return False
@@ -217,7 +222,11 @@ class Controller:
             self.scheduler.stop()
             await self._loop_task
             await self.scheduler.shutdown(
-                vms_die_with_controller=self.driver.name in EPHEMERAL_DRIVERS
+                vms_die_with_controller=not getattr(
+                    self.driver,
+                    "vms_outlive_controller",
+                    self.driver.name not in EPHEMERAL_DRIVERS,
+                )
             )
         if self.driver is not None and hasattr(self.driver, "close"):
             await self.driver.close()

@@ -19,7 +19,6 @@ VMs then do the work, through Slurm, as cloud VMs do.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,6 +49,7 @@ class _Vm:
     status: VmStatus
     timers: list[Any]
     bootstrap: Mapping[str, str] = field(default_factory=dict)
+    death_at: float | None = None  # when its sampled lifetime ends (None: never)
 
 
 class LocalDriver:
@@ -59,7 +59,7 @@ class LocalDriver:
     id_prefix = "local"
     # One count for every driver in the process: two drivers (two controllers in a
     # test, a foreign one in the contract suite) never hand out the same VM id.
-    _ids = itertools.count(1)
+    _next_id = 1
 
     def __init__(
         self,
@@ -107,7 +107,7 @@ class LocalDriver:
         if vm_type is None:
             raise PermanentError(f"unknown VM type {req.vm_type.name!r}")
         now = self._now()
-        vm_id = f"{self.id_prefix}-{next(self._ids):06d}"
+        vm_id = f"{self.id_prefix}-{LocalDriver._take_id():06d}"
         status = VmStatus(
             vm_id=vm_id,
             token=req.token,
@@ -123,12 +123,14 @@ class LocalDriver:
         vm.timers.append(self._call_at(now + self._boot_delay_s, lambda: self._boot(vm_id)))
         lifetime_h = self._lifetime_h(vm_type) if req.spot else float("inf")
         if lifetime_h != float("inf"):
-            death_at = now + lifetime_h * 3600.0 / self._time_scale
-            reason = f"preempted: sampled lifetime {lifetime_h:.3f} h"
-            vm.timers.append(
-                self._call_at(death_at, lambda: self._end(vm_id, VmState.PREEMPTED, reason))
-            )
+            vm.death_at = now + lifetime_h * 3600.0 / self._time_scale
+            self._arm_death(vm_id, vm.death_at, f"preempted: sampled lifetime {lifetime_h:.3f} h")
         return status
+
+    def _arm_death(self, vm_id: str, death_at: float, reason: str) -> None:
+        self._vms[vm_id].timers.append(
+            self._call_at(death_at, lambda: self._end(vm_id, VmState.PREEMPTED, reason))
+        )
 
     async def describe(self, vm_ids: Sequence[str]) -> Mapping[str, VmStatus]:
         return {i: self._vms[i].status for i in vm_ids if i in self._vms}
@@ -179,17 +181,43 @@ class LocalDriver:
 
     @property
     def vms_outlive_controller(self) -> bool:
-        return False
+        """VM hosts outlive the controller, like cloud VMs; bookkeeping VMs do not."""
+        return self._hosts is not None
 
     async def start(self) -> None:
-        """Remove VM hosts a crashed controller left (their VMs are gone with it)."""
-        if self._hosts is not None:
-            await self._hosts.halt_all()
+        """Watch again the VM hosts that outlived the last controller: each is a running
+        VM again, with the lifetime it was given at launch."""
+        if self._hosts is None:
+            return
+        for host in await self._hosts.adopt():
+            record = host.record
+            status = VmStatus(
+                vm_id=host.vm_id,
+                token=record["token"],
+                vm_type=record["vm_type"],
+                state=VmState.RUNNING,
+                zone=record.get("zone", ""),
+                launched_at=record["launched_at"],
+                changed_at=record["launched_at"],
+            )
+            self._vms[host.vm_id] = _Vm(status, [], death_at=record.get("death_at"))
+            self._by_token[status.token] = host.vm_id
+            if record.get("death_at") is not None:
+                self._arm_death(host.vm_id, record["death_at"], "preempted: sampled lifetime")
+            number = int(host.vm_id.rpartition("-")[2])
+            LocalDriver._next_id = max(LocalDriver._next_id, number + 1)
+
+    @classmethod
+    def _take_id(cls) -> int:
+        number = cls._next_id
+        cls._next_id += 1
+        return number
 
     async def close(self) -> None:
-        """Halt every VM host (they are this process's; the next start finds none)."""
-        if self._hosts is not None:
-            await self._hosts.halt_all()
+        """Stop watching; VM hosts run on (the next controller adopts them)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _boot(self, vm_id: str) -> None:
         vm = self._vms[vm_id]
@@ -212,9 +240,16 @@ class LocalDriver:
             "SPOTBAG_SLURMD_REPORT_BOOT": "1",
             **vm.bootstrap,
         }
+        record = {
+            "token": vm.status.token,
+            "vm_type": vm.status.vm_type,
+            "zone": vm.status.zone,
+            "launched_at": vm.status.launched_at,
+            "death_at": vm.death_at,
+        }
         try:
             script = bootstrap.render(None, settings)
-            await self._hosts.boot(vm_id, script, hostname=vm.status.token)
+            await self._hosts.boot(vm_id, script, hostname=vm.status.token, record=record)
         except Exception as exc:
             log.warning("VM %s could not boot its host: %s", vm_id, exc)
             self._end(vm_id, VmState.FAILED, f"its host did not boot: {exc}")

@@ -11,9 +11,12 @@ the filesystem is shared with the head node, as an NFS export would be.
 Halting a VM kills every process in its namespace (munged, slurmd, slurmstepd, the
 job) at once, as a preemption does, and removes the namespace.
 
+VM hosts outlive the controller, as cloud VMs do: each keeps a record (its VM's id,
+token, type, launch and sampled death) beside its console, and `adopt()` finds the
+live ones again after a restart. Namespaces are named `<prefix><n>`.
+
 Needs root and iproute2 (`ip`), util-linux (`nsenter`, `unshare`). Every command runs
-as an asyncio subprocess. Namespaces are named `<prefix><n>`; `halt_all()` removes
-those a crashed controller left behind.
+as an asyncio subprocess.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import asyncio
 import contextlib
 import ipaddress
 import itertools
+import json
 import os
 import secrets
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # What each VM host keeps to itself (tmpfs mounts); everything else is the head's.
@@ -52,6 +56,7 @@ class Host:
     veth: str
     address: str
     console: Path  # the boot script's output, like a cloud's serial console
+    record: dict = field(default_factory=dict, hash=False)  # what the driver keeps with it
 
 
 async def _run(*argv: str, check: bool = True, timeout_s: float = 30.0) -> str:
@@ -132,6 +137,7 @@ class NamespaceHosts:
         *,
         hostname: str = "",
         env: Mapping[str, str] | None = None,
+        record: Mapping[str, object] | None = None,
     ) -> Host:
         """Make the VM's host and start its boot script there (in the background: the
         script's output goes to its console file). Returns once the script started."""
@@ -144,10 +150,12 @@ class NamespaceHosts:
                 veth=f"sv{self._tag}{number}"[:15],
                 address=self._free_address(),
                 console=self.consoles / vm_id / "console.log",
+                record=dict(record or {}),
             )
             self._hosts[vm_id] = host
         try:
             await self._plumb(host)
+            self._write_record(host)
             await self._start_script(host, script, hostname or vm_id, env or {})
         except BaseException:
             with contextlib.suppress(Exception):
@@ -222,11 +230,62 @@ class NamespaceHosts:
         self._reapers.add(task)
         task.add_done_callback(self._reapers.discard)
 
+    def _records(self) -> Path:
+        return self.consoles / "hosts"
+
+    def _write_record(self, host: Host) -> None:
+        self._records().mkdir(parents=True, exist_ok=True)
+        data = {
+            "vm_id": host.vm_id,
+            "namespace": host.namespace,
+            "veth": host.veth,
+            "address": host.address,
+            "console": str(host.console),
+            "record": host.record,
+        }
+        tmp = self._records() / f".{host.namespace}.json.tmp"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self._records() / f"{host.namespace}.json")
+
+    async def adopt(self) -> list[Host]:
+        """The live hosts of this prefix (after a controller restart), watched again; a
+        namespace without its record, or a record without its namespace, is removed."""
+        listed = await _run("ip", "netns", "list", check=False)
+        live = {line.split()[0] for line in listed.splitlines() if line.strip()}
+        live = {n for n in live if n.startswith(self.prefix)}
+        adopted = []
+        for path in sorted(self._records().glob("*.json")) if self._records().is_dir() else ():
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)
+                continue
+            if data.get("namespace") not in live:
+                path.unlink(missing_ok=True)
+                continue
+            host = Host(
+                data["vm_id"],
+                data["namespace"],
+                data["veth"],
+                data["address"],
+                Path(data["console"]),
+                data.get("record", {}),
+            )
+            self._hosts[host.vm_id] = host
+            live.discard(host.namespace)
+            adopted.append(host)
+        for namespace in live:  # no record: nobody can say what it was
+            await self._remove(namespace)
+        numbers = [int(h.namespace[len(self.prefix) :]) for h in adopted]
+        self._numbers = itertools.count(max(numbers, default=0) + 1)
+        return adopted
+
     async def halt(self, vm_id: str) -> None:
         """Kill everything in the VM's host and remove it; a VM already gone is fine."""
         host = self._hosts.pop(vm_id, None)
         if host is not None:
             await self._remove(host.namespace)
+            (self._records() / f"{host.namespace}.json").unlink(missing_ok=True)
 
     async def _remove(self, namespace: str) -> None:
         for _ in range(50):

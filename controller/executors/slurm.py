@@ -746,8 +746,14 @@ class SlurmExecutor:
     # --- callbacks ------------------------------------------------------------------
 
     def seen(self, key: str) -> bool:
-        """Whether a callback with this key was taken since the controller started."""
+        """Whether a callback with this key was taken since the controller started (its
+        record in the store may still be on its way)."""
         return key in self._recent_keys
+
+    def remember(self, key: str) -> None:
+        self._recent_keys[key] = None
+        while len(self._recent_keys) > 100_000:
+            self._recent_keys.popitem(last=False)
 
     def take_callback(
         self,
@@ -759,23 +765,24 @@ class SlurmExecutor:
         state: str = "",
         exit_code: str = "",
         at: float | None = None,
-    ) -> bool:
+    ) -> str:
         """A callback from a slurmctld hook about one of this controller's jobs. Its end
-        (jobcomp: the final state) is reported at once, with the key; anything else
-        wakes the watcher. Returns False when it is not about one of our attempts."""
-        self._recent_keys[key] = None
-        while len(self._recent_keys) > 100_000:
-            self._recent_keys.popitem(last=False)
+        (jobcomp: the final state) is reported at once, with the key ("applied");
+        anything else wakes the watcher and is noted with its key ("noted": a late
+        end, an allocation notice, a stale job id). "" when it is not about one of
+        this controller's attempts."""
+        self.remember(key)
         at = self._now() if at is None else at
         attempt_id = attempt_of_job(self._controller_id, job_name_)
         if attempt_id is None:
-            return False
+            return ""
         attempt = self._attempts.get(attempt_id)
         # Job ids are reused: an event for another job of the same name is stale.
         if attempt is None or attempt.ended or (attempt.job_id and attempt.job_id != job_id):
             self._emit(CallbackNoted(key, at, event, job_name_))
-            return True
+            return "noted"
         attempt.job_id = attempt.job_id or job_id
+        outcome = "noted"
         if event == "jobcomp" and state not in LIVE_STATES:
             finished = read_exit_status(exit_status_path(attempt.log_path))
             if finished is not None:
@@ -788,10 +795,11 @@ class SlurmExecutor:
                 )
                 value = 128 + sig if sig else code
                 self._end(attempt, self._slurm_end(attempt, state, "", value, key))
+            outcome = "applied"
         else:
             self._emit(CallbackNoted(key, at, event, job_name_))
         self._wake.set()
-        return True
+        return outcome
 
     # --- restart -----------------------------------------------------------------------
 

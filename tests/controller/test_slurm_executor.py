@@ -101,12 +101,16 @@ class Rig:
         return found[-1] if found else None
 
     def end_of(self, attempt_id: str) -> AttemptEvent | None:
-        found = [e for e in self.events if isinstance(e, AttemptEvent) and e.attempt_id == attempt_id]
+        found = [
+            e for e in self.events if isinstance(e, AttemptEvent) and e.attempt_id == attempt_id
+        ]
         assert len(found) <= 1, found  # an end is reported once
         return found[0] if found else None
 
     def started(self, attempt_id: str) -> AttemptStarted | None:
-        found = [e for e in self.events if isinstance(e, AttemptStarted) and e.attempt_id == attempt_id]
+        found = [
+            e for e in self.events if isinstance(e, AttemptStarted) and e.attempt_id == attempt_id
+        ]
         return found[0] if found else None
 
     async def wait(self, predicate, timeout_s: float = 30.0, what: str = ""):
@@ -291,7 +295,9 @@ async def test_a_submission_whose_answer_is_lost_is_found_by_its_name(rig, tmp_p
     assert job_id.isdigit()  # found by its name after the timeout
     end = await rig.wait(lambda: rig.end_of(spec.attempt_id), 30)
     assert end.exit_code == 7
-    jobs = rig.cluster.run("squeue", "-h", "-t", "all", "-n", f"sb:{rig.controller_id}:{spec.attempt_id}", "-o", "%i")
+    jobs = rig.cluster.run(
+        "squeue", "-h", "-t", "all", "-n", f"sb:{rig.controller_id}:{spec.attempt_id}", "-o", "%i"
+    )
     assert jobs.split() == [job_id]  # one job, not two
 
 

@@ -27,7 +27,13 @@ RATES = [3.6, 3.7, 3.8, 3.9]
 
 def clean_result(r: float) -> dict:
     run = subprocess.run(
-        [sys.executable, str(PROGRAM), "--r", str(r), *ARGS.replace("--seconds 8", "--seconds 0").split()],
+        [
+            sys.executable,
+            str(PROGRAM),
+            "--r",
+            str(r),
+            *ARGS.replace("--seconds 8", "--seconds 0").split(),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -61,7 +67,9 @@ def test_a_checkpointable_bag_runs_on_the_vms_through_slurm_across_preemptions(
     def a_job_with_a_checkpoint() -> dict | None:
         for idx in range(len(RATES)):
             job = client.job(f"{bag['id']}-{idx}")
-            mine = [c for c in job["checkpoint_list"] if c["ok"] and c["attempt"] == job["attempts"]]
+            mine = [
+                c for c in job["checkpoint_list"] if c["ok"] and c["attempt"] == job["attempts"]
+            ]
             if job["state"] == "running" and mine:
                 return job
         return None
