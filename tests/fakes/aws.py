@@ -245,9 +245,11 @@ class _LayeredMotoServer(ThreadedMotoServer):
 class MotoCloud:
     """A moto EC2 server on a free loopback port, with the layer above."""
 
-    def __init__(self, region: str = REGION) -> None:
+    def __init__(self, region: str = REGION, host: str = "127.0.0.1") -> None:
         self.region = region
-        self._server = _LayeredMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        # VM hosts in network namespaces reach it at the bridge's address (its Secrets
+        # Manager holds their munge key).
+        self._server = _LayeredMotoServer(ip_address=host, port=0, verbose=False)
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"

@@ -15,6 +15,11 @@ errors), so `compute_v1.InstancesClient(transport="rest")` parses every answer:
     GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}         zoneOperations.get
     POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait    zoneOperations.wait
 
+and, for the VMs' boot scripts, the metadata server's token and Secret Manager:
+
+    GET    /computeMetadata/v1/instance/service-accounts/default/token (Metadata-Flavor)
+    GET    /v1/projects/{p}/secrets/{s}/versions/{v}:access            (Bearer token)
+
 It runs on its own event loop in its own thread (127.0.0.1, a free port), so sync
 clients in worker threads and async tests can both talk to it; the Python methods
 below (`preempt`, `fail_next`, ...) are called from the test's thread and take the
@@ -334,7 +339,10 @@ class FakeGceApi:
         latency_s: float = 0.0,
         zones: Iterable[str] | None = None,
         machine_types: Iterable[str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host  # VM hosts in network namespaces reach it at the bridge's address
+        self.secrets: dict[str, bytes] = {}  # "projects/P/secrets/S" -> payload
         self.boot_s = boot_s
         self.stop_s = stop_s
         self.op_polls_to_done = op_polls_to_done
@@ -390,7 +398,7 @@ class FakeGceApi:
         runner = web.AppRunner(self._app(), access_log=None)
         try:
             loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = web.TCPSite(runner, self.host, 0)
             loop.run_until_complete(site.start())
             host, port = runner.addresses[0][:2]
             self.endpoint = f"http://{host}:{port}"
@@ -681,7 +689,51 @@ class FakeGceApi:
         app.router.add_get(zone + "/operations", self._list_operations)
         app.router.add_get(zone + "/operations/{op}", self._get_operation)
         app.router.add_post(zone + "/operations/{op}/wait", self._wait_operation)
+        app.router.add_get(
+            "/computeMetadata/v1/instance/service-accounts/default/token", self._metadata_token
+        )
+        app.router.add_get(
+            "/v1/projects/{project}/secrets/{secret}/versions/{version}", self._access_secret
+        )
         return app
+
+    VM_TOKEN = "fake-vm-access-token"
+
+    async def _metadata_token(self, request: web.Request) -> web.Response:
+        """The metadata server hands a VM its service account's token (only to requests
+        that say Metadata-Flavor: Google, as the real one does)."""
+        self._count("metadata.token")
+        if request.headers.get("Metadata-Flavor") != "Google":
+            raise HttpError(403, "forbidden", "Missing Metadata-Flavor:Google header.")
+        return web.json_response(
+            {"access_token": self.VM_TOKEN, "expires_in": 3599, "token_type": "Bearer"}
+        )
+
+    async def _access_secret(self, request: web.Request) -> web.Response:
+        self._count("secretmanager.access")
+        version, _, verb = request.match_info["version"].partition(":")
+        if verb != "access":
+            raise not_found(request.path)
+        if request.headers.get("Authorization") != f"Bearer {self.VM_TOKEN}":
+            raise HttpError(
+                401, "unauthenticated", "Request had invalid authentication credentials."
+            )
+        name = f"projects/{request.match_info['project']}/secrets/{request.match_info['secret']}"
+        with self._lock:
+            data = self.secrets.get(name)
+        if data is None:
+            raise not_found(f"Secret [{name}] not found or has no versions.")
+        return web.json_response(
+            {
+                "name": f"{name}/versions/{1 if version == 'latest' else version}",
+                "payload": {"data": base64.b64encode(data).decode()},
+            }
+        )
+
+    def put_secret(self, name: str, data: bytes) -> None:
+        """A secret ("projects/P/secrets/S") the VMs may read with their token."""
+        with self._lock:
+            self.secrets[name] = data
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:

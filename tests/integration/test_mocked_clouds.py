@@ -58,10 +58,10 @@ class GceCloud:
     cheap, roomy = "e2-standard-2", "e2-standard-4"
     project, zone = "spotbag-it", "us-central1-a"
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         from tests.fakes.gce_api import FakeGceApi
 
-        self.api = FakeGceApi(boot_s=0.3, stop_s=0.1, zones=(self.zone,)).start()
+        self.api = FakeGceApi(boot_s=0.3, stop_s=0.1, zones=(self.zone,), host=host).start()
         self.env: dict[str, str] = {}  # no credentials: [gce] anonymous_credentials
 
     def config(self) -> str:
@@ -119,11 +119,11 @@ class AwsCloud:
     name = "aws"
     cheap, roomy = "m5.large", "m5.xlarge"
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         from drivers.base import PriceSample
         from tests.fakes.aws import MotoCloud
 
-        self.cloud = MotoCloud()
+        self.cloud = MotoCloud(host=host)
         # The spot price history the daemon's hopper reads: the cheap type is cheaper.
         now = time.time()
         self.cloud.set_spot_prices(
