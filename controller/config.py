@@ -444,6 +444,12 @@ class SlurmPoolConfig(_Section):
         description="Catalog types a pool VM may be (one shape: the first one's CPUs and "
         "memory are the nodes'); the hopping policy picks among them.",
     )
+    reserve_hours: float = Field(
+        24.0,
+        gt=0,
+        description="A job with no time limit reserves its CPUs × this many hours while it "
+        "runs (a job with a limit reserves its CPUs × its limit).",
+    )
 
 
 class SlurmConfig(_Section):

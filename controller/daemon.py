@@ -33,9 +33,11 @@ from controller.ids import RandomIds
 from controller.learning import Learner
 from controller.metrics import Metrics
 from controller.price_trace import TraceError, TraceReplay, read_trace
-from controller.scheduler import Scheduler
+from controller.scheduler import PoolRunEvent, Scheduler
 from controller.sdnotify import notify
-from controller.slurm.callbacks import SlurmEvent
+from controller.slurm.callbacks import POWER_EVENTS, SlurmEvent
+from controller.slurm.commands import exit_status, hostlist_expand
+from controller.slurm.pools import PoolBook
 from controller.store import Store
 from controller.tokens import Tokens
 from controller.wiring import make_driver, make_executor, make_model_book
@@ -75,6 +77,7 @@ class Controller:
         self._hopper_task: asyncio.Task | None = None
         self.hopper: Hopper | None = None
         self.hook_secret = b""
+        self._tasks: set[asyncio.Task] = set()
         self.learner: Learner | None = None
         self._lock_file: Any = None
 
@@ -117,7 +120,11 @@ class Controller:
             controller_id=self.controller_id,
             now=self.clock.now,
         )
-        self.hook_secret = self._resolve_hook_secret() if self.executor.name == "slurm" else b""
+        self.hook_secret = b""
+        pools = PoolBook((), ())
+        if self.executor.name == "slurm":
+            self.hook_secret = self._resolve_hook_secret()
+            pools = PoolBook(self.config.slurm.pools, self.catalog)
         self.scheduler = Scheduler(
             store=self.store,
             driver=self.driver,
@@ -139,6 +146,7 @@ class Controller:
                 max_work_h=self.config.checkpoint.max_work_h,
             ),
         )
+        self.scheduler.pools = pools
         self.metrics.watch(self.scheduler.gauges)
         self.learner = Learner(
             self.store, self.book, self.config.preemption, self.driver.name, self.clock.now
@@ -169,8 +177,39 @@ class Controller:
 
     def take_slurm_event(self, event: SlurmEvent) -> bool:
         """A verified, new callback from slurmctld's hooks: about one of our attempts (the
-        executor), else noted so that a replay is known. True when it changed a state."""
+        executor), a pool's nodes or its users' jobs (the scheduler), else only noted so
+        that a replay is known. True when it is acted on."""
         self.executor.remember(event.key)
+        subject = event.job_name or event.nodes
+        noted = CallbackNoted(event.key, self.clock.now(), event.event, subject)
+        if event.event in POWER_EVENTS:
+            self.scheduler.note(noted)
+            return self.scheduler.pool_power(event.event, hostlist_expand(event.nodes)) > 0
+        if event.partition in self.scheduler.pools.by_partition:
+            self.scheduler.note(noted)
+            if event.event == "prolog_slurmctld":
+                self._tasks.add(task := asyncio.create_task(self._pool_run_started(event)))
+                task.add_done_callback(self._tasks.discard)
+                return True
+            if event.event == "jobcomp":
+                code, sig = exit_status(event.exit_code)
+                return self.scheduler.pool_run(
+                    PoolRunEvent(
+                        "end",
+                        event.job_id,
+                        event.job_name,
+                        event.partition,
+                        event.nodes,
+                        user=event.user,
+                        account=event.account,
+                        cpus=event.cpus,
+                        state=event.state,
+                        exit_code=128 + sig if sig else code,
+                        started_at=event.start,
+                        ended_at=event.end,
+                    )
+                )
+            return False
         if event.about_a_job:
             taken = self.executor.take_callback(
                 key=event.key,
@@ -182,9 +221,27 @@ class Controller:
             )
             if taken:
                 return taken == "applied"
-        subject = event.job_name or event.nodes
-        self.scheduler.note(CallbackNoted(event.key, self.clock.now(), event.event, subject))
+        self.scheduler.note(noted)
         return False
+
+    async def _pool_run_started(self, event: SlurmEvent) -> None:
+        """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then
+        its reservation (or its cancellation)."""
+        cpus, limit_h = await self.executor.job_limits(event.job_id)
+        self.scheduler.pool_run(
+            PoolRunEvent(
+                "start",
+                event.job_id,
+                event.job_name,
+                event.partition,
+                event.nodes,
+                user=event.user,
+                account=event.account,
+                restart=event.restart_count,
+                cpus=cpus or event.cpus,
+                limit_h=limit_h,
+            )
+        )
 
     async def _price_source(self) -> PriceSource:
         """The driver's spot prices, or for the local and sim drivers a replayed trace."""

@@ -152,6 +152,46 @@ class Accounts:
             reservation_key(bag_id, idx, number), self.rate(spec), elapsed_s, charge_it
         )
 
+    # --- Slurm users' jobs on power-saving pools ------------------------------------------
+
+    def reserve_run(
+        self, account: str, key: str, cpu_h: float, now: float
+    ) -> tuple[dict[str, Any] | None, list[Entry]]:
+        """Reserve for a run of a Slurm user's job (its CPUs × its time limit), opening
+        the account as `new_accounts` says. Raises UnknownAccount or InsufficientCredit,
+        changing nothing."""
+        new_account, entries = self._open_account(account, now)
+        try:
+            entries.append(self.ledger.reserve(account, key, cpu_h))
+        except InsufficientCredit:
+            self._forget_new(account, new_account)
+            raise
+        return new_account, entries
+
+    def settle_run(self, key: str, cpus: float, elapsed_s: float, preempted: bool) -> list[Entry]:
+        """A run ended: charge its CPUs × the time it ran, release the rest."""
+        charge_it = self.settings.charge_preempted or not preempted
+        return self.ledger.settle(key, cpus, elapsed_s, charge_it)
+
+    def charge_unreserved(
+        self, account: str, key: str, cpus: float, elapsed_s: float, now: float
+    ) -> tuple[dict[str, Any] | None, list[Entry]]:
+        """A run whose start was never reported (its prolog callback was lost): what it
+        used is reserved and charged at once, whatever the balance, since it happened.
+        An account that does not exist is opened as if new_accounts were "unlimited"
+        unless it says "credit"."""
+        if account in self.unlimited:
+            new_account, entries = None, []
+        else:
+            mode = self.settings.new_accounts
+            new_account, entries = self.create(
+                account, mode != "credit", self.settings.new_account_cpu_h, now
+            )
+        used = cpus * max(0.0, elapsed_s) / 3600.0
+        entries.append(self.ledger.reserve(account, key, used, overdraw=True))
+        entries += self.ledger.settle(key, cpus, elapsed_s)
+        return new_account, entries
+
     def reserve_next(self, bag_id: str, idx: int, number: int, spec: BagSpec) -> list[Entry] | None:
         """Reserve for attempt `number` of a job; None when the account cannot cover it."""
         try:

@@ -291,6 +291,21 @@ def preferred_launch(
     return policy_type(market, group.shape, _fitting(group, catalog))
 
 
+def pool_vm_type(
+    market: TypeMarket | None,
+    shape: Shape,
+    catalog: Sequence[CatalogType],
+    allowed: Sequence[str],
+) -> str | None:
+    """The type of a new VM for a Slurm power-saving pool node of `shape`: the hopping
+    policy's pick among the pool's `allowed` types, else the cheapest of them."""
+    group = DemandGroup("pool", shape, 1, tuple(allowed), None)
+    fitting = _fitting(group, catalog)
+    choice = policy_type(market, shape, fitting) if market is not None else None
+    choice = choice or cheapest_type(shape, fitting)
+    return choice[0].name if choice is not None else None
+
+
 def policy_type(
     market: TypeMarket, shape: Shape, types: Sequence[PricedType]
 ) -> tuple[PricedType, int] | None:

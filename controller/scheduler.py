@@ -58,7 +58,7 @@ from controller.executors.base import (
     NodeEvent,
     Outcome,
 )
-from controller.ledger import Accounts
+from controller.ledger import Accounts, UnknownAccount
 from controller.metrics import Metrics
 from controller.model_book import ModelBook
 from controller.models import AttemptState, BagState, JobState, check_transition
@@ -70,9 +70,11 @@ from controller.planner import (
     Terminate,
     VmView,
     plan,
+    pool_vm_type,
     preferred_launch,
 )
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
+from controller.slurm.pools import RUN_STATES, PoolBook, run_key
 from controller.store import Store, WriteBatch
 from drivers.base import (
     Driver,
@@ -86,6 +88,8 @@ from drivers.base import (
 from policies.checkpoint import next_checkpoint_h, planned_work_left
 from policies.cost import vm_share
 from policies.index import TypeMarket
+from policies.ledger_rules import InsufficientCredit
+from policies.packing import Shape
 
 log = logging.getLogger("spotbag.scheduler")
 
@@ -111,6 +115,34 @@ class _Admit:
 @dataclass(frozen=True)
 class _Cancel:
     bag_id: str
+
+
+@dataclass(frozen=True)
+class PoolPower:
+    """Slurm's power saving about a pool node: resume, suspend or resume_fail."""
+
+    kind: str
+    node: str
+
+
+@dataclass(frozen=True)
+class PoolRunEvent:
+    """A run of a Slurm user's job on a pool began (the prolog) or ended (jobcomp)."""
+
+    kind: str  # "start" or "end"
+    job_id: str
+    job_name: str
+    partition: str
+    node: str
+    user: str = ""
+    account: str = ""
+    restart: int = 0
+    cpus: float | None = None
+    limit_h: float | None = None  # its time limit (None: unlimited or unknown)
+    state: str = ""
+    exit_code: int | None = None
+    started_at: float | None = None  # Slurm's START and END (jobcomp)
+    ended_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +213,14 @@ class Scheduler:
         # The executor could not take attempts (Slurm down): no new ones until then.
         self._starts_blocked_until = 0.0
         self._starts_backoff_s = 0.0
-        self._terminate_now: list[Terminate] = []  # VMs whose node broke
+        self._terminate_now: list[Terminate] = []  # VMs whose node broke (or Slurm let go)
+        # Power-saving pools (controller/slurm/pools.py): Slurm users' jobs on spot VMs.
+        self.pools = PoolBook((), ())
+        self._pool_vms: dict[str, None] = {}  # ids of the VMs serving pool nodes
+        self._pool_runs: dict[tuple[str, str], dict[str, Any]] = {}  # (job id, name) -> run
+        self._pool_launches: list[VmRun] = []
+        self._refusals: list[tuple[str, str]] = []  # (Slurm job id, why) to cancel
+        self._background: set[asyncio.Task] = set()
         self.checkpointing = checkpointing or CheckpointConfig()
         self.tables = tables or TableCache(
             None,
@@ -307,6 +346,7 @@ class Scheduler:
                 bag.held[job.idx] = None
                 self.accounts.hold(bag.spec.account, bag.id, job.idx)
 
+        self._pool_runs = {(r["job_id"], r["job_name"]): r for r in state["slurm_runs"]}
         owned = {s.token: s for s in await self.driver.list_owned()}
         missing: list[VmRun] = []
         for row in state["vms"]:
@@ -330,8 +370,9 @@ class Scheduler:
                 running_at=row["running_at"],
                 reason=row["reason"],
                 free=capacity_of(vm_type),
-                # A VM joins the executor's cluster anew in its eyes: it says so again.
-                ready=not self.executor.joins_vms,
+                # A VM joins the executor's cluster anew in its eyes: it says so again. A
+                # pool VM is Slurm's to watch.
+                ready=not self.executor.joins_vms or bool(row["pool_node"]),
                 ready_at=row["ready_at"],
                 pool_node=row["pool_node"],
             )
@@ -434,8 +475,16 @@ class Scheduler:
         self.jobs.clear()
         self.attempts.clear()
         self.vms.clear()
-        for index in (self._pending, self._roomy, self._idle, self._draining, self._by_provider_id):
+        for index in (
+            self._pending,
+            self._roomy,
+            self._idle,
+            self._draining,
+            self._by_provider_id,
+            self._pool_vms,
+        ):
             index.clear()
+        self._pool_runs.clear()
         self._due.clear()
 
     # --- the loop -------------------------------------------------------------------------
@@ -555,6 +604,8 @@ class Scheduler:
                 decision.terminations.extend(self._terminate_now)
                 self._terminate_now = []
             starts, launches = self._record_plan(decision, batch, now)
+            launches += self._pool_launches
+            self._pool_launches = []
             await self.store.apply(batch)
         except BaseException:
             self._inbox = events + self._inbox
@@ -577,15 +628,17 @@ class Scheduler:
 
     # --- commands and events ------------------------------------------------------
 
-    def _run_commands(
-        self, batch: WriteBatch, commands: list[_Admit | _Cancel], now: float
-    ) -> list[str]:
+    def _run_commands(self, batch: WriteBatch, commands: list[Any], now: float) -> list[str]:
         cancels: list[str] = []
         for command in commands:
             if isinstance(command, _Admit):
                 self._admit(command, batch, now)
-            else:
+            elif isinstance(command, _Cancel):
                 cancels += self._cancel_bag(command.bag_id, batch, now)
+            elif isinstance(command, PoolPower):
+                self._pool_power(command, batch, now)
+            elif isinstance(command, PoolRunEvent):
+                self._pool_run(command, batch, now)
         return cancels
 
     def _admit(self, command: _Admit, batch: WriteBatch, now: float) -> None:
@@ -736,7 +789,7 @@ class Scheduler:
         if status.state is VmState.RUNNING and vm.state is VmState.PENDING:
             self._vm_to(vm, VmState.RUNNING, at, "", batch)
             vm.running_at = at
-            if self.executor.joins_vms:
+            if self.executor.joins_vms and not vm.pool_node:
                 vm.ready = False  # it takes attempts once it has joined (a NodeEvent)
                 await self._call(self.executor.vm_started(vm.id, vm.vm_type))
             else:
@@ -746,8 +799,9 @@ class Scheduler:
             batch.vm(vm.row(self.driver.name, self.time_scale))
             return
         if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
-            # Whatever ran there is dead; an executor with a cluster forgets the node.
-            await self._call(self.executor.vm_lost(vm.id))
+            # Whatever ran there is dead; an executor with a cluster forgets the node (a
+            # pool node is powered down by force: Slurm requeues its users' jobs).
+            await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
             self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
@@ -877,6 +931,174 @@ class Scheduler:
             reason = f"exited with code {code}" + (f" ({event.detail})" if event.detail else "")
             retry = code in bag.spec.retryable_exit_codes
         self._finish_attempt(attempt, AttemptState.FAILED, at, code, reason, batch, retry=retry)
+
+    # --- power-saving pools: Slurm users' jobs on spot VMs (controller/slurm/pools.py) ----
+
+    def pool_power(self, kind: str, nodes: Sequence[str]) -> int:
+        """Slurm resumes, suspends or gave up on pool nodes; returns how many are ours."""
+        ours = [n for n in nodes if n in self.pools.by_node]
+        for node in ours:
+            self._commands.append(PoolPower(kind, node))
+        if ours:
+            self._wake.set()
+        return len(ours)
+
+    def pool_run(self, event: PoolRunEvent) -> bool:
+        """A run of a Slurm user's job on a pool began or ended; False if not a pool's."""
+        if event.partition not in self.pools.by_partition:
+            return False
+        self._commands.append(event)
+        self._wake.set()
+        return True
+
+    def _pool_vm(self, node: str) -> VmRun | None:
+        for vm_id in self._pool_vms:
+            vm = self.vms[vm_id]
+            if vm.pool_node == node and not vm.terminating:
+                return vm
+        return None
+
+    def _pool_power(self, command: PoolPower, batch: WriteBatch, now: float) -> None:
+        vm = self._pool_vm(command.node)
+        if command.kind == "resume":
+            if vm is not None:
+                return  # it is on its way already (a repeated resume)
+            pool = self.pools.by_node[command.node]
+            name = pool_vm_type(
+                self.market,
+                Shape(pool.cpus, pool.gpus, pool.memory_gb),
+                self._catalog_view,
+                pool.vm_types,
+            )
+            if name is None:
+                log.warning(
+                    "no VM type of pool %s can be launched for %s", pool.partition, command.node
+                )
+                return
+            vm_type = self.catalog[name]
+            vm = VmRun(
+                id=self.ids.new_vm_token(),
+                vm_type=vm_type,
+                state=VmState.PENDING,
+                requested_at=now,
+                zone=vm_type.zone,
+                free=capacity_of(vm_type),
+                pool_node=command.node,
+            )
+            self._assume_model(vm)
+            self._track_vm(vm)
+            batch.vm(vm.row(self.driver.name, self.time_scale))
+            batch.transition(
+                now, "vm", vm.id, "", VmState.PENDING, f"for Slurm node {command.node}"
+            )
+            self._pool_launches.append(vm)
+            return
+        if vm is None:
+            return
+        why = (
+            f"Slurm powered node {command.node} down"
+            if command.kind == "suspend"
+            else f"Slurm gave up on node {command.node} (it did not join in ResumeTimeout)"
+        )
+        vm.terminating = True
+        vm.reason = why
+        self._terminate_now.append(Terminate(vm.id, why))
+
+    def _pool_run(self, event: PoolRunEvent, batch: WriteBatch, now: float) -> None:
+        """Reserve for a run at its start (cancelling a job its account cannot pay for),
+        charge what it used at its end and release the rest."""
+        pool = self.pools.by_partition[event.partition]
+        ident = (event.job_id, event.job_name)
+        run = self._pool_runs.get(ident)
+        account = event.account or event.user or "slurm"
+        if event.kind == "start":
+            if run is not None and run["restart"] >= event.restart:
+                return  # a repeat, or out of order
+            cpus = event.cpus or pool.cpus
+            reserved = cpus * (event.limit_h or pool.reserve_hours)
+            key = run_key(event.job_id, event.restart, event.job_name)
+            try:
+                opened, entries = self.accounts.reserve_run(account, key, reserved, now)
+            except (UnknownAccount, InsufficientCredit) as exc:
+                self._refusals.append((event.job_id, str(exc)))
+                log.warning("cancelling Slurm job %s on %s: %s", event.job_id, event.node, exc)
+                return
+            if opened is not None:
+                batch.account(opened)
+            batch.ledger_entries(now, entries, f"Slurm job {event.job_id} started")
+            vm = self._pool_vm(event.node)
+            run = {
+                "key": key,
+                "job_id": event.job_id,
+                "job_name": event.job_name,
+                "restart": event.restart,
+                "user": event.user,
+                "account": account,
+                "partition": event.partition,
+                "node": event.node,
+                "vm_id": vm.id if vm is not None else "",
+                "cpus": cpus,
+                "reserved_cpu_h": reserved,
+                "started_at": now,
+                "ended_at": None,
+                "state": "running",
+                "exit_code": None,
+                "reason": "",
+            }
+            self._pool_runs[ident] = run
+            batch.slurm_run(run)
+            return
+        started = event.started_at if event.started_at is not None else now
+        ended = max(started, event.ended_at if event.ended_at is not None else now)
+        state = RUN_STATES.get(event.state, "failed")
+        if run is None:  # its start was never reported: charge what it used, at once
+            cpus = event.cpus or pool.cpus
+            key = run_key(event.job_id, -int(ended), event.job_name)
+            opened, entries = self.accounts.charge_unreserved(
+                account, key, cpus, ended - started, now
+            )
+            if opened is not None:
+                batch.account(opened)
+            vm = self._pool_vm(event.node)
+            run = {
+                "key": key,
+                "job_id": event.job_id,
+                "job_name": event.job_name,
+                "restart": -1,
+                "user": event.user,
+                "account": account,
+                "partition": event.partition,
+                "node": event.node,
+                "vm_id": vm.id if vm is not None else "",
+                "cpus": cpus,
+                "reserved_cpu_h": 0.0,
+                "reason": "its start was not reported",
+            }
+        else:
+            del self._pool_runs[ident]
+            cpus = event.cpus or run["cpus"]
+            if not run["vm_id"]:  # allocated before Slurm resumed its node
+                vm = self._pool_vm(event.node)
+                run = run | {"vm_id": vm.id if vm is not None else ""}
+            entries = self.accounts.settle_run(
+                run["key"], cpus, ended - started, preempted=state == "preempted"
+            )
+        batch.ledger_entries(now, entries, f"Slurm job {event.job_id} {event.state.lower()}")
+        batch.slurm_run(
+            run
+            | {
+                "cpus": cpus,
+                "started_at": started,
+                "ended_at": ended,
+                "state": state,
+                "exit_code": event.exit_code,
+            }
+        )
+
+    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(self._call(coroutine))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # --- migration (the hopper) ------------------------------------------------------
 
@@ -1188,8 +1410,15 @@ class Scheduler:
         self._by_provider_id[provider_id] = vm.id
 
     def _refresh_vm_sets(self, vm: VmRun) -> None:
-        """Keep the pending / roomy / idle indexes in step with the VM."""
+        """Keep the pending / roomy / idle indexes in step with the VM (a pool VM is in
+        none of them: it is Slurm's)."""
         live = vm.id in self.vms
+        if vm.pool_node:
+            if live:
+                self._pool_vms[vm.id] = None
+            else:
+                self._pool_vms.pop(vm.id, None)
+            return
         # A running VM that has not joined the executor's cluster yet is capacity on its
         # way, like a booting one.
         booting = vm.state is VmState.PENDING or (vm.state is VmState.RUNNING and not vm.ready)
@@ -1256,7 +1485,7 @@ class Scheduler:
             demand=demand,
             vms=views,
             catalog=self._catalog_view,
-            alive_vms=len(self.vms),
+            alive_vms=len(self.vms) - len(self._pool_vms),
             max_vms=self.settings.max_vms,
             idle_timeout_s=self.settings.idle_timeout_s,
             boot_timeout_s=self.settings.boot_timeout_s,
@@ -1396,7 +1625,7 @@ class Scheduler:
             spot=vm.spot,
             zone=vm.zone,
             tags={"spotbag-controller": self.controller_id},
-            bootstrap=self.executor.bootstrap_values(vm.id, vm.vm_type),
+            bootstrap=self.executor.bootstrap_values(vm.id, vm.vm_type, vm.pool_node),
         )
         try:
             return vm, await self.driver.launch(request), None
@@ -1415,6 +1644,9 @@ class Scheduler:
         batch: WriteBatch,
         signals: Sequence[tuple[str, float]] = (),
     ) -> None:
+        refusals, self._refusals = self._refusals, []
+        for job_id, why in refusals:
+            await self._call(self.executor.cancel_job(job_id, why))
         if not (starts or launches or cancels or terminations or signals):
             return
         results = await self._run_all(
@@ -1476,6 +1708,8 @@ class Scheduler:
             log.warning("launch of %s (%s) failed: %s", vm.id, vm.vm_type.name, error)
             if vm.id in self.vms:
                 self._end_vm(vm, VmState.FAILED, now, f"launch failed: {error}", batch)
+            if vm.pool_node:  # Slurm should not wait ResumeTimeout for it: requeue now
+                self._spawn(self.executor.vm_lost(vm.id, vm.pool_node))
             self._replan = True
             return
         if vm.id not in self.vms:

@@ -259,7 +259,52 @@ MIGRATIONS: list[tuple[str, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        "runs of Slurm users' jobs on power-saving pools (charged to their accounts)",
+        """
+        CREATE TABLE slurm_runs (
+            key TEXT PRIMARY KEY,  -- the ledger reservation: slurm:job id:restart:job name
+            job_id TEXT NOT NULL,
+            job_name TEXT NOT NULL,
+            restart INTEGER NOT NULL,
+            user TEXT NOT NULL,
+            account TEXT NOT NULL,
+            partition TEXT NOT NULL,
+            node TEXT NOT NULL,
+            vm_id TEXT NOT NULL DEFAULT '',
+            cpus REAL NOT NULL,
+            reserved_cpu_h REAL NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            state TEXT NOT NULL,  -- running, or the attempt state it ended in
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT ''
+        ) WITHOUT ROWID;
+        CREATE INDEX slurm_runs_by_account ON slurm_runs(account, started_at);
+        CREATE INDEX slurm_runs_by_vm ON slurm_runs(vm_id);
+        CREATE INDEX slurm_runs_open ON slurm_runs(state) WHERE state = 'running';
+        """,
+    ),
 ]
+
+SLURM_RUN_COLUMNS = (
+    "key",
+    "job_id",
+    "job_name",
+    "restart",
+    "user",
+    "account",
+    "partition",
+    "node",
+    "vm_id",
+    "cpus",
+    "reserved_cpu_h",
+    "started_at",
+    "ended_at",
+    "state",
+    "exit_code",
+    "reason",
+)
 
 
 class StoreClosed(RuntimeError):
@@ -308,6 +353,8 @@ class WriteBatch:
     checkpoint_deltas: dict[str, list[float]] = field(default_factory=dict)  # n, seconds, lost
     ledger: list[tuple] = field(default_factory=list)  # (at, account, kind, cpu_h, key, note)
     callbacks: dict[str, tuple] = field(default_factory=dict)  # key -> (key, at, kind, subject)
+    accounts: list[dict[str, Any]] = field(default_factory=list)  # opened by this batch
+    slurm_runs: dict[str, tuple] = field(default_factory=dict)  # key -> row (SLURM_RUN_COLUMNS)
 
     def __bool__(self) -> bool:
         return bool(
@@ -321,6 +368,8 @@ class WriteBatch:
             or self.checkpoint_deltas
             or self.ledger
             or self.callbacks
+            or self.accounts
+            or self.slurm_runs
         )
 
     def size(self) -> int:
@@ -343,6 +392,8 @@ class WriteBatch:
         self.ledger.extend(later.ledger)
         for key, row in later.callbacks.items():
             self.callbacks.setdefault(key, row)
+        self.accounts.extend(later.accounts)
+        self.slurm_runs.update(later.slurm_runs)
         self.checkpoints.extend(later.checkpoints)
         for bag_id, totals in later.checkpoint_deltas.items():
             mine = self.checkpoint_deltas.setdefault(bag_id, [0, 0.0, 0.0])
@@ -475,6 +526,13 @@ class WriteBatch:
         """Ledger entries (policies.ledger_rules.Entry) caused by this batch's changes."""
         self.ledger.extend((at, e.account, e.kind, e.cpu_h, e.key, note) for e in entries)
 
+    def account(self, row: dict[str, Any]) -> None:
+        """An account opened in memory by this batch's changes (a Slurm user's first job)."""
+        self.accounts.append(row)
+
+    def slurm_run(self, row: dict[str, Any]) -> None:
+        self.slurm_runs[row["key"]] = tuple(row[c] for c in SLURM_RUN_COLUMNS)
+
     def callback(self, key: str, at: float, kind: str, subject: str) -> None:
         """A callback was handled (with whatever else this batch changes because of it)."""
         self.callbacks.setdefault(key, (key, at, kind, subject))
@@ -551,6 +609,14 @@ def _apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
             "spot_cost_usd = spot_cost_usd + ?, on_demand_cost_usd = on_demand_cost_usd + ? "
             "WHERE id = ?",
             [(*totals, bag_id) for bag_id, totals in batch.usage_deltas.items()],
+        )
+    for account in batch.accounts:  # before the ledger entries that credit it
+        _insert_account(conn, account)
+    if batch.slurm_runs:
+        conn.executemany(
+            f"INSERT OR REPLACE INTO slurm_runs ({', '.join(SLURM_RUN_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(SLURM_RUN_COLUMNS))})",
+            batch.slurm_runs.values(),
         )
     if batch.ledger:
         _insert_ledger(conn, batch.ledger)
@@ -938,6 +1004,10 @@ class Store:
         - attempts: every attempt on those VMs (bag_id, idx, number, vm_id, state,
           started_at, ended_at, lost_from: its last written checkpoint or its start,
           checkpoint_s: the time its written checkpoints took, checkpoints: how many).
+
+        Runs of Slurm users' jobs on power-saving pools count as bags of one job with one
+        attempt (id: the run's key), in scope when of the account: their CPUs, and the
+        share of their VM's memory those CPUs stand for.
         """
         if (bag_id is None) == (account is None):
             raise ValueError("a report is of one bag or of one account")
@@ -947,11 +1017,15 @@ class Store:
         # no temporary table), so each query below looks them up by index.
         on_vms = "(SELECT value FROM json_each(:vms))"
 
+        runs_scope = "r.account = :account" if account is not None else "0"
+
         def select(conn: sqlite3.Connection) -> dict:
             vm_ids = [
                 row[0]
                 for row in conn.execute(
-                    f"SELECT DISTINCT vm_id FROM attempts WHERE bag_id IN ({scope_sql})", params
+                    f"SELECT DISTINCT vm_id FROM attempts WHERE bag_id IN ({scope_sql}) "
+                    f"UNION SELECT vm_id FROM slurm_runs r WHERE {runs_scope} AND vm_id != ''",
+                    params,
                 )
             ]
             params["vms"] = json.dumps(vm_ids)
@@ -1008,6 +1082,22 @@ class Store:
                 "SELECT vm_type, max(cpus), max(memory_gb), max(on_demand_price_per_hour) "
                 "FROM vms GROUP BY vm_type"
             ).fetchall()
+            # Pool runs of the account, and every run on the scope's VMs (they share them).
+            runs = conn.execute(
+                "SELECT r.key, r.job_id, r.job_name, r.account, r.state, r.started_at, "
+                "r.ended_at, r.cpus, coalesce(v.memory_gb * r.cpus / v.cpus, 0), "
+                f"{runs_scope}, r.vm_id FROM slurm_runs r LEFT JOIN vms v ON v.id = r.vm_id "
+                f"WHERE ({runs_scope}) OR r.vm_id IN {on_vms} ORDER BY r.started_at",
+                params,
+            ).fetchall()
+            for key, job_id, name, acct, state, start, end, cpus, memory, mine, vm in runs:
+                bag_state = "active" if state == "running" else state
+                bags.append(
+                    (key, f"Slurm job {job_id} ({name})", acct, bag_state, 1, start, end,
+                     0, cpus, 0, memory, int(bool(mine)))
+                )  # fmt: skip
+                if vm:
+                    attempts.append((key, 0, 1, vm, state, start, end, start, 0, 0))
             return {
                 "bags": bags,
                 "vms": vms,
@@ -1141,6 +1231,7 @@ class Store:
                     "FROM attempts a WHERE a.state IN ('starting', 'running')",
                 ),
                 "vms": _rows(conn, "SELECT * FROM vms WHERE state IN ('pending', 'running')"),
+                "slurm_runs": _rows(conn, "SELECT * FROM slurm_runs WHERE state = 'running'"),
             }
 
         return await self.read(load)

@@ -106,13 +106,15 @@ class Ledger:
         self.balance(account).allocation += cpu_h
         return Entry("credit", account, cpu_h)
 
-    def reserve(self, account: str, key: str, cpu_h: float) -> Entry:
+    def reserve(self, account: str, key: str, cpu_h: float, *, overdraw: bool = False) -> Entry:
         """Reserve for one attempt; raises InsufficientCredit (changing nothing) when
-        the account cannot cover it, ValueError when the key is already open."""
+        the account cannot cover it, ValueError when the key is already open.
+        `overdraw`: record use that already happened whatever the balance (the only
+        way `available` goes below zero)."""
         if key in self.open:
             raise ValueError(f"reservation {key} is already open")
         balance = self.balance(account)
-        if not self.can_reserve(account, cpu_h):
+        if not overdraw and not self.can_reserve(account, cpu_h):
             raise InsufficientCredit(account, cpu_h, balance.available)
         balance.reserved += cpu_h
         self.open[key] = (account, cpu_h)

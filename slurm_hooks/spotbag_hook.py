@@ -80,6 +80,7 @@ def build_event(event, argv):
             partition=_env("SLURM_JOB_PARTITION"),
             user=_env("SLURM_JOB_USER"),
             account=_env("SLURM_JOB_ACCOUNT"),
+            cpus=_number(_env("SLURM_JOB_CPUS_PER_NODE").split("(")[0]),
             exit_code=_env("SLURM_JOB_EXIT_CODE2"),
         )
     else:  # resume, suspend, resume_fail: the nodes are argv[0]

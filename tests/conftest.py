@@ -199,7 +199,8 @@ def slurm_cluster():
     from tests.slurm_cluster import SlurmCluster
 
     cluster = SlurmCluster(
-        pools=[PoolConf("spot", "spot-[0-3]", cpus=2, memory_mb=3800, feature="local-2")]
+        pools=[PoolConf("spot", "spot-[0-3]", cpus=2, memory_mb=3800, feature="local-2")],
+        suspend_time_s=5,  # idle pool nodes are released soon after their jobs
     ).start()
     yield cluster
     cluster.stop()

@@ -142,8 +142,11 @@ class Executor(Protocol):
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
         """Where the attempt's output goes ("" when it keeps none)."""
 
-    def bootstrap_values(self, vm_id: str, vm_type: VmType) -> Mapping[str, str]:
-        """What a new VM's bootstrap needs to join this executor's cluster (none: {})."""
+    def bootstrap_values(
+        self, vm_id: str, vm_type: VmType, pool_node: str = ""
+    ) -> Mapping[str, str]:
+        """What a new VM's bootstrap needs to join this executor's cluster (none: {}); a
+        VM that serves a Slurm power-saving node joins as `pool_node`."""
 
     async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
         """The VM runs: executors that join VMs watch for it (NodeEvent)."""
@@ -159,9 +162,10 @@ class Executor(Protocol):
     async def cancel(self, attempt_id: str) -> None:
         """Stop the attempt; its end is reported as an event (Outcome.KILLED)."""
 
-    async def vm_lost(self, vm_id: str) -> None:
+    async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
         """The VM is gone (preempted, terminated, failed): its attempts are dead (the
-        local executor kills them; the Slurm executor downs and removes its node)."""
+        local executor kills them; the Slurm executor downs and removes its node, or
+        powers a pool node down by force, so that Slurm requeues its users' jobs)."""
 
     async def recover(
         self, attempts: Sequence[LiveAttempt], live_vm_ids: Sequence[str]

@@ -92,7 +92,7 @@ class LocalExecutor:
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
         return str(self._logs / bag_id / f"{job_id}.{number}.log")
 
-    def bootstrap_values(self, vm_id: str, vm_type: VmType) -> dict[str, str]:
+    def bootstrap_values(self, vm_id: str, vm_type: VmType, pool_node: str = "") -> dict[str, str]:
         return {}
 
     async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
@@ -246,7 +246,7 @@ class LocalExecutor:
             self._stoppers.add(task)
             task.add_done_callback(self._stoppers.discard)
 
-    async def vm_lost(self, vm_id: str) -> None:
+    async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
         for running in [r for r in self._running.values() if r.spec.vm_id == vm_id]:
             await self._stop(running, "VM lost", grace_s=0)
 

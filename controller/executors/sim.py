@@ -59,7 +59,7 @@ class SimExecutor:
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
         return ""
 
-    def bootstrap_values(self, vm_id: str, vm_type: VmType) -> dict[str, str]:
+    def bootstrap_values(self, vm_id: str, vm_type: VmType, pool_node: str = "") -> dict[str, str]:
         return {}
 
     async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
@@ -147,7 +147,7 @@ class SimExecutor:
             self._forget(attempt_id).cancel()
             self._emit(AttemptEvent(attempt_id, self._now(), Outcome.KILLED, None, "cancelled"))
 
-    async def vm_lost(self, vm_id: str) -> None:
+    async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
         for attempt_id in list(self._by_vm.get(vm_id, {})):
             self._forget(attempt_id).cancel()
         self._by_vm.pop(vm_id, None)

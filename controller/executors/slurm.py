@@ -197,14 +197,15 @@ class SlurmExecutor:
     def node_of(self, vm_id: str) -> str:
         return node_name(self.settings.node_prefix, vm_id)
 
-    def bootstrap_values(self, vm_id: str, vm_type: VmType) -> dict[str, str]:
-        """What the VM's boot script needs to join as a dynamic node named after it."""
+    def bootstrap_values(self, vm_id: str, vm_type: VmType, pool_node: str = "") -> dict[str, str]:
+        """What the VM's boot script needs to join as a dynamic node named after it, or
+        as the power-saving node `pool_node` (declared in slurm.conf)."""
         s = self.settings
         user, uid, gid = self._user
         values = {
-            "SPOTBAG_SLURM_NODE": self.node_of(vm_id),
+            "SPOTBAG_SLURM_NODE": pool_node or self.node_of(vm_id),
             "SPOTBAG_SLURM_CONF_SERVER": s.conf_server,
-            "SPOTBAG_SLURM_DYNAMIC": "1",
+            "SPOTBAG_SLURM_DYNAMIC": "0" if pool_node else "1",
             "SPOTBAG_SLURM_FEATURES": s.node_feature,
             "SPOTBAG_CPUS": str(vm_type.cpus),
             "SPOTBAG_MEMORY_MB": str(int(vm_type.memory_gb * 1024)),
@@ -232,10 +233,15 @@ class SlurmExecutor:
         self._ensure_watcher()
         self._wake.set()
 
-    async def vm_lost(self, vm_id: str) -> None:
+    async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
         """The VM is gone: tell Slurm at once (DOWN ends the node's jobs with NODE_FAIL
         in well under a second, instead of after SlurmdTimeout), forget its attempts
-        (the scheduler ends them), and delete the node once Slurm lets go of it."""
+        (the scheduler ends them), and delete the node once Slurm lets go of it. A
+        pool node is powered down by force instead: Slurm requeues its users' jobs
+        (which resume elsewhere) and keeps the node for the next resume."""
+        if pool_node:
+            await self.power_down(pool_node, "its spot VM is gone")
+            return
         node = self._nodes.get(vm_id) or _Node(vm_id, self.node_of(vm_id), 0.0)
         self._nodes[vm_id] = node
         node.lost, node.ready = True, False
@@ -246,6 +252,38 @@ class SlurmExecutor:
         node.attempts.clear()
         await self._down(node, "its spot VM is gone")
         self._ensure_watcher()
+
+    async def power_down(self, node: str, reason: str) -> None:
+        try:
+            await self.tools.run(
+                "scontrol",
+                "update",
+                f"nodename={node}",
+                "state=POWER_DOWN_FORCE",
+                f"reason={reason}",
+            )
+        except SlurmError as exc:
+            log.warning("could not power node %s down: %s", node, exc)
+
+    async def cancel_job(self, job_id: str, why: str) -> None:
+        """Cancel somebody's Slurm job (a pool job its account cannot pay for), saying why
+        in its comment (squeue -o %k, scontrol show job)."""
+        try:
+            await self.tools.run("scontrol", "update", f"jobid={job_id}", f"comment=spotbag: {why}")
+            await self.tools.run("scancel", job_id)
+        except SlurmError as exc:
+            log.warning("could not cancel job %s (%s): %s", job_id, why, exc)
+
+    async def job_limits(self, job_id: str) -> tuple[float | None, float | None]:
+        """(CPUs, time limit in hours) Slurm gives a job; None for what it does not say
+        (or an unlimited time)."""
+        try:
+            out = await self.tools.run("scontrol", "-o", "show", "job", job_id)
+        except SlurmError:
+            return None, None
+        fields = key_values(out.strip())
+        cpus = float(fields["NumCPUs"]) if fields.get("NumCPUs", "").isdigit() else None
+        return cpus, _limit_h(fields.get("TimeLimit", ""))
 
     async def _down(self, node: _Node, reason: str) -> None:
         try:
@@ -903,6 +941,24 @@ class SlurmExecutor:
             "nodes_waiting": sum(1 for n in self._nodes.values() if not n.ready and not n.lost),
             "slurm_unavailable": self._unavailable,
         }
+
+
+def _limit_h(text: str) -> float | None:
+    """Slurm's time limit ("[days-]hours:minutes:seconds", "minutes", "UNLIMITED") in hours."""
+    text = text.strip()
+    if not text or text in ("UNLIMITED", "Partition_Limit", "NONE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":") if p.isdigit()]
+    if not parts:
+        return None
+    if len(parts) == 1:  # minutes
+        seconds = parts[0] * 60
+    else:
+        while len(parts) < 3:
+            parts.insert(0, 0)
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return (int(days or 0) * 86400 + seconds) / 3600.0
 
 
 def _quote(value: str) -> str:

@@ -1,0 +1,132 @@
+"""Power-saving pools: Slurm users' own jobs on spot VMs that spotbag launches.
+
+A pool is a partition of CLOUD nodes in slurm.conf (`[[slurm.pools]]`, rendered by
+`spotbag slurm conf`). When Slurm wants one of its nodes for a job it runs the
+ResumeProgram hook; spotbag launches a spot VM for that node (the type chosen by the
+hopping policy among the pool's types), and the VM's slurmd joins under the node's
+name. SuspendProgram (the node idled for SuspendTime) terminates it;
+ResumeFailProgram (it did not join within ResumeTimeout) gives up on it. When the
+cloud preempts a pool VM, spotbag powers the node down by force: Slurm requeues the
+job, which resumes on another node.
+
+Each run of a user's job on a pool is charged to the spotbag account named like its
+Slurm account (its user when it has none): at its start (the slurmctld prolog) it
+reserves its CPUs × its time limit (the pool's `reserve_hours` when unlimited), and
+a job its account cannot cover is cancelled with the reason in its comment; at its
+end (jobcomp) the time it ran is charged and the rest released. Runs are kept in the
+store and appear in cost reports beside the bags that shared their VMs.
+
+These VMs are Slurm's: the planner neither places spotbag's jobs on them nor ends
+them on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controller.config import ConfigError, SlurmPoolConfig
+from controller.slurm.commands import hostlist_expand
+from controller.slurm.conf import PoolConf, pool_memory_mb
+from drivers.base import VmType
+
+# Slurm's final job states as a run's attempt state (reports, the store).
+RUN_STATES = {
+    "COMPLETED": "succeeded",
+    "NODE_FAIL": "preempted",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "preempted",
+    "TIMEOUT": "failed",
+}
+
+
+@dataclass(frozen=True)
+class Pool:
+    partition: str
+    nodes: tuple[str, ...]
+    hostlist: str
+    vm_types: tuple[str, ...]
+    cpus: int
+    memory_gb: float
+    gpus: int
+    reserve_hours: float
+
+    @property
+    def conf(self) -> PoolConf:
+        return PoolConf(
+            partition=self.partition,
+            nodes=self.hostlist,
+            cpus=self.cpus,
+            memory_mb=pool_memory_mb(self.memory_gb),
+            feature=self.vm_types[0],
+            gpus=self.gpus,
+        )
+
+
+class PoolBook:
+    """The configured pools, by node name and by partition."""
+
+    def __init__(self, pools: Sequence[SlurmPoolConfig], catalog: Sequence[VmType]) -> None:
+        types = {t.name: t for t in catalog}
+        self.pools: list[Pool] = []
+        self.by_node: dict[str, Pool] = {}
+        self.by_partition: dict[str, Pool] = {}
+        for config in pools:
+            unknown = [t for t in config.vm_types if t not in types]
+            if unknown:
+                raise ConfigError(
+                    f"[[slurm.pools]] {config.partition}: unknown VM types {', '.join(unknown)}"
+                )
+            first = types[config.vm_types[0]]
+            smaller = [
+                t
+                for t in config.vm_types
+                if (types[t].cpus, types[t].memory_gb, types[t].gpus)
+                < (first.cpus, first.memory_gb, first.gpus)
+            ]
+            if smaller:
+                raise ConfigError(
+                    f"[[slurm.pools]] {config.partition}: {', '.join(smaller)} are smaller than "
+                    f"{first.name}, whose size the pool's nodes declare"
+                )
+            nodes = tuple(hostlist_expand(config.nodes))
+            pool = Pool(
+                config.partition,
+                nodes,
+                config.nodes,
+                tuple(config.vm_types),
+                first.cpus,
+                first.memory_gb,
+                first.gpus,
+                config.reserve_hours,
+            )
+            if config.partition in self.by_partition:
+                raise ConfigError(f"[[slurm.pools]]: partition {config.partition} twice")
+            self.by_partition[config.partition] = pool
+            for node in nodes:
+                if node in self.by_node:
+                    raise ConfigError(f"[[slurm.pools]]: node {node} is in two pools")
+                self.by_node[node] = pool
+            self.pools.append(pool)
+
+    def __bool__(self) -> bool:
+        return bool(self.pools)
+
+    @property
+    def partitions(self) -> list[str]:
+        return list(self.by_partition)
+
+
+def run_key(job_id: str, restart: int, job_name: str) -> str:
+    """The ledger reservation of one run of a Slurm user's job."""
+    return f"slurm:{job_id}:{restart}:{job_name}"
+
+
+def first_number(text: str) -> float | None:
+    """The leading number of Slurm's CPU counts ("2", "2(x3)")."""
+    digits = ""
+    for char in text.strip():
+        if not char.isdigit():
+            break
+        digits += char
+    return float(digits) if digits else None
