@@ -969,23 +969,33 @@ def config_defaults() -> None:
 @config.command("check")
 @click.argument("path", type=click.Path(dir_okay=False))
 def config_check(path: str) -> None:
-    """Validate a configuration file."""
+    """Validate a configuration file; with executor slurm, also check that Slurm is
+    reachable and set up for spotbag (partitions, hooks, configless)."""
     try:
         loaded = load_config(path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     console.print(
-        f"{path}: ok ({len(loaded.vm_types)} VM types, driver {loaded.driver.name})",
+        f"{path}: ok ({len(loaded.vm_types)} VM types, driver {loaded.driver.name}, "
+        f"executor {loaded.executor.name})",
         highlight=False,
     )
+    if loaded.executor.name == "slurm":
+        from controller.slurm.setup import check_slurm, report_checks
+
+        click.echo("Slurm:")
+        if not report_checks(asyncio.run(check_slurm(loaded))):
+            raise click.ClickException("Slurm is not ready for spotbag (see above)")
 
 
 # Commands that live in their own modules (they need no daemon).
 def _register_offline_commands() -> None:
     from controller.hopping_report import index_command, simulate_hopping_command
     from controller.prepaid_report import prepaid_command
+    from controller.slurm.setup import slurm_group
     from controller.split_cost import split_cost_command
 
+    cli.add_command(slurm_group)
     cli.add_command(split_cost_command)
     cli.add_command(prepaid_command)
     cli.add_command(index_command)

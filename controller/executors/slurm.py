@@ -103,6 +103,7 @@ RUNNING_STATES = frozenset({"CONFIGURING", "RUNNING", "COMPLETING", "SIGNALING",
 NODE_UP_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
 NODE_BROKEN_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "inval"})
 MAX_TIME_MIN = 365 * 24 * 60
+RESEND_S = 2.0  # a checkpoint signal sent this soon after the program's start is sent again
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ class _Attempt:
     submitted_at: float = 0.0
     running_at: float | None = None  # when Slurm ran it (reported once)
     program_started: bool = False  # its script got to the program: signals reach it
+    program_started_at: float | None = None  # when (the marker's time)
     pending_reason: str = ""
     stop_reason: str = ""  # we are stopping it: why
     timed_out: bool = False
@@ -484,7 +486,11 @@ class SlurmExecutor:
 
     async def _checkpoint(self, attempt: _Attempt, timeout_s: float) -> None:
         """USR1 to every process of the job (`scancel --full`) once its program started,
-        then watch its checkpoint directory for a file that appears or is replaced."""
+        then watch its checkpoint directory for a file that appears or is replaced.
+
+        A signal sent within a moment of the program's start may reach it before it
+        installed its handler (it inherits "ignore" from the wrapper until then), and is
+        lost without a trace; such a signal is sent once more after RESEND_S."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         requested_at = self._now()
@@ -506,6 +512,8 @@ class SlurmExecutor:
             except SlurmError as exc:
                 detail = f"could not signal it: {exc}"
                 return
+            started_at = attempt.program_started_at or requested_at
+            resend_at = loop.time() + RESEND_S if requested_at - started_at < RESEND_S else None
             while True:
                 if await asyncio.to_thread(checkpoint_fingerprint, directory) != before:
                     ok, detail = True, ""
@@ -515,6 +523,10 @@ class SlurmExecutor:
                     return
                 if loop.time() >= deadline:
                     return
+                if resend_at is not None and loop.time() >= resend_at:
+                    resend_at = None
+                    with contextlib.suppress(SlurmError):
+                        await self.tools.run("scancel", "--full", "--signal=USR1", attempt.job_id)
                 await asyncio.sleep(self.settings.file_poll_s)
         finally:
             attempt.checkpoint = None
@@ -584,6 +596,7 @@ class SlurmExecutor:
         for attempt, (started_at, finished) in zip(watched, seen, strict=True):
             if started_at is not None and not attempt.program_started:
                 attempt.program_started = True
+                attempt.program_started_at = started_at
                 self._started(attempt, started_at)
             if finished is not None:
                 self._finish_with_exit(attempt, *finished)

@@ -167,9 +167,17 @@ def test_jobs_running_in_slurm_survive_a_controller_restart(make_slurm_daemon, s
     daemon.stop(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
 
     # Down: the jobs end in Slurm, and their jobcomp events wait in the hooks' spool.
-    wait_until(
-        lambda: len(set(spool.glob("*.json")) - spooled_before) >= n, 60, 0.2, "spooled events"
-    )
+    try:
+        wait_until(
+            lambda: len(set(spool.glob("*.json")) - spooled_before) >= n, 60, 0.2, "spooled events"
+        )
+    except AssertionError as exc:
+        jobs = slurm_cluster.run("squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%N")
+        log = (slurm_cluster.base / "log" / "slurmctld.log").read_text()[-3000:]
+        raise AssertionError(
+            f"{exc}\nspool: {sorted(p.name for p in spool.glob('*'))}\n"
+            f"jobs: {[j for j in jobs.splitlines() if bag['id'] in j]}\nslurmctld: {log}"
+        ) from None
     client = daemon.start()
     done = wait_for_bag(client, bag["id"], 60)
     assert done["state"] == "succeeded", daemon.log()[-4000:]
