@@ -10,8 +10,12 @@ hosts, Slurm executor). The daemon first brings up 4 VMs of 4 CPUs (the note's 4
 1. spotbag: a bag of N jobs of `true` (1 CPU each), timed from the submission until
    the bag is done (every end seen, recorded and charged): jobs/s.
 2. Slurm alone: N pinned `sbatch` in the pattern spotbag uses (-w NODE --no-requeue
-   --chdir --output, the script on stdin; 4 submitters at once, round-robin over the
-   same 4 nodes), timed from the first submission until squeue shows none left: jobs/s.
+   --chdir --output, and spotbag's job script on stdin: its wrapper around `true`, as
+   SLURM.md's reference figure did), 4 submitters at once, round-robin over the same 4
+   nodes, timed from the first submission until every job's exit status is written: jobs/s.
+   Both run ROUNDS times, alternating (this 2-core host is saturated by Slurm itself:
+   one run of either varies by ±20 %), and the medians are compared. The CPU time the
+   host spent per job (all processes) and the daemon's share of it are printed too.
 3. Preemption to retry: a running job's VM is preempted (the local driver's fault
    injection through the API); the time until Slurm has ended its job (NODE_FAIL),
    and until its retry runs on a new VM (VM launch, boot, join and start included).
@@ -23,6 +27,10 @@ Target (issue 13): spotbag at >= 80 % of Slurm's own rate. Needs root, Slurm and
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,30 +42,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tee import Tee
 
+from controller.executors.base import AttemptSpec
+from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
+from controller.slurm.commands import SlurmTools
 from tests.conftest import FAST_CONFIG, SLURM_CONFIG, SLURM_DRIVER, Daemon
 from tests.slurm_cluster import SlurmCluster, missing
 
 N_JOBS = 1000
+ROUNDS = 5
 N_VMS = 4
 CPUS = 4
 TARGET = 0.8
 
 
 def config(cluster: SlurmCluster, state: Path, shared: Path, secret: Path) -> str:
-    text = FAST_CONFIG.format(token="bench", model="none", mttf_h=24.0, time_scale=1.0, max_vms=N_VMS)
+    text = FAST_CONFIG.format(
+        token="bench", model="none", mttf_h=24.0, time_scale=1.0, max_vms=N_VMS
+    )
     text = text.replace("\n[executor]\nkill_grace_s = 1.0\n", "\n")
     text = text.replace("idle_timeout_s = 2.0", "idle_timeout_s = 600.0")
     text = text.replace(
-        "[driver]\n", "[driver]\n" + SLURM_DRIVER.format(bridge=cluster.bridge, subnet=cluster.subnet), 1
+        "[driver]\n",
+        "[driver]\n" + SLURM_DRIVER.format(bridge=cluster.bridge, subnet=cluster.subnet),
+        1,
     )
     text = text.replace('name = "local-4"\ncpus = 4', f'name = "local-4"\ncpus = {CPUS}')
-    return text + SLURM_CONFIG.format(
+    slurm = SLURM_CONFIG.format(
         conf=cluster.conf,
         munge_key=cluster.munge_key,
         munge_socket=cluster.munge_socket,
         shared=shared,
         secret=secret,
     )
+    # The executor's own defaults for how often it looks (the tests look faster).
+    slurm = re.sub(r"\n(poll_interval_s|file_poll_s|pending_timeout_s) = .*", "", slurm)
+    return text + slurm
 
 
 def wait(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
@@ -88,11 +107,31 @@ def spotbag_rate(client) -> float:
     return N_JOBS / took
 
 
+def job_script(work: Path, i: int) -> bytes:
+    """The script spotbag's Slurm executor submits for an attempt of `true`."""
+    executor = SlurmExecutor(
+        SlurmExecutorSettings(shared_dir=work / "plain"),
+        tools=SlurmTools(),
+        controller_id="plain",
+        now=time.time,
+    )
+    spec = AttemptSpec(
+        f"bplain00000-{i}.1", "bplain00000", f"bplain00000-{i}", 1, "vm", "true", {}, {}, None, 60.0
+    )
+    log_path = Path(executor.log_path(spec.bag_id, spec.job_id, 1))
+    return executor._script(
+        spec, log_path, executor.checkpoint_dir(spec.bag_id, spec.job_id)
+    ).encode()
+
+
 def slurm_rate(cluster: SlurmCluster, nodes: list[str], work: Path) -> float:
-    script = b"#!/bin/sh\ntrue\n"
+    shutil.rmtree(work / "plain", ignore_errors=True)
+    (work / "plain" / "logs" / "bplain00000").mkdir(parents=True, exist_ok=True)
+    scripts = [job_script(work, i) for i in range(N_JOBS)]
 
     def submit(i: int) -> None:
         node = nodes[i % len(nodes)]
+        script = scripts[i]
         subprocess.run(
             [
                 "sbatch",
@@ -118,12 +157,37 @@ def slurm_rate(cluster: SlurmCluster, nodes: list[str], work: Path) -> float:
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         list(pool.map(submit, range(N_JOBS)))
 
+    # Done when every job's script wrote its exit status (the same moment spotbag's
+    # executor learns of an end); squeue is not polled: with thousands of jobs in
+    # slurmctld's memory each call costs ~45 ms of CPU on this saturated host.
+    logs = work / "plain" / "logs" / "bplain00000"
+
     def drained() -> bool:
-        out = cluster.run("squeue", "-h", "-t", "PD,CF,R,CG", "-o", "%j")
-        return not [line for line in out.splitlines() if line.startswith("plain")]
+        return sum(1 for name in os.listdir(logs) if name.endswith(".exit")) >= N_JOBS
 
     wait(drained, 900, "Slurm's own jobs", 0.05)
     return N_JOBS / (time.monotonic() - began)
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds this host has spent busy (all processes), from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(daemon, run) -> tuple[float, float, float]:
+    """(jobs/s, host CPU ms per job, the daemon's CPU ms per job) of one run."""
+    host, own = busy_cpu_s(), process_cpu_s(daemon.process.pid)
+    rate = run()
+    host, own = busy_cpu_s() - host, process_cpu_s(daemon.process.pid) - own
+    return rate, host * 1000 / N_JOBS, own * 1000 / N_JOBS
 
 
 def preemption_to_retry(client, cluster: SlurmCluster) -> tuple[float, float]:
@@ -137,9 +201,11 @@ def preemption_to_retry(client, cluster: SlurmCluster) -> tuple[float, float]:
     )
     job_id = f"{bag['id']}-0"
     job = wait(
-        lambda: (j := client.job(job_id))["attempt_list"]
-        and j["attempt_list"][-1]["state"] == "running"
-        and j,
+        lambda: (
+            (j := client.job(job_id))["attempt_list"]
+            and j["attempt_list"][-1]["state"] == "running"
+            and j
+        ),
         60,
         "the job to run",
     )
@@ -147,7 +213,9 @@ def preemption_to_retry(client, cluster: SlurmCluster) -> tuple[float, float]:
     signalled = time.monotonic()
     client.preempt(job["vm_id"])
     wait(
-        lambda: cluster.run("squeue", "-h", "-t", "all", "-j", ref, "-o", "%T").strip() == "NODE_FAIL",
+        lambda: (
+            cluster.run("squeue", "-h", "-t", "all", "-j", ref, "-o", "%T").strip() == "NODE_FAIL"
+        ),
         30,
         "NODE_FAIL",
         0.01,
@@ -192,14 +260,34 @@ def main() -> None:
         )
         wait(lambda: client.bag(warm["id"])["state"] == "succeeded", 120, "the warm-up")
         nodes = [f"sb-{vm['id']}" for vm in client.vms()["vms"] if vm["state"] == "running"]
-        print(f"cluster: {len(nodes)} VMs of {CPUS} CPUs joined as nodes: {', '.join(nodes)}", file=out)
-        ours = spotbag_rate(client)
-        print(f"spotbag's Slurm executor: {N_JOBS} jobs of `true`: {ours:.1f} jobs/s", file=out)
-        theirs = slurm_rate(cluster, nodes, work)
-        print(f"plain pinned sbatch, same nodes:  {N_JOBS} jobs of `true`: {theirs:.1f} jobs/s", file=out)
-        ratio = ours / theirs
+        print(
+            f"cluster: {len(nodes)} VMs of {CPUS} CPUs joined as nodes: {', '.join(nodes)}",
+            file=out,
+        )
+        ours, theirs = [], []
+        for round_ in range(1, ROUNDS + 1):
+            rate, cpu_ms, daemon_ms = measured(daemon, lambda: spotbag_rate(client))
+            ours.append(rate)
+            print(
+                f"round {round_}: spotbag's Slurm executor, {N_JOBS} jobs of `true`: {rate:.1f} "
+                f"jobs/s ({cpu_ms:.0f} ms CPU per job, {daemon_ms:.0f} of it the daemon's)",
+                file=out,
+            )
+            rate, cpu_ms, daemon_ms = measured(daemon, lambda: slurm_rate(cluster, nodes, work))
+            theirs.append(rate)
+            print(
+                f"round {round_}: plain pinned sbatch, same nodes:  {rate:.1f} jobs/s "
+                f"({cpu_ms:.0f} ms CPU per job)",
+                file=out,
+            )
+        ours_m, theirs_m = statistics.median(ours), statistics.median(theirs)
+        print(f"median: spotbag {ours_m:.1f} jobs/s, Slurm alone {theirs_m:.1f} jobs/s", file=out)
+        ratio = ours_m / theirs_m
         verdict = "meets" if ratio >= TARGET else "MISSES"
-        print(f"spotbag at {ratio:.0%} of Slurm's own rate ({verdict} the target of {TARGET:.0%})", file=out)
+        print(
+            f"spotbag at {ratio:.0%} of Slurm's own rate ({verdict} the target of {TARGET:.0%})",
+            file=out,
+        )
         ended_s, retry_s = preemption_to_retry(client, cluster)
         print(
             f"preemption (API fault injection) -> Slurm ended the job (NODE_FAIL): {ended_s:.2f} s; "

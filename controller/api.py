@@ -464,7 +464,7 @@ async def slurm_event(request: web.Request) -> web.Response:
     key = event.key
     if c.executor.seen(key) or await c.store.callback_seen(key):
         return _json({"key": key, "duplicate": True, "applied": False})
-    applied = c.take_slurm_event(event)
+    applied = await c.take_slurm_event(event)
     return _json({"key": key, "duplicate": False, "applied": applied})
 
 

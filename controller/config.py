@@ -519,6 +519,13 @@ class SlurmConfig(_Section):
         description="A job still pending this long after its submission is cancelled and run "
         "again elsewhere (not counted).",
     )
+    queue_ahead: float = Field(
+        1.0,
+        ge=0,
+        description="Attempts handed to Slurm beyond what a VM runs at once, as a fraction of "
+        "its capacity (1: one more VM-full waits there), so that Slurm starts the next the "
+        "moment a job ends; they count as starting, not running. 0: only what fits.",
+    )
     pools: tuple[SlurmPoolConfig, ...] = Field(
         (), description="Power-saving pools for Slurm users' own jobs ([[slurm.pools]])."
     )

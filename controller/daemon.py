@@ -16,6 +16,8 @@ import logging
 import os
 import secrets
 import signal
+import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -175,7 +177,7 @@ class Controller:
             self.scheduler.run(describe=not pushes), name="scheduler"
         )
 
-    def take_slurm_event(self, event: SlurmEvent) -> bool:
+    async def take_slurm_event(self, event: SlurmEvent) -> bool:
         """A verified, new callback from slurmctld's hooks: about one of our attempts (the
         executor), a pool's nodes or its users' jobs (the scheduler), else only noted so
         that a replay is known. True when it is acted on."""
@@ -211,7 +213,7 @@ class Controller:
                 )
             return False
         if event.about_a_job:
-            taken = self.executor.take_callback(
+            taken = await self.executor.take_callback(
                 key=event.key,
                 event=event.event,
                 job_name_=event.job_name,
@@ -339,6 +341,22 @@ class Controller:
         return token
 
 
+def _watch_children_with_pidfds() -> None:
+    """Python 3.11 waits for each subprocess (every Slurm command) on a thread of its own;
+    where the kernel has pidfds, watch them on the event loop instead (3.12's default)."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return  # no pidfds here (an old kernel, a sandbox): keep the threads
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(asyncio.get_running_loop())
+        asyncio.set_child_watcher(watcher)
+
+
 def write_url_file(state_dir: Path, url: str) -> None:
     tmp = state_dir / "api.url.tmp"
     tmp.write_text(url + "\n")
@@ -349,6 +367,7 @@ async def serve(
     config: Config, *, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Run the daemon until SIGTERM/SIGINT (or `stop` is set)."""
+    _watch_children_with_pidfds()
     controller = Controller(config)
     try:
         await controller.start()

@@ -52,6 +52,9 @@ class VmView(NamedTuple):
     age_h: float = 0.0  # model hours since launch
     table: ReuseTable | None = None  # reuse decisions for its preemption model; None: always reuse
     draining: str = ""  # why it takes no new jobs (its jobs are moving away); ended when empty
+    # Room for attempts that wait in the executor's queue (Slurm) beyond what fits now, so
+    # that a slot is refilled the moment it frees; None: no such queue.
+    ahead: Shape | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,16 @@ def plan(snapshot: Snapshot) -> Plan:
             )
 
     launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover)
+    # What still waits may queue on running VMs, in the executor's queue, up to their
+    # room for it (after launches are decided: queued work does not replace new VMs).
+    ahead = {vm.vm_id: vm.ahead for vm in running if vm.ahead is not None}
+    if ahead:
+        queue_on = [vm for vm in running if vm.vm_id in ahead]
+        for group in snapshot.demand:
+            if leftover.get(group.bag_id):
+                leftover[group.bag_id] = _pack(
+                    group, leftover[group.bag_id], ahead, queue_on, gpu_demand, places
+                )
 
     used = {p.vm_id for p in places}
     terminations: list[Terminate] = []

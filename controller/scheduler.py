@@ -158,6 +158,17 @@ class MigrationCandidate:
     jobs: list[tuple[str, int]]
 
 
+def _queue_room(vm: VmRun, queue_ahead: float) -> Shape:
+    """Room left on a VM for attempts that wait in the executor's queue: `queue_ahead`
+    of its capacity, less what is placed beyond its capacity already."""
+    cap, free = vm.capacity, vm.free
+    return Shape(
+        int(cap.cpus * queue_ahead) - max(0, -free.cpus),
+        int(cap.gpus * queue_ahead) - max(0, -free.gpus),
+        cap.memory_gb * queue_ahead - max(0.0, -free.memory_gb),
+    )
+
+
 class Scheduler:
     def __init__(
         self,
@@ -245,11 +256,14 @@ class Scheduler:
 
     def _on_attempt_event(self, event: ExecutorEvent) -> None:
         self._inbox.append(event)
-        self._wake.set()
+        # A callback that changed nothing is written with the next pass (within
+        # poll_interval_s); it needs no pass of its own.
+        if not isinstance(event, CallbackNoted):
+            self._wake.set()
 
     def note(self, event: ExecutorEvent) -> None:
         """An event from outside the executor's own watch (a callback it did not take)."""
-        self._push(event)
+        self._on_attempt_event(event)
 
     def _tables_ready(self) -> None:
         """A checkpoint table finished solving: plan the running jobs with it."""
@@ -1204,6 +1218,10 @@ class Scheduler:
             if not vm.attempts and vm.state is VmState.RUNNING:
                 vm.idle_since = at
             self._refresh_vm_sets(vm)
+        if attempt.state is AttemptState.STARTING and self.executor.queues_attempts:
+            # It never left the executor's queue: it used nothing (charged nothing, and
+            # takes no time on its VM in reports).
+            attempt.started_at = max(attempt.started_at, at)
         attempt.state = state
         self._write_attempt(attempt, batch, at, exit_code, reason)
         self._record_usage(attempt, vm, state, at, batch)
@@ -1459,7 +1477,16 @@ class Scheduler:
                 if bag.queue
             ]
         )
-        candidates = list(self._pending) + list(self._roomy if demand else self._idle)
+        queue_ahead = self.executor.queue_ahead if demand else 0.0
+        if queue_ahead:  # full VMs may take attempts to queue too
+            usable = [
+                v.id
+                for v in self.vms.values()
+                if v.state is VmState.RUNNING and v.ready and not v.terminating and not v.pool_node
+            ]
+            candidates = list(self._pending) + usable
+        else:
+            candidates = list(self._pending) + list(self._roomy if demand else self._idle)
         candidates += [v for v in self._draining if v not in self._roomy and v not in self._idle]
         views = []
         for vm_id in candidates:
@@ -1478,6 +1505,7 @@ class Scheduler:
                     max(0.0, now - vm.requested_at) * to_hours,
                     vm.table,
                     vm.draining,
+                    _queue_room(vm, queue_ahead) if queue_ahead else None,
                 )
             )
         return Snapshot(

@@ -136,6 +136,7 @@ async def make_executor(
         poll_interval_s=slurm.poll_interval_s,
         file_poll_s=slurm.file_poll_s,
         pending_timeout_s=slurm.pending_timeout_s,
+        queue_ahead=slurm.queue_ahead,
     )
     return SlurmExecutor(
         settings,

@@ -16,6 +16,8 @@ Executors differ in three ways the scheduler asks about (class attributes):
   executor reports with `AttemptStarted` when it really runs.
 - `attempts_outlive_controller`: attempts keep running when the controller
   stops (Slurm jobs); the controller then leaves them be and re-adopts them.
+- `queue_ahead`: how much more than a VM's capacity (a fraction of it) may be handed
+  to the executor's queue, so that the executor refills a slot the moment it frees.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class Executor(Protocol):
     joins_vms: bool
     queues_attempts: bool
     attempts_outlive_controller: bool
+    queue_ahead: float
 
     def subscribe(self, listener: AttemptListener) -> None: ...
 

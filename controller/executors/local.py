@@ -59,6 +59,7 @@ class LocalExecutor:
     joins_vms = False
     queues_attempts = False
     attempts_outlive_controller = False
+    queue_ahead = 0.0
 
     def __init__(
         self,

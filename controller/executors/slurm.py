@@ -103,7 +103,11 @@ RUNNING_STATES = frozenset({"CONFIGURING", "RUNNING", "COMPLETING", "SIGNALING",
 NODE_UP_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
 NODE_BROKEN_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "inval"})
 MAX_TIME_MIN = 365 * 24 * 60
+# Why a job may pend on its node for a while without anything being wrong.
+WAITING_REASONS = frozenset({"Resources", "Priority", "None", "BeginTime", "Dependency"})
 RESEND_S = 2.0  # a checkpoint signal sent this soon after the program's start is sent again
+NODE_POLL_EVERY = 10  # polls, once every node joined
+QUIET_POLLS = 5  # squeue this many times less often when nothing needs it
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class SlurmExecutorSettings:
     poll_interval_s: float = 1.0
     file_poll_s: float = 0.2
     pending_timeout_s: float = 120.0
+    queue_ahead: float = 1.0  # of a VM's capacity, queued in Slurm beyond what runs
 
 
 @dataclass
@@ -170,6 +175,7 @@ class SlurmExecutor:
         kill_grace_s: float = 5.0,
     ) -> None:
         self.settings = settings
+        self.queue_ahead = settings.queue_ahead
         self.tools = tools
         self._controller_id = controller_id
         self._now = now
@@ -182,6 +188,8 @@ class SlurmExecutor:
         self._closing = False
         self._unavailable = ""  # why Slurm did not answer last time ("" when it did)
         self._recent_keys: OrderedDict[str, None] = OrderedDict()  # callbacks taken
+        self._made_dirs: OrderedDict[Path, None] = OrderedDict()  # log directories made
+        self._node_polls = 0
         user = pwd.getpwuid(os.getuid())
         self._user = (user.pw_name, user.pw_uid, user.pw_gid)
 
@@ -328,12 +336,16 @@ class SlurmExecutor:
             raise ExecutorUnavailable(f"the node of VM {spec.vm_id} is not up in Slurm")
         log_path = Path(self.log_path(spec.bag_id, spec.job_id, spec.number))
         checkpoint_dir = self.checkpoint_dir(spec.bag_id, spec.job_id)
-        try:
-            await asyncio.to_thread(_prepare, log_path, checkpoint_dir)
-        except OSError as exc:
-            raise ExecutorError(
-                f"cannot prepare the shared log/checkpoint directories: {exc}"
-            ) from None
+        # Slurm opens the log before the script runs: its directory must exist (made once
+        # per bag here; the script makes the job's checkpoint directory on the VM).
+        if log_path.parent not in self._made_dirs:
+            try:
+                await asyncio.to_thread(log_path.parent.mkdir, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ExecutorError(f"cannot make the shared log directory: {exc}") from None
+            self._made_dirs[log_path.parent] = None
+            while len(self._made_dirs) > 10_000:
+                self._made_dirs.popitem(last=False)
         attempt = _Attempt(
             spec.attempt_id,
             spec.vm_id,
@@ -438,6 +450,7 @@ class SlurmExecutor:
             )
         started = started_path(log_path)
         lines += [
+            '[ -d "$SPOTBAG_CHECKPOINT_DIR" ] || mkdir -p "$SPOTBAG_CHECKPOINT_DIR"',
             # From here on a checkpoint signal reaches the program.
             f'printf "%s\\n" "$SLURM_JOB_ID" > {_quote(str(started))}',
             f"set -- {_quote(spec.command)} {_quote(str(exit_status_path(log_path)))}",
@@ -577,7 +590,10 @@ class SlurmExecutor:
             try:
                 await self._check_files()
                 self._check_timeouts()
-                if self._wake.is_set() or loop.time() - last_poll >= self.settings.poll_interval_s:
+                interval = self.settings.poll_interval_s
+                if not self._needs_slurms_word():
+                    interval *= QUIET_POLLS
+                if self._wake.is_set() or loop.time() - last_poll >= interval:
                     self._wake.clear()
                     last_poll = loop.time()
                     await self.poll()
@@ -587,6 +603,25 @@ class SlurmExecutor:
                 log.exception("watching Slurm failed; trying again")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.file_poll_s)
+
+    def _needs_slurms_word(self) -> bool:
+        """Whether something only squeue can settle is open: a submission whose fate is
+        unknown, a stop under way, a job pending for long, a node waiting to join, or
+        Slurm not answering. Otherwise the shared files and the callbacks report starts
+        and ends, and squeue is asked QUIET_POLLS times less often."""
+        if self._unavailable:
+            return True
+        if any(not n.ready and not n.lost for n in self._nodes.values()):
+            return True
+        patience = self.settings.pending_timeout_s / 4
+        now = self._now()
+        return any(
+            not a.job_id
+            or a.stop_reason
+            or (a.running_at is None and now - a.submitted_at > patience)
+            for a in self._attempts.values()
+            if not a.ended
+        )
 
     async def _check_files(self) -> None:
         watched = [a for a in self._attempts.values() if not a.ended and a.job_id]
@@ -627,9 +662,11 @@ class SlurmExecutor:
     async def poll(self) -> None:
         """Ask Slurm about the jobs and nodes this executor watches, and act on it."""
         try:
-            await self._poll_jobs()
-            await self._poll_nodes()
+            asked = await self._poll_jobs()
+            asked = await self._poll_nodes() or asked
             await self._delete_lost_nodes()
+            if not asked:  # nothing to ask about: is it there at all?
+                await self.tools.run("scontrol", "ping")
         except SlurmUnavailable as exc:
             if not self._unavailable:
                 log.warning("Slurm does not answer: %s", exc)
@@ -639,10 +676,11 @@ class SlurmExecutor:
             log.info("Slurm answers again")
         self._unavailable = ""
 
-    async def _poll_jobs(self) -> None:
+    async def _poll_jobs(self) -> bool:
+        """Settle the tracked jobs by squeue; False when there were none to ask about."""
         tracked = [a for a in self._attempts.values() if not a.ended]
         if not tracked:
-            return
+            return False
         unknown = [a for a in tracked if not a.job_id]
         rows: dict[str, tuple[str, str, str, str, str]] = {}  # attempt id -> row
         if unknown:
@@ -684,7 +722,9 @@ class SlurmExecutor:
             if state == "PENDING":
                 attempt.pending_reason = reason
                 waited = now - attempt.submitted_at
-                if waited > self.settings.pending_timeout_s and not attempt.stop_reason:
+                # Waiting for a slot of a healthy node (queued ahead) is no reason to give up.
+                stuck = reason.split(",")[0].strip() not in WAITING_REASONS
+                if stuck and waited > self.settings.pending_timeout_s and not attempt.stop_reason:
                     log.warning(
                         "%s pends in Slurm since %.0f s (%s): giving up on it",
                         attempt.attempt_id,
@@ -699,6 +739,7 @@ class SlurmExecutor:
                 finished.append((attempt, state, reason))
         if finished:
             await self._finish_from_slurm(finished)
+        return True
 
     async def _jobs_by_name(self) -> dict[str, tuple[str, str, str, str, str]]:
         """This controller's jobs Slurm knows, by attempt id (the latest id wins)."""
@@ -766,10 +807,16 @@ class SlurmExecutor:
             return AttemptEvent(attempt.attempt_id, at, Outcome.EXITED, 0, "", key)
         return AttemptEvent(attempt.attempt_id, at, Outcome.EXITED, code if code else 1, about, key)
 
-    async def _poll_nodes(self) -> None:
+    async def _poll_nodes(self) -> bool:
+        """Notice nodes that joined or broke; False when none was asked about."""
         watched = {n.name: n for n in self._nodes.values() if not n.lost}
         if not watched:
-            return
+            return False
+        # Nodes that joined are looked at less often: a broken one also shows in its
+        # jobs (NODE_FAIL, pending), and a preempted VM is the driver's to notice.
+        self._node_polls += 1
+        if all(n.ready for n in watched.values()) and self._node_polls % NODE_POLL_EVERY:
+            return False
         out = await self.tools.run(
             "sinfo", "-h", "-N", "-p", self.settings.partition, "-o", "%N|%T|%m|%E"
         )
@@ -793,6 +840,7 @@ class SlurmExecutor:
                     f": {reason}" if reason and reason != "none" else ""
                 )
                 self._emit(NodeEvent(node.vm_id, now, False, detail))
+        return True
 
     # --- callbacks ------------------------------------------------------------------
 
@@ -806,7 +854,7 @@ class SlurmExecutor:
         while len(self._recent_keys) > 100_000:
             self._recent_keys.popitem(last=False)
 
-    def take_callback(
+    async def take_callback(
         self,
         *,
         key: str,
@@ -835,21 +883,22 @@ class SlurmExecutor:
         attempt.job_id = attempt.job_id or job_id
         outcome = "noted"
         if event == "jobcomp" and state not in LIVE_STATES:
-            finished = read_exit_status(exit_status_path(attempt.log_path))
+            ((started_at, finished),) = await asyncio.to_thread(_read_markers, [attempt.log_path])
+            if attempt.ended:  # the watcher saw its end meanwhile
+                self._emit(CallbackNoted(key, at, event, job_name_))
+                return "noted"
             if finished is not None:
                 attempt.program_started = True
                 self._finish_with_exit(attempt, finished[0], finished[1], key)
             else:
                 code, sig = exit_status(exit_code)
-                attempt.program_started = attempt.program_started or (
-                    started_path(attempt.log_path).exists()
-                )
+                attempt.program_started = attempt.program_started or started_at is not None
                 value = 128 + sig if sig else code
                 self._end(attempt, self._slurm_end(attempt, state, "", value, key))
-            outcome = "applied"
-        else:
-            self._emit(CallbackNoted(key, at, event, job_name_))
-        self._wake.set()
+            return "applied"
+        self._emit(CallbackNoted(key, at, event, job_name_))
+        if event == "epilog_slurmctld":  # only a wake-up: Slurm has the final word
+            self._wake.set()
         return outcome
 
     # --- restart -----------------------------------------------------------------------
@@ -976,11 +1025,6 @@ def _limit_h(text: str) -> float | None:
 
 def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
-
-
-def _prepare(log_path: Path, checkpoint_dir: Path) -> None:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _read_markers(log_paths: Sequence[Path]) -> list[tuple[float | None, tuple[int, float] | None]]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 _UNREACHABLE = re.compile(
     r"Unable to contact slurm controller|Socket timed out|Zero Bytes were transmitted"
     r"|Connection refused|Communication connection failure|Slurm backup controller in standby"
-    r"|Could not establish a configuration source",
+    r"|Could not establish a configuration source|is DOWN",
     re.IGNORECASE,
 )
 
