@@ -105,5 +105,5 @@ def _count(hostlist: str) -> int:
 
 def pool_memory_mb(memory_gb: float) -> int:
     """What a pool node of a type with `memory_gb` declares: a little under the nominal
-    size (a VM's kernel keeps some), so the VM's slurmd is not drained for less."""
-    return max(1, math.floor(memory_gb * 1024 * 0.95))
+    size (a VM's kernel and firmware keep some), so its slurmd is not drained for less."""
+    return max(1, math.floor(memory_gb * 1024 * 0.92))

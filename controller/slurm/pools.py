@@ -58,7 +58,7 @@ class Pool:
             nodes=self.hostlist,
             cpus=self.cpus,
             memory_mb=pool_memory_mb(self.memory_gb),
-            feature=self.vm_types[0],
+            feature=self.partition,
             gpus=self.gpus,
         )
 
