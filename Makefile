@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/report.py
 	$(BIN)/python bench/cloud_drivers.py
 	$(BIN)/python bench/hopping.py
+	$(BIN)/python bench/slurm_dispatch.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -234,8 +234,9 @@ def preemption_to_retry(client, cluster: SlurmCluster) -> tuple[float, float]:
 
 def main() -> None:
     reason = missing()
-    if reason:
-        raise SystemExit(f"bench/slurm_dispatch.py: {reason}")
+    if reason:  # a benchmark, not a test: say why and leave the others to run
+        print(f"bench/slurm_dispatch.py: skipped: {reason}")
+        return
     out = Tee(sys.stdout)
     cluster = SlurmCluster().start()
     work = Path(tempfile.mkdtemp(prefix="spotbag-bench-"))
