@@ -547,7 +547,7 @@ class Scheduler:
         running and recorded as they are: the next start re-adopts them."""
         if vms_die_with_controller:
             for vm in list(self.vms.values()):  # a cluster forgets their nodes
-                await self._call(self.executor.vm_lost(vm.id))
+                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
         await self.executor.shutdown()
         now = self.clock.now()
         batch = self.store.new_batch()

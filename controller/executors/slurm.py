@@ -23,11 +23,13 @@ status file there is the quickest sign of an attempt's end.
 
 Watching, from three sources, all idempotent:
 1. the shared files, every `file_poll_s`: the program started; it exited (and how);
-2. `squeue` for the jobs it tracks, every `poll_interval_s` and at every callback:
-   the truth after restarts and lost callbacks (the state, the start time, why a
-   job pends); `sinfo` for the nodes of VMs it waits for or uses;
+2. `squeue` for the jobs it tracks: the truth after restarts and lost callbacks
+   (the state, the start time, why a job pends), every `poll_interval_s` while
+   something only Slurm can settle is open, QUIET_POLLS times less often otherwise
+   (each call costs slurmctld a walk over every job it remembers); `sinfo` for the
+   nodes of VMs it waits for (and, now and then, those it uses);
 3. callbacks from slurmctld's hooks (controller/api, slurm_hooks/): jobcomp gives
-   the final state at once; the others are wake-ups.
+   the final state at once; the epilog is a wake-up.
 
 Ends without an exit status (node failure, a cancel, a time limit, a launch failure)
 are mapped from Slurm's state: NODE_FAIL -> KILLED ("node failed": the scheduler
@@ -240,6 +242,8 @@ class SlurmExecutor:
         node = self._nodes.get(vm_id)
         if node is None:
             self._nodes[vm_id] = _Node(vm_id, self.node_of(vm_id), vm_type.memory_gb)
+        else:  # known since a recovery, which did not know its type
+            node.memory_gb = node.memory_gb or vm_type.memory_gb
         self._ensure_watcher()
         self._wake.set()
 
@@ -824,11 +828,14 @@ class SlurmExecutor:
         seen = set()
         for name, state, memory, reason in split_rows(out, 4):
             node = watched.get(name)
-            if node is None or name in seen:
-                continue
-            seen.add(name)
             base = state.rstrip("*~#%!$@^-")
             flags = state[len(base) :]
+            if node is None:
+                self._forget_if_dead(name, base, flags)
+                continue
+            if name in seen:
+                continue
+            seen.add(name)
             up = base in NODE_UP_STATES and not (set(flags) & set("*~#%!"))
             if up and not node.ready:
                 node.ready = True
@@ -841,6 +848,16 @@ class SlurmExecutor:
                 )
                 self._emit(NodeEvent(node.vm_id, now, False, detail))
         return True
+
+    def _forget_if_dead(self, name: str, base: str, flags: str) -> None:
+        """A node of this prefix whose VM this executor does not know, and which does not
+        answer (a VM that ended while its slurmd re-registered): delete it. One that
+        answers may be a VM still booting, whose driver has not said it runs."""
+        vm_id = vm_of_node(self.settings.node_prefix, name)
+        if vm_id is None or not vm_id.startswith("vm-") or vm_id in self._nodes:
+            return
+        if "*" in flags or base in ("down", "unknown"):
+            self._nodes[vm_id] = _Node(vm_id, name, 0.0, lost=True)
 
     # --- callbacks ------------------------------------------------------------------
 

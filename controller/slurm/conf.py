@@ -61,7 +61,10 @@ def fragment(settings: FragmentSettings) -> str:
         "",
         "# spotbag's own VMs: dynamic nodes named after them, grouped by their feature.",
         f"NodeSet={s.partition} Feature={s.node_feature}",
-        f"PartitionName={s.partition} Nodes={s.partition} MaxTime=INFINITE State=UP",
+        # Never powered down by Slurm: spotbag ends them (power saving is per partition,
+        # so that SuspendExcParts, which 22.05 does not apply to dynamic nodes, is not needed).
+        f"PartitionName={s.partition} Nodes={s.partition} MaxTime=INFINITE State=UP "
+        "SuspendTime=INFINITE",
         "",
         "# Callbacks to the controller (slurm_hooks/). jobcomp is the only hook told each",
         "# job's final state; the prolog waits for power-up of pool nodes (else Slurm",
@@ -79,19 +82,17 @@ def fragment(settings: FragmentSettings) -> str:
             f"ResumeProgram={hooks}/resume",
             f"SuspendProgram={hooks}/suspend",
             f"ResumeFailProgram={hooks}/resume_fail",
-            f"SuspendTime={s.suspend_time_s}",
-            "SuspendTimeout=30",
-            f"ResumeTimeout={s.resume_timeout_s}",
             "ResumeRate=0",
             "SuspendRate=0",
-            f"SuspendExcParts={s.partition}",
         ]
         for pool in s.pools:
             gres = f" Gres=gpu:{pool.gpus}" if pool.gpus else ""
             lines += [
                 f"NodeName={pool.nodes} CPUs={pool.cpus} RealMemory={pool.memory_mb}{gres} "
                 f"State=CLOUD Feature=spotbag-pool,{pool.feature}",
-                f"PartitionName={pool.partition} Nodes={pool.nodes} MaxTime=INFINITE State=UP",
+                f"PartitionName={pool.partition} Nodes={pool.nodes} MaxTime=INFINITE State=UP "
+                f"SuspendTime={s.suspend_time_s} SuspendTimeout=30 "
+                f"ResumeTimeout={s.resume_timeout_s}",
             ]
     lines.append("# ---- end of spotbag ---------------------------------------------------------")
     return "\n".join(lines) + "\n"

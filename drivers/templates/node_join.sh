@@ -153,6 +153,14 @@ mount_shared() {
     fi
 }
 
+add_job_user() {
+    # Jobs run as the daemon's user: slurmd must know it, by the same ids.
+    [ -n "${SPOTBAG_JOB_USER:-}" ] || return 0
+    id -u "$SPOTBAG_JOB_USER" >/dev/null 2>&1 && return 0
+    getent group "${SPOTBAG_JOB_GID:?}" >/dev/null || groupadd -g "$SPOTBAG_JOB_GID" "$SPOTBAG_JOB_USER"
+    useradd -u "${SPOTBAG_JOB_UID:?}" -g "$SPOTBAG_JOB_GID" -M -d / -s /usr/sbin/nologin "$SPOTBAG_JOB_USER"
+}
+
 slurmd_args() {  # one argument per line
     printf '%s\n' -N "$SPOTBAG_SLURM_NODE" --conf-server "${SPOTBAG_SLURM_CONF_SERVER:?}"
     if [ "${SPOTBAG_SLURM_DYNAMIC:-0}" = 1 ]; then
@@ -202,6 +210,7 @@ if pgrep -f "slurmd.* -N $SPOTBAG_SLURM_NODE( |$)" >/dev/null 2>&1; then
     exit 0
 fi
 install_missing
+add_job_user
 install_munge_key
 start_munge
 mount_shared

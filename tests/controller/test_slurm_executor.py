@@ -322,3 +322,17 @@ async def test_slurm_that_does_not_answer_makes_starts_unavailable(rig, tmp_path
         await down.start(rig.spec("vm-ex0000000007", 1, "echo hi"))
     await down.shutdown()
     await asyncio.sleep(0)
+
+
+async def test_a_node_left_idle_is_not_powered_down_by_slurm(rig, slurm_cluster):
+    """Power saving is on for the pool partition (SuspendTime 5 s in the test cluster);
+    spotbag's dynamic nodes are never suspended by Slurm (22.05 applies SuspendExcParts
+    only to nodes it knew at start: its partition sets SuspendTime=INFINITE instead)."""
+    await rig.boot("vm-ex0000000008")
+    await asyncio.sleep(17)  # SuspendTime (5 s) and the power-saving thread's 10 s pass
+    state = slurm_cluster.run("sinfo", "-h", "-N", "-n", "sb-vm-ex0000000008", "-o", "%T")
+    assert state.strip() == "idle", state
+    spec = rig.spec("vm-ex0000000008", 0, "exit 0")
+    await rig.executor.start(spec)
+    end = await rig.wait(lambda: rig.end_of(spec.attempt_id), 30)
+    assert (end.outcome, end.exit_code) == (Outcome.EXITED, 0)
