@@ -51,6 +51,7 @@ log = logging.getLogger("spotbag.daemon")
 # the market). Their VMs end with the daemon unless the driver says they outlive it
 # (the local driver's VM hosts do).
 EPHEMERAL_DRIVERS = {"local", "sim"}
+POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
 
 
 class StateDirBusy(RuntimeError):
@@ -79,7 +80,6 @@ class Controller:
         self._hopper_task: asyncio.Task | None = None
         self.hopper: Hopper | None = None
         self.hook_secret = b""
-        self._tasks: set[asyncio.Task] = set()
         self.learner: Learner | None = None
         self._lock_file: Any = None
 
@@ -190,12 +190,13 @@ class Controller:
         if event.partition in self.scheduler.pools.by_partition:
             self.scheduler.note(noted)
             if event.event == "prolog_slurmctld":
-                self._tasks.add(task := asyncio.create_task(self._pool_run_started(event)))
-                task.add_done_callback(self._tasks.discard)
+                # The hook waits for the answer: a job its account cannot pay for is
+                # cancelled before the prolog ends, so it never runs.
+                await self._pool_run_started(event)
                 return True
             if event.event == "jobcomp":
                 code, sig = exit_status(event.exit_code)
-                return self.scheduler.pool_run(
+                ended = self.scheduler.pool_run(
                     PoolRunEvent(
                         "end",
                         event.job_id,
@@ -211,6 +212,7 @@ class Controller:
                         ended_at=event.end,
                     )
                 )
+                return ended is not None
             return False
         if event.about_a_job:
             taken = await self.executor.take_callback(
@@ -228,9 +230,9 @@ class Controller:
 
     async def _pool_run_started(self, event: SlurmEvent) -> None:
         """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then
-        its reservation (or its cancellation)."""
+        its reservation (or its cancellation), once decided."""
         cpus, limit_h = await self.executor.job_limits(event.job_id)
-        self.scheduler.pool_run(
+        verdict = self.scheduler.pool_run(
             PoolRunEvent(
                 "start",
                 event.job_id,
@@ -244,6 +246,9 @@ class Controller:
                 limit_h=limit_h,
             )
         )
+        if verdict is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(verdict), POOL_VERDICT_WAIT_S)
 
     async def _price_source(self) -> PriceSource:
         """The driver's spot prices, or for the local and sim drivers a replayed trace."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import heapq
 import json
@@ -38,7 +39,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from controller.bagspec import BagSpec, render_command
@@ -143,6 +144,9 @@ class PoolRunEvent:
     exit_code: int | None = None
     started_at: float | None = None  # Slurm's START and END (jobcomp)
     ended_at: float | None = None
+    # Resolved, once the pass that took it is done (a refused job cancelled), with
+    # "reserved", "refused: <why>" or "repeat": the prolog hook waits for it.
+    verdict: asyncio.Future | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,8 @@ class Scheduler:
         self._pool_runs: dict[tuple[str, str], dict[str, Any]] = {}  # (job id, name) -> run
         self._pool_launches: list[VmRun] = []
         self._refusals: list[tuple[str, str]] = []  # (Slurm job id, why) to cancel
+        self._pool_refused: dict[tuple[str, str], str] = {}  # (job id, name) -> why
+        self._verdicts: list[tuple[asyncio.Future, str]] = []  # told after this pass
         self._background: set[asyncio.Task] = set()
         self.checkpointing = checkpointing or CheckpointConfig()
         self.tables = tables or TableCache(
@@ -814,8 +820,10 @@ class Scheduler:
             return
         if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
             # Whatever ran there is dead; an executor with a cluster forgets the node (a
-            # pool node is powered down by force: Slurm requeues its users' jobs).
-            await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
+            # pool node is powered down by force: Slurm requeues its users' jobs), unless
+            # Slurm itself let go of it (a pool node it suspended or gave up on).
+            if not (vm.pool_node and vm.terminating):
+                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
             self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
@@ -957,13 +965,15 @@ class Scheduler:
             self._wake.set()
         return len(ours)
 
-    def pool_run(self, event: PoolRunEvent) -> bool:
-        """A run of a Slurm user's job on a pool began or ended; False if not a pool's."""
+    def pool_run(self, event: PoolRunEvent) -> asyncio.Future | None:
+        """A run of a Slurm user's job on a pool began or ended: a future of what was
+        decided (see PoolRunEvent.verdict); None if it is not on a pool."""
         if event.partition not in self.pools.by_partition:
-            return False
-        self._commands.append(event)
+            return None
+        verdict = asyncio.get_running_loop().create_future()
+        self._commands.append(dataclasses.replace(event, verdict=verdict))
         self._wake.set()
-        return True
+        return verdict
 
     def _pool_vm(self, node: str) -> VmRun | None:
         for vm_id in self._pool_vms:
@@ -1027,7 +1037,8 @@ class Scheduler:
         account = event.account or event.user or "slurm"
         if event.kind == "start":
             if run is not None and run["restart"] >= event.restart:
-                return  # a repeat, or out of order
+                self._tell(event, "repeat")  # or out of order
+                return
             cpus = event.cpus or pool.cpus
             reserved = cpus * (event.limit_h or pool.reserve_hours)
             key = run_key(event.job_id, event.restart, event.job_name)
@@ -1035,8 +1046,11 @@ class Scheduler:
                 opened, entries = self.accounts.reserve_run(account, key, reserved, now)
             except (UnknownAccount, InsufficientCredit) as exc:
                 self._refusals.append((event.job_id, str(exc)))
+                self._pool_refused[ident] = str(exc)
+                self._tell(event, f"refused: {exc}")
                 log.warning("cancelling Slurm job %s on %s: %s", event.job_id, event.node, exc)
                 return
+            self._tell(event, "reserved")
             if opened is not None:
                 batch.account(opened)
             batch.ledger_entries(now, entries, f"Slurm job {event.job_id} started")
@@ -1065,6 +1079,9 @@ class Scheduler:
         started = event.started_at if event.started_at is not None else now
         ended = max(started, event.ended_at if event.ended_at is not None else now)
         state = RUN_STATES.get(event.state, "failed")
+        refused = self._pool_refused.pop(ident, None)
+        if run is None and refused is not None:  # cancelled before it ran: nothing to pay
+            return
         if run is None:  # its start was never reported: charge what it used, at once
             cpus = event.cpus or pool.cpus
             key = run_key(event.job_id, -int(ended), event.job_name)
@@ -1108,6 +1125,10 @@ class Scheduler:
                 "exit_code": event.exit_code,
             }
         )
+
+    def _tell(self, event: PoolRunEvent, verdict: str) -> None:
+        if event.verdict is not None:
+            self._verdicts.append((event.verdict, verdict))
 
     def _spawn(self, coroutine: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(self._call(coroutine))
@@ -1675,6 +1696,10 @@ class Scheduler:
         refusals, self._refusals = self._refusals, []
         for job_id, why in refusals:
             await self._call(self.executor.cancel_job(job_id, why))
+        verdicts, self._verdicts = self._verdicts, []
+        for future, verdict in verdicts:  # after the refused were cancelled
+            if not future.done():
+                future.set_result(verdict)
         if not (starts or launches or cancels or terminations or signals):
             return
         results = await self._run_all(

@@ -251,9 +251,11 @@ class SlurmExecutor:
         """The VM is gone: tell Slurm at once (DOWN ends the node's jobs with NODE_FAIL
         in well under a second, instead of after SlurmdTimeout), forget its attempts
         (the scheduler ends them), and delete the node once Slurm lets go of it. A
-        pool node is powered down by force instead: Slurm requeues its users' jobs
-        (which resume elsewhere) and keeps the node for the next resume."""
+        pool node is downed too (its users' jobs are requeued at once; a power-down
+        alone waits for the dead slurmd to time out before it lets them go), then
+        powered down by force, so that Slurm can resume it for the next job."""
         if pool_node:
+            await self._down(_Node(vm_id, pool_node, 0.0), "its spot VM is gone")
             await self.power_down(pool_node, "its spot VM is gone")
             return
         node = self._nodes.get(vm_id) or _Node(vm_id, self.node_of(vm_id), 0.0)

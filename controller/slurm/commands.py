@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import re
+import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -102,6 +103,7 @@ class SlurmTools:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=dict(env) if env is not None else self.environment(),
+                start_new_session=True,  # on a timeout, its whole group is killed
             )
         except FileNotFoundError:
             where = f" in {self.bin_dir}" if self.bin_dir else " on PATH"
@@ -113,8 +115,8 @@ class SlurmTools:
         try:
             out, err = await asyncio.wait_for(process.communicate(stdin), limit)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(Exception):
                 await process.wait()
             raise SlurmUnavailable(

@@ -36,7 +36,7 @@ class HookInstall:
     slurm_conf: str = ""
     bin_dir: str = "/usr/bin"
     python: str = "/usr/bin/python3"
-    timeout_s: float = 2.0
+    timeout_s: float = 5.0  # a pool job's prolog waits for its reservation (about 0.1 s)
     power_up_wait_s: float = 600.0
     owner: tuple[int, int] | None = None  # (uid, gid) of SlurmUser; None: the caller
 

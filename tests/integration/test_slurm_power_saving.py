@@ -80,7 +80,10 @@ def test_slurm_users_jobs_run_on_spot_vms_and_are_charged(pool_daemon, slurm_clu
     host = (out_dir / f"{first}.out").read_text().split()[0]
     vms = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
     assert host in vms and vms[host]["pool_node"].startswith("spot-"), (host, vms)
-    (run,) = runs(pool_daemon)
+    # Its end reaches the daemon with the jobcomp hook, which runs after Slurm's own.
+    (run,) = wait_until(
+        lambda: [r for r in runs(pool_daemon) if r["state"] != "running"], 30, 0.1, "its end"
+    )
     assert (run["job_id"], run["account"], run["state"], run["vm_id"]) == (
         first,
         "chem",
@@ -118,7 +121,11 @@ def test_slurm_users_jobs_run_on_spot_vms_and_are_charged(pool_daemon, slurm_clu
     )
     output = (out_dir / f"{second}.out").read_text().split()
     assert output[-1] == "survived" and output[-2] != victim  # ran again, elsewhere
-    mine = [r for r in runs(pool_daemon) if r["job_id"] == second]
+
+    def ended_runs() -> list[dict]:
+        return [r for r in runs(pool_daemon) if r["job_id"] == second and r["state"] != "running"]
+
+    mine = wait_until(lambda: len(ended_runs()) == 2 and ended_runs(), 30, 0.1, "both runs")
     assert [r["state"] for r in mine] == ["preempted", "succeeded"]
     assert [r["restart"] for r in mine] == [0, 1]
     charged = [
