@@ -345,6 +345,9 @@ async def list_vms(request: web.Request) -> web.Response:
         vm["on_demand_cost_usd"] = billed_h * vm["on_demand_price_per_hour"]
         run = live.get(vm["id"])
         vm["jobs"] = len(run.attempts) if run is not None else 0
+        # Its Slurm node: a pool node it serves, or the node named after it.
+        node_of = getattr(c.executor, "node_of", None)
+        vm["slurm_node"] = vm["pool_node"] or (node_of(vm["id"]) if node_of else "")
         vm["terminating"] = bool(run and run.terminating)
     fleet = fleet_view(await c.store.vm_usage(c.clock.now()))
     return _json({"vms": vms, "usage": fleet})

@@ -398,7 +398,7 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
             vm["id"],
             vm["vm_type"],
             vm["state"] + (" (terminating)" if vm["terminating"] else ""),
-            str(vm["jobs"]),
+            f"Slurm node {vm['pool_node']}" if vm.get("pool_node") else str(vm["jobs"]),
             launched,
             f"{vm['billed_hours']:.3f}",
             f"{vm['cost_usd']:.4f}",
