@@ -450,6 +450,13 @@ class SlurmPoolConfig(_Section):
         description="A job with no time limit reserves its CPUs × this many hours while it "
         "runs (a job with a limit reserves its CPUs × its limit).",
     )
+    job_hours: float = Field(
+        1.0,
+        gt=0,
+        description="Typical length of a job on this pool, model hours: an idle pool VM on "
+        "which the reuse policy would not start a job this long (it is too close to its "
+        "preemption or deadline, SPEC.md §3) is powered down, so the next job gets a fresh VM.",
+    )
 
 
 class SlurmConfig(_Section):

@@ -236,6 +236,8 @@ class Scheduler:
         self._pool_launches: list[VmRun] = []
         self._refusals: list[tuple[str, str]] = []  # (Slurm job id, why) to cancel
         self._pool_refused: dict[tuple[str, str], str] = {}  # (job id, name) -> why
+        self._pool_released: dict[str, str] = {}  # VM id -> why spotbag let it go
+        self._pool_releases: list[tuple[str, str]] = []  # (node, why) to power down
         self._verdicts: list[tuple[asyncio.Future, str]] = []  # told after this pass
         self._background: set[asyncio.Task] = set()
         self.checkpointing = checkpointing or CheckpointConfig()
@@ -505,6 +507,7 @@ class Scheduler:
         ):
             index.clear()
         self._pool_runs.clear()
+        self._pool_released.clear()
         self._due.clear()
 
     # --- the loop -------------------------------------------------------------------------
@@ -619,6 +622,7 @@ class Scheduler:
             cancels += self._migration_stops
             self._migration_stops = []
             self._admit_held(batch, now)
+            pool_wake_at = self._release_unfit_pool_vms(now)
             decision = plan(self._snapshot(now))
             if self._terminate_now:
                 decision.terminations.extend(self._terminate_now)
@@ -641,7 +645,9 @@ class Scheduler:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
         if self._replan:
             return now
-        wanted = [t for t in (decision.next_wake_at, self._next_due()) if t is not None]
+        wanted = [
+            t for t in (decision.next_wake_at, self._next_due(), pool_wake_at) if t is not None
+        ]
         if self._starts_blocked_until > now:
             wanted.append(self._starts_blocked_until)
         return min(wanted) if wanted else None
@@ -1024,9 +1030,48 @@ class Scheduler:
             if command.kind == "suspend"
             else f"Slurm gave up on node {command.node} (it did not join in ResumeTimeout)"
         )
+        if command.kind == "suspend" and vm.id in self._pool_released:
+            why += f" at spotbag's request: {self._pool_released.pop(vm.id)}"
         vm.terminating = True
         vm.reason = why
         self._terminate_now.append(Terminate(vm.id, why))
+
+    def _release_unfit_pool_vms(self, now: float) -> float | None:
+        """Idle pool VMs on which the reuse policy would not start a job of the pool's
+        typical length are handed back to Slurm (powered down when idle), so that the
+        next job gets a fresh VM. Returns when the next idle one turns unfit."""
+        if not self._pool_vms:
+            return None
+        to_h = self.time_scale / 3600.0  # real seconds -> model hours
+        busy = {run["node"] for run in self._pool_runs.values()}
+        wake_at: float | None = None
+        for vm_id in self._pool_vms:
+            vm = self.vms[vm_id]
+            if (
+                vm.state is not VmState.RUNNING
+                or vm.terminating
+                or vm.table is None
+                or vm.id in self._pool_released
+                or vm.pool_node in busy
+            ):
+                continue
+            job_h = self.pools.by_node[vm.pool_node].job_hours
+            age_h = max(0.0, now - vm.requested_at) * to_h
+            unfit_h = vm.table.unfit_from_h(age_h, job_h)
+            if unfit_h is None or vm.table.unfit_from_h(0.0, job_h) == 0.0:
+                continue  # never unfit, or no better when fresh: keep it
+            if unfit_h > age_h:
+                at = vm.requested_at + unfit_h / to_h
+                wake_at = at if wake_at is None else min(wake_at, at)
+                continue
+            why = (
+                f"at {age_h:.1f} h its preemption model says a fresh VM does a "
+                f"{job_h:g} h job sooner"
+            )
+            log.info("releasing idle pool node %s (VM %s): %s", vm.pool_node, vm.id, why)
+            self._pool_released[vm.id] = why
+            self._pool_releases.append((vm.pool_node, why))
+        return wake_at
 
     def _pool_run(self, event: PoolRunEvent, batch: WriteBatch, now: float) -> None:
         """Reserve for a run at its start (cancelling a job its account cannot pay for),
@@ -1441,7 +1486,7 @@ class Scheduler:
     def _untrack_vm(self, vm: VmRun) -> None:
         self.vms.pop(vm.id, None)
         self._by_provider_id.pop(vm.provider_id, None)
-        for index in (self._pending, self._roomy, self._idle, self._draining):
+        for index in (self._pending, self._roomy, self._idle, self._draining, self._pool_vms):
             index.pop(vm.id, None)
 
     def _set_provider_id(self, vm: VmRun, provider_id: str) -> None:
@@ -1696,6 +1741,9 @@ class Scheduler:
         refusals, self._refusals = self._refusals, []
         for job_id, why in refusals:
             await self._call(self.executor.cancel_job(job_id, why))
+        releases, self._pool_releases = self._pool_releases, []
+        for node, why in releases:
+            await self._call(self.executor.release_pool_node(node, why))
         verdicts, self._verdicts = self._verdicts, []
         for future, verdict in verdicts:  # after the refused were cancelled
             if not future.done():

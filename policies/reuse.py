@@ -189,6 +189,16 @@ class ReuseTable:
     def is_stable(self, age_h: float) -> bool:
         return self.stable_rows[self._age_index(age_h)]
 
+    def unfit_from_h(self, age_h: float, length_h: float) -> float | None:
+        """The first tabulated age, at or after `age_h`, at which a job of `length_h`
+        should no longer start on the VM (a fresh VM does better); None if it never
+        comes within the table (the table's last row is the deadline)."""
+        column_of = min(len(self.rows[0]) - 1, max(0, round(length_h / self.length_step_h) - 1))
+        for index in range(self._age_index(age_h), len(self.rows)):
+            if not self.rows[index][column_of]:
+                return max(age_h, index * self.age_step_h)
+        return None
+
 
 def crossover_h(
     model: LifetimeModel, ages_h: np.ndarray, launch_h: float, lengths_h: np.ndarray | None = None

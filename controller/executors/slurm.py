@@ -281,6 +281,20 @@ class SlurmExecutor:
         except SlurmError as exc:
             log.warning("could not power node %s down: %s", node, exc)
 
+    async def release_pool_node(self, node: str, reason: str) -> None:
+        """Ask Slurm to power a pool node down once its jobs are done (POWER_DOWN_ASAP:
+        drained, so nothing new starts on it); Slurm then runs SuspendProgram."""
+        try:
+            await self.tools.run(
+                "scontrol",
+                "update",
+                f"nodename={node}",
+                "state=POWER_DOWN_ASAP",
+                f"reason={reason}",
+            )
+        except SlurmError as exc:
+            log.warning("could not release node %s: %s", node, exc)
+
     async def cancel_job(self, job_id: str, why: str) -> None:
         """Cancel somebody's Slurm job (a pool job its account cannot pay for), saying why
         in its comment (squeue -o %k, scontrol show job)."""

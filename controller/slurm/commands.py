@@ -20,7 +20,7 @@ import contextlib
 import os
 import re
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # What Slurm's clients print when they cannot reach slurmctld (22.05's messages):
@@ -216,11 +216,6 @@ def hostlist_expand(expression: str) -> list[str]:
             for n in range(int(low), int(high) + 1):
                 names.append(f"{prefix}{n:0{width}d}{suffix}")
     return names
-
-
-def hostlist_compress(names: Iterable[str]) -> str:
-    """A comma-separated list Slurm accepts wherever it takes a hostlist."""
-    return ",".join(names)
 
 
 def _split_top_level(expression: str) -> Sequence[str]:

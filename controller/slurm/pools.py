@@ -17,7 +17,14 @@ end (jobcomp) the time it ran is charged and the rest released. Runs are kept in
 store and appear in cost reports beside the bags that shared their VMs.
 
 These VMs are Slurm's: the planner neither places spotbag's jobs on them nor ends
-them on its own.
+them on its own. One exception, the preemption model's: an idle pool VM on which the
+reuse policy would no longer start a job of the pool's typical length (`job_hours`;
+near a deadline, a fresh VM finishes sooner, SPEC.md §3) is handed back: spotbag asks
+Slurm to power its node down when idle (POWER_DOWN_ASAP), Slurm runs SuspendProgram,
+and the next job resumes the node on a fresh VM. Warm VMs the policy still trusts stay
+until Slurm's SuspendTime. (A node Slurm suspended does not get its warm VM
+back: its slurmd would have to register anew, which takes a restart on the VM, and
+spotbag runs no agent there.)
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class Pool:
     memory_gb: float
     gpus: int
     reserve_hours: float
+    job_hours: float = 1.0  # typical job length, model hours (the reuse policy's question)
 
     @property
     def conf(self) -> PoolConf:
@@ -99,6 +107,7 @@ class PoolBook:
                 first.memory_gb,
                 first.gpus,
                 config.reserve_hours,
+                config.job_hours,
             )
             if config.partition in self.by_partition:
                 raise ConfigError(f"[[slurm.pools]]: partition {config.partition} twice")

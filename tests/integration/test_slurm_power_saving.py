@@ -154,3 +154,42 @@ def test_slurm_users_jobs_run_on_spot_vms_and_are_charged(pool_daemon, slurm_clu
     assert any(v["state"] == "preempted" for v in ended)
     print(f"first job on a fresh spot VM in {took_s:.1f} s")
     os.system(f"rm -rf {out_dir}")
+
+
+def test_an_idle_pool_vm_the_reuse_policy_distrusts_is_handed_back(
+    make_slurm_daemon, slurm_cluster
+):
+    """VMs live 24 model hours (1 real second = 1 model hour here) and the pool's jobs
+    take 20: from about 4 h on, a fresh VM does such a job sooner than a warm one (SPEC.md
+    §3). When its job ends, the warm VM is handed back at once (Slurm would have kept it
+    for SuspendTime), and the next job resumes the node on a fresh VM."""
+    daemon = make_slurm_daemon(max_vms=2, model="exponential", mttf_h=1e6, time_scale=3600)
+    text = daemon.config_path.read_text().replace(
+        "mttf_h = 1000000.0\n", "mttf_h = 1000000.0\nmax_lifetime_h = 24.0\n"
+    )
+    assert "max_lifetime_h" in text
+    daemon.config_path.write_text(text + POOL + "job_hours = 20.0\n")
+    client = daemon.start()
+    out_dir = Path(tempfile.mkdtemp(dir="/tmp", prefix="spotbag-pool-"))
+    out_dir.chmod(0o777)
+    try:
+        first = submit_as_user(slurm_cluster, out_dir, "--wrap", "hostname; sleep 5")
+        wait_until(lambda: job_field(slurm_cluster, first, "%T") == "COMPLETED", 90, 0.2, "job 1")
+        warm = (out_dir / f"{first}.out").read_text().split()[0]
+
+        def ended(vm_id: str) -> dict | None:
+            vms = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
+            return vms[vm_id] if vms[vm_id]["state"] in ("terminated", "preempted") else None
+
+        gone = wait_until(lambda: ended(warm), 20, 0.2, "the warm VM to be handed back")
+        assert gone["state"] == "terminated", gone
+        assert "at spotbag's request" in gone["reason"], gone["reason"]
+        assert "preemption model" in gone["reason"], gone["reason"]
+
+        # The node was drained for its power-down; the next job still gets it, fresh.
+        second = submit_as_user(slurm_cluster, out_dir, "--wrap", "hostname")
+        wait_until(lambda: job_field(slurm_cluster, second, "%T") == "COMPLETED", 90, 0.2, "job 2")
+        fresh = (out_dir / f"{second}.out").read_text().split()[0]
+        assert fresh != warm
+    finally:
+        os.system(f"rm -rf {out_dir}")

@@ -106,6 +106,24 @@ def test_tables_match_the_exact_decision_and_crossover():
     assert is_stable(PAPERLIKE, np.array([0.0, 10.0]), 1.0).tolist() == [False, True]
 
 
+def test_the_age_from_which_a_warm_vm_is_unfit_for_a_job_length():
+    table = ReuseTable.build(PAPERLIKE, 0.05)
+    for length_h in (1.0, 6.0):
+        unfit_h = table.unfit_from_h(0.0, length_h)
+        assert unfit_h is not None and 0.0 < unfit_h < 24.0
+        # Every tabulated age before it is fit, the age itself is not.
+        assert all(table.reuse_ok(a, length_h) for a in np.arange(0.0, unfit_h - 0.05, 0.1))
+        assert not table.reuse_ok(unfit_h, length_h)
+        # Asked from later on, the answer is that age or the one asked about.
+        assert table.unfit_from_h(unfit_h + 0.3, length_h) == pytest.approx(unfit_h + 0.3)
+        assert table.unfit_from_h(unfit_h / 2, length_h) == pytest.approx(unfit_h)
+    # Longer jobs become unfit earlier in a VM's life.
+    assert table.unfit_from_h(0.0, 6.0) < table.unfit_from_h(0.0, 1.0)
+    # No deadline and no ageing: never unfit.
+    memoryless = ReuseTable.build(Exponential(mttf_h=10.0), 0.05, max_length_h=4.0)
+    assert memoryless.unfit_from_h(0.0, 1.0) is None
+
+
 def test_the_papers_literal_formulas_are_kept_for_comparison():
     # Eq. 7 and 8 count one failure at most and integrate t, not t - s.
     assert float(paper_expected_runtime_h(PAPERLIKE, 4.0)) == pytest.approx(
