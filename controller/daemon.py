@@ -362,6 +362,22 @@ def _watch_children_with_pidfds() -> None:
         asyncio.set_child_watcher(watcher)
 
 
+START_EXTEND_INTERVAL_S = 10.0
+
+
+async def _keep_systemd_waiting() -> None:
+    """While the daemon opens its store and recovers, ask systemd (Type=notify) for
+    more time, again and again: a recovery that makes progress is never killed by
+    TimeoutStartSec, and one that hangs (no message for 3 intervals) still is."""
+    extend_usec = int(3 * START_EXTEND_INTERVAL_S * 1e6)
+    while True:
+        await notify(
+            STATUS="starting: opening the store, recovering bags, VMs and the ledger",
+            EXTEND_TIMEOUT_USEC=str(extend_usec),
+        )
+        await asyncio.sleep(START_EXTEND_INTERVAL_S)
+
+
 def write_url_file(state_dir: Path, url: str) -> None:
     tmp = state_dir / "api.url.tmp"
     tmp.write_text(url + "\n")
@@ -374,11 +390,14 @@ async def serve(
     """Run the daemon until SIGTERM/SIGINT (or `stop` is set)."""
     _watch_children_with_pidfds()
     controller = Controller(config)
+    starting = asyncio.create_task(_keep_systemd_waiting(), name="start-keepalive")
     try:
         await controller.start()
     except BaseException:
         await controller.stop()
         raise
+    finally:
+        starting.cancel()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

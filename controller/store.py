@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,6 +283,44 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX slurm_runs_by_account ON slurm_runs(account, started_at);
         CREATE INDEX slurm_runs_by_vm ON slurm_runs(vm_id);
         CREATE INDEX slurm_runs_open ON slurm_runs(state) WHERE state = 'running';
+        """,
+    ),
+    (
+        "ledger balances and open reservations kept beside the ledger by triggers, so that "
+        "a restart reads what is open, not the whole history",
+        """
+        CREATE TABLE ledger_balances (
+            account TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            cpu_h REAL NOT NULL,  -- sum of the account's entries of this kind
+            PRIMARY KEY (account, kind)
+        ) WITHOUT ROWID;
+        CREATE TABLE ledger_open (
+            key TEXT PRIMARY KEY,  -- a reservation with no release entry yet
+            account TEXT NOT NULL,
+            cpu_h REAL NOT NULL
+        ) WITHOUT ROWID;
+        INSERT INTO ledger_balances (account, kind, cpu_h)
+            SELECT account, kind, sum(cpu_h) FROM ledger GROUP BY account, kind;
+        -- NOT IN builds the set of released keys once (a correlated NOT EXISTS here
+        -- scanned the ledger once per reservation: quadratic in the history).
+        INSERT INTO ledger_open (key, account, cpu_h)
+            SELECT key, account, cpu_h FROM ledger WHERE kind = 'reserve'
+            AND key NOT IN (SELECT key FROM ledger WHERE kind = 'release');
+        CREATE TRIGGER ledger_balance_on_insert AFTER INSERT ON ledger BEGIN
+            INSERT INTO ledger_balances (account, kind, cpu_h)
+                VALUES (NEW.account, NEW.kind, NEW.cpu_h)
+                ON CONFLICT (account, kind) DO UPDATE SET cpu_h = cpu_h + excluded.cpu_h;
+        END;
+        CREATE TRIGGER ledger_open_on_reserve AFTER INSERT ON ledger
+        WHEN NEW.kind = 'reserve' BEGIN
+            INSERT INTO ledger_open (key, account, cpu_h)
+                VALUES (NEW.key, NEW.account, NEW.cpu_h);
+        END;
+        CREATE TRIGGER ledger_open_on_release AFTER INSERT ON ledger
+        WHEN NEW.kind = 'release' BEGIN
+            DELETE FROM ledger_open WHERE key = NEW.key;
+        END;
         """,
     ),
 ]
@@ -670,6 +708,20 @@ def _insert_account(conn: sqlite3.Connection, account: dict[str, Any]) -> None:
     )
 
 
+def _statements(script: str) -> Iterator[str]:
+    """The SQL statements of a script, one by one (a trigger's body holds semicolons
+    of its own, so split where SQLite says a statement is complete)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n\t;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \n\t;"):
+        raise ValueError(f"incomplete SQL statement: {pending.strip()[:80]}")
+
+
 def _migrate(conn: sqlite3.Connection) -> int:
     db = sqlite_utils.Database(conn)
     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -680,9 +732,8 @@ def _migrate(conn: sqlite3.Connection) -> int:
     for number, (description, ddl) in enumerate(MIGRATIONS, start=1):
         if number <= version:
             continue
-        for statement in ddl.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+        for statement in _statements(ddl):
+            conn.execute(statement)
         db["migrations"].insert(
             {"version": number, "description": description, "applied_at": time.time()}
         )
@@ -936,16 +987,9 @@ class Store:
         def load(conn: sqlite3.Connection) -> dict[str, list[dict]]:
             return {
                 "accounts": _rows(conn, "SELECT * FROM accounts"),
-                "sums": _rows(
-                    conn,
-                    "SELECT account, kind, sum(cpu_h) AS cpu_h FROM ledger GROUP BY account, kind",
-                ),
-                "open": _rows(
-                    conn,
-                    "SELECT r.key, r.account, r.cpu_h FROM ledger r WHERE r.kind = 'reserve' "
-                    "AND NOT EXISTS (SELECT 1 FROM ledger x WHERE x.key = r.key "
-                    "AND x.kind = 'release')",
-                ),
+                # Kept by triggers on the ledger: as long as what is open, not the history.
+                "sums": _rows(conn, "SELECT account, kind, cpu_h FROM ledger_balances"),
+                "open": _rows(conn, "SELECT key, account, cpu_h FROM ledger_open"),
             }
 
         return await self.read(load)
@@ -960,7 +1004,7 @@ class Store:
             account = rows[0]
             account["sums"] = dict(
                 conn.execute(
-                    "SELECT kind, sum(cpu_h) FROM ledger WHERE account = ? GROUP BY kind", (name,)
+                    "SELECT kind, cpu_h FROM ledger_balances WHERE account = ?", (name,)
                 ).fetchall()
             )
             return account
@@ -972,7 +1016,7 @@ class Store:
             accounts = _rows(conn, "SELECT * FROM accounts ORDER BY name")
             sums: dict[str, dict[str, float]] = defaultdict(dict)
             for account, kind, cpu_h in conn.execute(
-                "SELECT account, kind, sum(cpu_h) FROM ledger GROUP BY account, kind"
+                "SELECT account, kind, cpu_h FROM ledger_balances"
             ):
                 sums[account][kind] = cpu_h
             for account in accounts:

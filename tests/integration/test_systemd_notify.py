@@ -22,8 +22,15 @@ def test_ready_and_stopping_are_notified(make_daemon, tmp_path):
         listener.settimeout(20)
         daemon = make_daemon()
         client = daemon.start(extra_env={"NOTIFY_SOCKET": address})
+        # While it recovers, it asks for more time (a long recovery is not killed by
+        # TimeoutStartSec); then it is ready.
+        starting = listener.recv(4096).decode().splitlines()
+        assert starting[0].startswith("STATUS=starting")
+        assert starting[1] == "EXTEND_TIMEOUT_USEC=30000000"
         ready = listener.recv(4096).decode().splitlines()
-        assert ready[0] == "READY=1"
+        while ready[0] != "READY=1":
+            assert ready[1].startswith("EXTEND_TIMEOUT_USEC="), ready
+            ready = listener.recv(4096).decode().splitlines()
         assert ready[1] == f"STATUS=serving {client.url} (driver local)"
         assert client.health()["ok"]
         # Jobs do not get the socket: they are not the service.
