@@ -74,7 +74,15 @@ from controller.planner import (
     pool_vm_type,
     preferred_launch,
 )
-from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
+from controller.runtime import (
+    AttemptRun,
+    BagRun,
+    JobRun,
+    VmBilling,
+    VmRun,
+    capacity_of,
+    shape_of,
+)
 from controller.slurm.pools import RUN_STATES, PoolBook, run_key
 from controller.store import Store, WriteBatch
 from drivers.base import (
@@ -87,7 +95,6 @@ from drivers.base import (
     VmType,
 )
 from policies.checkpoint import next_checkpoint_h, planned_work_left
-from policies.cost import vm_share
 from policies.index import TypeMarket
 from policies.ledger_rules import InsufficientCredit
 from policies.packing import Shape
@@ -372,15 +379,7 @@ class Scheduler:
         owned = {s.token: s for s in await self.driver.list_owned()}
         missing: list[VmRun] = []
         for row in state["vms"]:
-            vm_type = self.catalog.get(row["vm_type"]) or VmType(
-                row["vm_type"],
-                row["cpus"],
-                row["memory_gb"],
-                row["gpus"],
-                row["spot_price_per_hour"],
-                row["on_demand_price_per_hour"],
-                row["zone"],
-            )
+            vm_type = self._vm_type_of_row(row)
             vm = VmRun(
                 id=row["id"],
                 vm_type=vm_type,
@@ -418,8 +417,11 @@ class Scheduler:
         # Every live attempt first (a bag with live attempts is not done), then the
         # ones the executor does not run any more are lost.
         attempts = []
+        ended_vm_types = {row["id"]: self._vm_type_of_row(row) for row in state["ended_vms"]}
         for row in state["attempts"]:
             bag = self.bags[row["bag_id"]]  # a live attempt keeps its bag active
+            vm = self.vms.get(row["vm_id"])
+            vm_type = vm.vm_type if vm is not None else ended_vm_types.get(row["vm_id"])
             attempt = AttemptRun(
                 bag_id=row["bag_id"],
                 idx=row["idx"],
@@ -430,6 +432,7 @@ class Scheduler:
                 log_path=row["log_path"],
                 shape=bag.shape,
                 ref=row["ref"],
+                billing=VmBilling.of(bag.shape, vm_type) if vm_type is not None else None,
                 mark_at=row["checkpointed_at"] or row["started_at"],
             )
             job = self.jobs.get((attempt.bag_id, attempt.idx))
@@ -490,6 +493,19 @@ class Scheduler:
             sum(b.open_jobs for b in self.bags.values()),
             len(self.vms),
             len(adopted),
+        )
+
+    def _vm_type_of_row(self, row: dict[str, Any]) -> VmType:
+        """A stored VM's type: the catalog's, or as the row recorded it (a type since
+        removed from the configuration)."""
+        return self.catalog.get(row["vm_type"]) or VmType(
+            row["vm_type"],
+            row["cpus"],
+            row["memory_gb"],
+            row["gpus"],
+            row["spot_price_per_hour"],
+            row["on_demand_price_per_hour"],
+            row["zone"],
         )
 
     def _forget_everything(self) -> None:
@@ -1290,7 +1306,7 @@ class Scheduler:
             attempt.started_at = max(attempt.started_at, at)
         attempt.state = state
         self._write_attempt(attempt, batch, at, exit_code, reason)
-        self._record_usage(attempt, vm, state, at, batch)
+        self._record_usage(attempt, state, at, batch)
         batch.ledger_entries(
             at,
             self.accounts.settle(
@@ -1354,24 +1370,22 @@ class Scheduler:
         )
 
     def _record_usage(
-        self,
-        attempt: AttemptRun,
-        vm: VmRun | None,
-        state: AttemptState,
-        at: float,
-        batch: WriteBatch,
+        self, attempt: AttemptRun, state: AttemptState, at: float, batch: WriteBatch
     ) -> None:
-        if vm is None:
-            return
+        """Add the ended attempt to its bag's usage: its time, and its share of its VM's
+        time and cost (policies.cost.vm_share)."""
         elapsed_s = max(0.0, at - attempt.started_at)
-        vm_s = elapsed_s * vm_share(attempt.shape, vm.capacity)
+        billing = attempt.billing
+        vm_s = elapsed_s * billing.share if billing is not None else 0.0
         batch.usage(
             attempt.bag_id,
             preempted=state is AttemptState.PREEMPTED,
             attempt_s=elapsed_s,
             vm_s=vm_s,
-            spot_cost_usd=vm_s * vm.vm_type.spot_price_per_hour / 3600.0,
-            on_demand_cost_usd=vm_s * vm.vm_type.on_demand_price_per_hour / 3600.0,
+            spot_cost_usd=vm_s * billing.spot_price_per_hour / 3600.0 if billing else 0.0,
+            on_demand_cost_usd=vm_s * billing.on_demand_price_per_hour / 3600.0
+            if billing
+            else 0.0,
         )
 
     def _job_to(
@@ -1650,6 +1664,7 @@ class Scheduler:
             self.executor.log_path(bag.id, job.id, job.attempts),
             bag.shape,
             saved_s=job.work_saved_s,
+            billing=VmBilling.of(bag.shape, vm.vm_type),
         )
         self.attempts[attempt.id] = attempt
         bag.live_attempts += 1

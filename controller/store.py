@@ -1275,6 +1275,12 @@ class Store:
                     "FROM attempts a WHERE a.state IN ('starting', 'running')",
                 ),
                 "vms": _rows(conn, "SELECT * FROM vms WHERE state IN ('pending', 'running')"),
+                # Ended VMs that live attempts were on (what their time cost).
+                "ended_vms": _rows(
+                    conn,
+                    "SELECT * FROM vms WHERE state NOT IN ('pending', 'running') AND id IN "
+                    "(SELECT vm_id FROM attempts WHERE state IN ('starting', 'running'))",
+                ),
                 "slurm_runs": _rows(conn, "SELECT * FROM slurm_runs WHERE state = 'running'"),
             }
 

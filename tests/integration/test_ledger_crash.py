@@ -1,6 +1,6 @@
 """kill -9 the daemon at random moments while a bag runs with preemptions; restart it
-each time. At the end every job has succeeded, and the account's ledger agrees exactly
-with the attempts the store recorded: each reservation made once and settled once,
+each time. At the end every job has succeeded, the bag's usage counts every attempt the
+store recorded, and the account's ledger agrees exactly with them: each reservation made once and settled once,
 charges = rate × the time of every ended attempt, nothing left reserved, and the
 account's balance adds up."""
 
@@ -59,6 +59,12 @@ def test_kill_9_at_random_moments_loses_no_job_and_charges_exactly_the_recorded_
         0
     ][0]
     assert interrupted > 0  # the run did see preemptions or crashes cut attempts short
+    # The bag's usage counts every attempt the store has, also those that ended
+    # while the daemon was down (their VMs were gone by the restart).
+    usage = rows(state, "SELECT attempts_ended, attempt_s FROM bags")
+    stored = rows(state, "SELECT count(*), sum(ended_at - started_at) FROM attempts")
+    assert usage[0][0] == stored[0][0]
+    assert usage[0][1] == pytest.approx(stored[0][1], rel=1e-9)
     sums = check_ledger(state)  # once each, charges = rate × recorded time, none open
     used = rows(state, "SELECT sum(ended_at - started_at) / 3600.0 FROM attempts")[0][0]
     assert sums["charge"] == pytest.approx(used, rel=1e-9)
