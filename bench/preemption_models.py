@@ -18,7 +18,6 @@ Prints:
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from controller.lifetime_data import read_lifetimes  # noqa: E402
 from controller.plots import plot_fits, plot_reuse_evaluation  # noqa: E402
 from policies.fitting import at_deadline, fit, fit_all, kaplan_meier  # noqa: E402
 from policies.reuse import ReuseTable, failure_probability, should_reuse  # noqa: E402
@@ -38,10 +38,10 @@ LAUNCH_H = 1 / 60  # a fresh VM takes a minute to launch and boot
 
 
 def load() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = list(csv.DictReader(DATA.open()))
-    t = np.array([float(r["lifetime_s"]) / 3600 for r in rows])
-    preempted = np.array([r["event"] == "preempted" for r in rows])
-    types = np.array([r["machine_type"] for r in rows])
+    rows = read_lifetimes(DATA)
+    t = np.array([r.lifetime_h for r in rows])
+    preempted = np.array([r.preempted for r in rows])
+    types = np.array([r.vm_type for r in rows])
     return t, preempted, types
 
 

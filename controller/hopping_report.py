@@ -1,6 +1,8 @@
 """`spotbag index` and `spotbag simulate-hopping`: the cloud index of a spot price trace
 and what each hopping policy would have cost (SPEC.md §5). The math is policies.index
-and policies.hopping; this module reads the trace, runs them, and reports."""
+and policies.hopping; this module reads the trace (controller.price_trace), sizes its
+VM types (controller.vm_size: a --types file, a --config catalog, the bundled EC2 and
+GCE table), runs them, and reports."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 import numpy as np
 
 from controller.checkpoint_plan import PlanError, parse_duration_h
+from controller.config import ConfigError, load_config
 from controller.price_trace import PriceTrace, TraceError, read_trace
+from controller.vm_size import VmSize, bundled_sizes, catalog_sizes, read_sizes_file
 from policies.hopping import Phase, Replay, replay, volatility
 from policies.index import Policy, index_series, normalized_prices
 
@@ -59,9 +64,11 @@ class IndexSummary:
         return self.members_cv_mean / self.index_cv if self.index_cv > 0 else math.inf
 
 
-def summarize_index(trace: PriceTrace, by: str, step_s: float):
+def summarize_index(
+    trace: PriceTrace, by: str, step_s: float, sizes: dict[str, VmSize] | None = None
+):
     """(times, {composition: index series}, normalised prices, [IndexSummary])."""
-    fleet = trace.fleet()
+    fleet = trace.fleet(sizes)
     times, prices = trace.grid(step_s)
     normalized = normalized_prices(prices, fleet.cpus, fleet.memory_gb)
     series, summaries = {}, []
@@ -121,8 +128,9 @@ def replay_trace(
     revocation_s: float,
     bid_factor: float = 1.0,
     literal_trigger: bool = False,
+    sizes: dict[str, VmSize] | None = None,
 ) -> list[Replay]:
-    fleet = trace.fleet(bid_factor=bid_factor)
+    fleet = trace.fleet(sizes, bid_factor=bid_factor)
     if np.isnan(fleet.on_demand).any():
         raise TraceError("the trace has no on-demand price for some VMs (ondemand_price_usd_hr)")
     # From the first moment every VM has a price: a policy choosing before then would
@@ -149,6 +157,47 @@ def _seconds(text: str, what: str) -> float:
     return parse_duration_h(text, what) * 3600
 
 
+def size_table(types_path: str | None, config_path: str | None) -> dict[str, VmSize]:
+    """The sizes a trace's types are looked up in: the --types file first, then the
+    --config catalog, then the bundled EC2 and GCE table."""
+    sizes = bundled_sizes()
+    if config_path:
+        try:
+            sizes |= catalog_sizes(load_config(config_path).vm_types)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--config") from None
+    if types_path:
+        if not Path(types_path).is_file():
+            raise click.BadParameter(
+                f"{types_path}: no such file. --types takes a file of VM sizes (CSV or JSON: "
+                "name, vcpus, memory_gb); to keep only some types of the trace, use --only-types",
+                param_hint="--types",
+            )
+        try:
+            sizes |= read_sizes_file(types_path)
+        except TraceError as exc:
+            raise click.BadParameter(str(exc), param_hint="--types") from None
+    return sizes
+
+
+def size_options(command):
+    """--types FILE and --config FILE: where sizes of types the bundled table lacks come from."""
+    command = click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        help="A spotbag config whose [[vm_types]] give sizes (by name or instance_type) "
+        "of the trace's types.",
+    )(command)
+    return click.option(
+        "--types",
+        "types_path",
+        metavar="FILE",
+        help="VM sizes for types the bundled EC2/GCE table lacks or to override it: CSV "
+        "(header name,vcpus,memory_gb) or JSON ([{name, vcpus, memory_gb}, ...]).",
+    )(command)
+
+
 @click.command("index")
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
 @click.option(
@@ -161,13 +210,26 @@ def _seconds(text: str, what: str) -> float:
 @click.option("--step", default="5m", show_default=True, help="Grid the trace is put on.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG chart.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def index_command(trace_path: str, by: str, step: str, plot_path: str | None, as_json: bool):
+@size_options
+def index_command(
+    trace_path: str,
+    by: str,
+    step: str,
+    plot_path: str | None,
+    as_json: bool,
+    types_path: str | None,
+    config_path: str | None,
+):
     """The cloud index of a spot price TRACE (CSV: region,az,instance_type,product,
     timestamp_utc,spot_price_usd_hr,ondemand_price_usd_hr) and how much less volatile it
-    is than the prices it averages."""
+    is than the prices it averages. Types are sized by --types, --config or the bundled
+    table of every EC2 type and the common GCE types."""
+    sizes = size_table(types_path, config_path)
     try:
         trace = read_trace(trace_path)
-        times, series, normalized, summaries = summarize_index(trace, by, _seconds(step, "--step"))
+        times, series, normalized, summaries = summarize_index(
+            trace, by, _seconds(step, "--step"), sizes
+        )
     except (TraceError, PlanError) as exc:
         raise click.ClickException(str(exc)) from None
     if plot_path:
@@ -231,10 +293,13 @@ def index_command(trace_path: str, by: str, step: str, plot_path: str | None, as
 @click.option("--migration", default="30s", show_default=True, help="Downtime of one migration.")
 @click.option("--revocation", default="90s", show_default=True, help="Downtime of one revocation.")
 @click.option("--bid-factor", default=1.0, show_default=True, help="Bid = this × on-demand price.")
-@click.option("--types", default="", help="Only these instance types (comma-separated).")
+@click.option(
+    "--only-types", "only_types", default="", help="Only these instance types (comma-separated)."
+)
 @click.option("--zones", default="", help="Only these zones (comma-separated).")
 @click.option("--literal-trigger", is_flag=True, help="Use the paper's printed eq. 5 to migrate.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@size_options
 def simulate_hopping_command(
     trace_path,
     policy_names,
@@ -245,20 +310,25 @@ def simulate_hopping_command(
     migration,
     revocation,
     bid_factor,
-    types,
+    only_types,
     zones,
     literal_trigger,
     as_json,
+    types_path,
+    config_path,
 ):
     """Replay a spot price TRACE with a job under hopping policies: cost (and cost
     normalised to the cheapest fitting on-demand VM), availability, migrations and
-    revocations."""
+    revocations. Types are sized by --types, --config or the bundled table of every
+    EC2 type and the common GCE types."""
     policies = list(Policy) if "all" in policy_names else [Policy(p) for p in policy_names]
+    sizes = size_table(types_path, config_path)
     try:
         phases = parse_job(job)
         trace = read_trace(trace_path)
         trace = trace.select(
-            [t for t in types.split(",") if t] or None, [z for z in zones.split(",") if z] or None
+            [t for t in only_types.split(",") if t] or None,
+            [z for z in zones.split(",") if z] or None,
         )
         results = replay_trace(
             trace,
@@ -271,6 +341,7 @@ def simulate_hopping_command(
             revocation_s=_seconds(revocation, "--revocation"),
             bid_factor=bid_factor,
             literal_trigger=literal_trigger,
+            sizes=sizes,
         )
     except (TraceError, PlanError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -2,62 +2,59 @@
 
 Columns: name, machine_type, zone, insert_time, end_time, lifetime_s, event, idle;
 `event` is "preempted" or "stop" (stopped by its user: right-censored). Extra
-columns are ignored; a bad row is an error naming its line.
+columns are ignored; a bad row is an error naming its line; the file may be gzipped;
+insert_time is ISO 8601 (no zone: UTC) or epoch seconds.
 """
 
 from __future__ import annotations
 
-import csv
-import datetime as dt
+import math
 from pathlib import Path
 
+from controller.trace_io import Skipped, TraceError, csv_records, parse_datetime
 from policies.registry import Observation, day_kind, region_of, time_of_day
 
 REQUIRED = ("machine_type", "zone", "insert_time", "lifetime_s", "event")
 GROUP_COLUMNS = ("machine_type", "zone", "region", "time_of_day", "day")
 
 
-class LifetimeDataError(ValueError):
-    pass
+class LifetimeDataError(TraceError):
+    """A lifetime file that cannot be used; the message names the file and line."""
 
 
 def read_lifetimes(path: str | Path, provider: str = "gce") -> list[Observation]:
+    """Every row of a lifetime CSV (gzip or not, read by controller.trace_io) as an
+    Observation; a bad row is an error naming its line, and so is a file without rows."""
     path = Path(path)
-    try:
-        handle = path.open(newline="")
-    except OSError as exc:
-        raise LifetimeDataError(f"cannot read {path}: {exc.strerror}") from None
     observations = []
-    with handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
-        if missing:
-            raise LifetimeDataError(f"{path}: missing column(s) {', '.join(missing)}")
-        for line, row in enumerate(reader, start=2):
-            try:
-                launched = dt.datetime.fromisoformat(row["insert_time"])
-                if launched.tzinfo is None:
-                    launched = launched.replace(tzinfo=dt.UTC)
-                lifetime_h = float(row["lifetime_s"]) / 3600.0
-                event = row["event"].strip()
-                if event not in ("preempted", "stop"):
-                    raise ValueError(f"event must be 'preempted' or 'stop', not {event!r}")
-                if not lifetime_h >= 0:
-                    raise ValueError(f"lifetime_s must be >= 0, not {row['lifetime_s']!r}")
-            except (ValueError, TypeError) as exc:
-                raise LifetimeDataError(f"{path}:{line}: {exc}") from None
-            observations.append(
-                Observation(
-                    provider,
-                    row["machine_type"],
-                    row["zone"],
-                    launched,
-                    lifetime_h,
-                    event == "preempted",
+    try:
+        with csv_records(path, REQUIRED) as table:
+            for line, row in table:
+                try:
+                    launched = parse_datetime(row["insert_time"])
+                    lifetime_h = float(row["lifetime_s"]) / 3600.0
+                    event = row["event"]
+                    if event not in ("preempted", "stop"):
+                        raise ValueError(f"event must be 'preempted' or 'stop', not {event!r}")
+                    if not 0 <= lifetime_h < math.inf:
+                        raise ValueError(f"lifetime_s must be >= 0, not {row['lifetime_s']!r}")
+                except (ValueError, TypeError) as exc:
+                    raise LifetimeDataError(f"{path}:{line}: {exc}") from None
+                observations.append(
+                    Observation(
+                        provider,
+                        row["machine_type"],
+                        row["zone"],
+                        launched,
+                        lifetime_h,
+                        event == "preempted",
+                    )
                 )
-            )
-    if not observations:
-        raise LifetimeDataError(f"{path}: no lifetimes")
+        Skipped("lifetime").require_kept(len(observations), path)
+    except LifetimeDataError:
+        raise
+    except TraceError as exc:
+        raise LifetimeDataError(str(exc)) from None
     return observations
 
 

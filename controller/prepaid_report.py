@@ -3,15 +3,19 @@ what that saves against buying every core-hour on demand (SPEC.md §7).
 
 The usage comes from a history of (start, end, cores) intervals:
 
-- `--swf FILE`: a Standard Workload Format trace (header lines start with ';';
-  18 fields per job). A job runs from submit + wait (fields 2 + 3) for its run
-  time (field 4) on its allocated processors (field 5). Jobs with an unknown
-  (-1) submit time, wait, run time or processor count, or no processors, are
-  skipped and counted. Times are seconds after the header's UnixStartTime.
+- `--swf FILE`: a Standard Workload Format trace, gzipped or not (controller.trace_io
+  reads it: ';' lines are the header, 18 whitespace-separated fields per job, -1 is
+  missing). A job runs from submit + wait (fields 2 + 3) for its run time (field 4)
+  on its allocated processors (field 5). An unknown wait means the job started when
+  submitted; unknown allocated processors are the requested ones (field 8). Jobs
+  with an unknown submit time, run time or processor count, or no processors, are
+  skipped and counted per reason; a trace with none left is an error. Times are
+  seconds after the header's UnixStartTime.
 - `--csv FILE`: a header row naming at least the columns start, end and cores
-  (more columns are allowed: `--core-type COLUMN` groups by one of them). Times
-  are epoch seconds (e.g. 1583160579) or ISO 8601 (2020-03-02T14:49:39Z; no zone
-  means UTC); cores are whole numbers >= 0.
+  (more columns are allowed: `--core-type COLUMN` groups by one of them), gzipped
+  or not. Times are epoch seconds (e.g. 1583160579) or ISO 8601 (2020-03-02T14:49:39Z;
+  no zone means UTC); cores are whole numbers >= 0. A bad row is an error; so is a
+  file without rows.
 - `--from-store`: the VMs a state directory's daemon ran: each VM's vCPUs from
   running to ended, the VM type as the core type (prepaid capacity is bought as VMs).
 
@@ -28,7 +32,6 @@ The math is policies.prepaid; this module reads the inputs and reports.
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import math
 import sys
@@ -40,6 +43,8 @@ from typing import Any
 import click
 import numpy as np
 
+from controller import trace_io
+from controller.trace_io import TraceError, parse_time
 from policies.prepaid import (
     PrepaidOptimum,
     break_even_utilisation,
@@ -48,15 +53,10 @@ from policies.prepaid import (
 )
 
 TERMS_Y = {"1y": 1, "3y": 3}
-SWF_FIELDS = 18
 # SWF fields (1-based) a core type may be taken from.
 SWF_CORE_TYPES = {"partition": 16, "queue": 15}
 CSV_COLUMNS = ("start", "end", "cores")
 DEFAULT_CURVE_POINTS = 15
-
-
-class TraceError(ValueError):
-    """An input file that cannot be read; the message names the line and the problem."""
 
 
 class CoreTypeError(TraceError):
@@ -76,164 +76,130 @@ class Intervals:
     absolute: bool = True  # times are epoch seconds, so they can be shown as dates
     skipped: int = 0
     notes: list[str] = field(default_factory=list)
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 # --- readers ---------------------------------------------------------------------------
 
 
+def _swf_skips(submit, wait, run, procs) -> list[tuple[str, np.ndarray]]:
+    """(reason, mask) in order: a job is counted under the first reason that applies."""
+    negative = np.zeros(submit.shape, dtype=bool)
+    for values in (submit, wait, run, procs):
+        negative |= np.nan_to_num(values, nan=0.0) < 0
+    return [
+        ("unknown (-1) submit time", np.isnan(submit)),
+        ("unknown (-1) run time", np.isnan(run)),
+        ("unknown (-1) allocated and requested processors", np.isnan(procs)),
+        ("negative submit time, wait, run time or processors (not -1)", negative),
+        ("no processors (0 allocated)", procs == 0),
+    ]
+
+
 def read_swf(path: str | Path, core_type: str | None = None) -> Intervals:
-    """The jobs of an SWF trace as intervals; `core_type` 'partition' or 'queue'
-    groups them by that field (partition names from the header's 'Partition:' lines)."""
+    """The jobs of an SWF trace (gzip or not) as intervals; `core_type` 'partition' or
+    'queue' groups them by that field (names from the header's 'Partition:' and
+    'Queue:' lines).
+
+    A job runs from submit + wait for its run time on its allocated processors. An
+    unknown (-1) wait means it started when submitted; unknown allocated processors
+    are taken from the requested ones (field 8). Jobs with no submit time, run time or
+    processors are skipped and counted per reason; a trace with no job left is an
+    error."""
     if core_type is not None and core_type not in SWF_CORE_TYPES:
         raise CoreTypeError(
-            f"an SWF trace has no core type {core_type!r}; choose {' or '.join(SWF_CORE_TYPES)}"
+            f"{path}: an SWF trace has no core type {core_type!r}; choose "
+            f"{' or '.join(SWF_CORE_TYPES)}"
         )
-    type_field = SWF_CORE_TYPES[core_type] - 1 if core_type else None
-    unix_start: float | None = None
-    names: dict[str, str] = {}
+    trace = trace_io.read_swf(path)
+    submit, wait, run = (trace.column(n) for n in ("submit_s", "wait_s", "run_s"))
+    allocated, requested = trace.column("allocated_procs"), trace.column("requested_procs")
+    procs = np.where(np.isnan(allocated), requested, allocated)
+    skipped = trace_io.Skipped("job")
+    keep = np.ones(len(trace), dtype=bool)
+    for reason, mask in _swf_skips(submit, wait, run, procs):
+        skipped.add(reason, int(np.count_nonzero(mask & keep)))
+        keep &= ~mask
+    skipped.require_kept(int(np.count_nonzero(keep)), path)
+    fractional = keep & (procs != np.round(procs))
+    if fractional.any():
+        at = int(np.argmax(fractional))
+        raise TraceError(
+            f"{path}:{trace.lines[at]}: processors must be a whole number, not {procs[at]:g}"
+        )
+    started = submit + np.nan_to_num(wait, nan=0.0)
+    notes = skipped.notes()
+    unknown_wait = int(np.count_nonzero(keep & np.isnan(wait)))
+    if unknown_wait:
+        notes.append(
+            f"{unknown_wait:,} job(s) with unknown (-1) wait: taken to start at their submit time"
+        )
+    from_requested = int(np.count_nonzero(keep & np.isnan(allocated)))
+    if from_requested:
+        notes.append(
+            f"{from_requested:,} job(s) with unknown (-1) allocated processors: their "
+            "requested processors (field 8) used"
+        )
+    labels = None
+    if core_type is not None:
+        names = trace.names[core_type]
+        labels = np.array(
+            [
+                f"{core_type} {names.get(str(int(v)), str(int(v))) if np.isfinite(v) else 'unknown'}"
+                for v in trace.column(core_type)[keep]
+            ],
+            dtype=str,
+        )
+    offset = trace.unix_start_s or 0.0
+    return Intervals(
+        started[keep] + offset,
+        started[keep] + run[keep] + offset,
+        procs[keep].astype(np.int64),
+        labels,
+        f"SWF {path}",
+        Path(path).name,
+        absolute=trace.unix_start_s is not None,
+        skipped=skipped.total,
+        notes=notes,
+        skipped_by_reason=skipped.by_reason(),
+    )
+
+
+def read_csv(path: str | Path, core_type: str | None = None) -> Intervals:
+    """Intervals from a CSV (gzip or not) with a header row: start, end, cores (and
+    `core_type`). A bad row is an error naming its line; so is a file without rows."""
     starts: list[float] = []
     ends: list[float] = []
     cores: list[int] = []
     types: list[str] = []
-    skipped = 0
-    with open(path, encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            if text.startswith(";"):
-                key, _, value = text[1:].partition(":")
-                key, value = key.strip().lower(), value.strip()
-                if key == "unixstarttime":
-                    try:
-                        unix_start = float(value)
-                    except ValueError:
-                        raise TraceError(
-                            f"line {number}: UnixStartTime {value!r} is not a number"
-                        ) from None
-                elif key == "partition" and value:
-                    ident, _, name = value.partition(" ")
-                    names[ident] = name.strip() or ident
-                continue
-            fields = text.split()
-            if len(fields) != SWF_FIELDS:
-                raise TraceError(
-                    f"line {number}: expected {SWF_FIELDS} fields, found {len(fields)}: {text[:80]!r}"
-                )
-            try:
-                submit, wait, run, allocated = (float(fields[i]) for i in (1, 2, 3, 4))
-            except ValueError:
-                raise TraceError(
-                    f"line {number}: fields 2-5 (submit, wait, run time, allocated processors) "
-                    f"must be numbers: {' '.join(fields[1:5])!r}"
-                ) from None
-            values = (submit, wait, run, allocated)
-            if not all(math.isfinite(v) for v in values):
-                raise TraceError(f"line {number}: fields 2-5 must be finite numbers")
-            if min(values) < 0 or allocated == 0:  # -1: unknown
-                skipped += 1
-                continue
-            if allocated != int(allocated):
-                raise TraceError(
-                    f"line {number}: allocated processors (field 5) must be a whole number, "
-                    f"not {fields[4]}"
-                )
-            starts.append(submit + wait)
-            ends.append(submit + wait + run)
-            cores.append(int(allocated))
-            if type_field is not None:
-                types.append(fields[type_field])
-    offset = unix_start or 0.0
-    notes = []
-    if skipped:
-        notes.append(
-            f"{skipped:,} job(s) skipped: unknown (-1) submit time, wait, run time or "
-            "processors, or no processors"
-        )
-    labels = None
-    if type_field is not None:
-        labels = np.array([f"{core_type} {names.get(t, t)}" for t in types], dtype=str)
-    return Intervals(
-        np.asarray(starts, dtype=float) + offset,
-        np.asarray(ends, dtype=float) + offset,
-        np.asarray(cores, dtype=np.int64),
-        labels,
-        f"SWF {path}",
-        Path(path).name,
-        absolute=unix_start is not None,
-        skipped=skipped,
-        notes=notes,
-    )
-
-
-def parse_time(text: str) -> float:
-    """Epoch seconds, or ISO 8601 (no zone: UTC) -> epoch seconds."""
-    value = text.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            raise ValueError(f"cannot read {text!r} as epoch seconds or ISO 8601") from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        return moment.timestamp()
-    if not math.isfinite(seconds):
-        raise ValueError(f"{text!r} is not a finite time")
-    return seconds
-
-
-def read_csv(path: str | Path, core_type: str | None = None) -> Intervals:
-    """Intervals from a CSV with a header row: start, end, cores (and `core_type`)."""
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError("line 1: the file is empty; expected a header row: start,end,cores")
-        header = [name.strip() for name in header]
-        missing = [name for name in CSV_COLUMNS if name not in header]
-        if missing:
-            raise TraceError(
-                f"line 1: the header lacks column(s) {', '.join(missing)} "
-                f"(found: {', '.join(header) or 'nothing'})"
-            )
-        if core_type is not None and core_type not in header:
+    with trace_io.csv_records(path, CSV_COLUMNS) as table:
+        if core_type is not None and core_type not in table.header:
             raise CoreTypeError(
-                f"line 1: no core-type column {core_type!r} (columns: {', '.join(header)})"
+                f"{path}:1: no core-type column {core_type!r} (columns: {', '.join(table.header)})"
             )
-        at = {name: header.index(name) for name in header}
-        starts: list[float] = []
-        ends: list[float] = []
-        cores: list[int] = []
-        types: list[str] = []
-        for row in reader:
-            number = reader.line_num
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise TraceError(
-                    f"line {number}: {len(row)} fields, but the header has {len(header)}"
-                )
+        for number, row in table:
             try:
-                start = parse_time(row[at["start"]])
-                end = parse_time(row[at["end"]])
+                start = parse_time(row["start"])
+                end = parse_time(row["end"])
             except ValueError as exc:
-                raise TraceError(f"line {number}: {exc}") from None
+                raise TraceError(f"{path}:{number}: {exc}") from None
             if end < start:
-                raise TraceError(f"line {number}: end {row[at['end']]!r} is before start")
-            text = row[at["cores"]].strip()
+                raise TraceError(f"{path}:{number}: end {row['end']!r} is before start")
+            text = row["cores"]
             try:
                 count = float(text)
             except ValueError:
                 count = math.nan
             if not (math.isfinite(count) and count >= 0 and count == int(count)):
-                raise TraceError(f"line {number}: cores must be a whole number >= 0, not {text!r}")
+                raise TraceError(
+                    f"{path}:{number}: cores must be a whole number >= 0, not {text!r}"
+                )
             starts.append(start)
             ends.append(end)
             cores.append(int(count))
             if core_type is not None:
-                types.append(row[at[core_type]].strip() or "(none)")
+                types.append(row[core_type] or "(none)")
+    trace_io.Skipped("interval").require_kept(len(starts), path)
     return Intervals(
         np.asarray(starts, dtype=float),
         np.asarray(ends, dtype=float),
@@ -380,6 +346,7 @@ def as_dict(report: PrepaidReport, points: int = DEFAULT_CURVE_POINTS) -> dict[s
             "input": intervals.source,
             "intervals": int(intervals.starts.size),
             "skipped": intervals.skipped,
+            "skipped_by_reason": intervals.skipped_by_reason,
             "notes": intervals.notes,
         },
         "period": {
@@ -544,11 +511,9 @@ def read_source(swf: str | None, csv_path: str | None, core_type: str | None) ->
     try:
         return reader(path, core_type)
     except CoreTypeError as exc:
-        raise click.BadParameter(f"{path}: {exc}", param_hint="--core-type") from None
-    except TraceError as exc:
-        raise click.BadParameter(f"{path}: {exc}", param_hint=option) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint=option) from None
+        raise click.BadParameter(str(exc), param_hint="--core-type") from None
+    except TraceError as exc:  # names the file and the line
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 def _price(minimum_open: bool):
@@ -672,6 +637,8 @@ def prepaid_command(
     )
     console = Console() if sys.stdout.isatty() else Console(width=200)
     if as_json:
+        for note in intervals.notes:  # the table shows them; JSON readers see them here too
+            click.echo(f"{intervals.source}: {note}", err=True)
         click.echo(json.dumps(as_dict(report, curve_points), indent=2))
     else:
         render(report, console, curve_points)

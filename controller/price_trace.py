@@ -1,49 +1,36 @@
 """Spot price traces: reading them, putting them on a regular grid, and replaying them as
 a price source for the local and sim drivers.
 
-The format is the one of ../shared/data/spot-prices/ (CSV, optionally gzipped):
+The format is the one of ../shared/data/spot-prices/ (CSV, gzipped or not; read by
+controller.trace_io):
 
     region,az,instance_type,product,timestamp_utc,spot_price_usd_hr,ondemand_price_usd_hr
 
 one row per price change. A VM of the trace is an (instance type, zone) pair. On a grid
 of `step_s`, each VM's price at a step is the last change at or before it (NaN before
-its first change); VM sizes come from controller/data/aws_instance_types.json unless
-given.
+its first change); VM sizes come from controller.vm_size (the bundled EC2 and GCE
+table, a --types file, a config's catalog). Timestamps are ISO 8601 or epoch seconds;
+no zone means UTC.
 """
 
 from __future__ import annotations
 
 import bisect
-import csv
-import gzip
-import io
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from controller import trace_io
+from controller.trace_io import TraceError, parse_time
+from controller.vm_size import VmSize, bundled_sizes, sizes_of
 from drivers.base import PriceSample
 from policies.hopping import Fleet
 
 REQUIRED_COLUMNS = ("az", "instance_type", "timestamp_utc", "spot_price_usd_hr")
-
-
-class TraceError(ValueError):
-    """The trace cannot be read: says which file, line and field."""
-
-
-def instance_sizes() -> dict[str, tuple[float, float, int]]:
-    """type -> (vCPUs, memory GB, GPUs) from the bundled table."""
-    text = resources.files("controller").joinpath("data/aws_instance_types.json").read_text()
-    return {
-        name: (float(v["cpus"]), float(v["memory_gb"]), int(v["gpus"]))
-        for name, v in json.loads(text)["types"].items()
-    }
+__all__ = ["PriceTrace", "TraceError", "TraceReplay", "read_trace"]
 
 
 @dataclass(frozen=True)
@@ -81,21 +68,17 @@ class PriceTrace:
 
     def fleet(
         self,
-        sizes: Mapping[str, tuple[float, float, int]] | None = None,
+        sizes: Mapping[str, VmSize] | None = None,
         bid_factor: float = 1.0,
     ) -> Fleet:
-        """The trace's VMs with their sizes and bids (bid_factor × on-demand)."""
-        sizes = instance_sizes() if sizes is None else sizes
-        missing = sorted({t for t, _ in self.vms if t not in sizes})
-        if missing:
-            raise TraceError(
-                f"no size known for {', '.join(missing)}; add them to "
-                "controller/data/aws_instance_types.json"
-            )
+        """The trace's VMs with their sizes and bids (bid_factor × on-demand); sizes
+        by type name (default: the bundled EC2 and GCE table)."""
+        known = bundled_sizes() if sizes is None else sizes
+        size = sizes_of([t for t, _ in self.vms], known)
         return Fleet(
             names=tuple(f"{t}/{z}" for t, z in self.vms),
-            cpus=np.array([sizes[t][0] for t, _ in self.vms]),
-            memory_gb=np.array([sizes[t][1] for t, _ in self.vms]),
+            cpus=np.array([size[t].vcpus for t, _ in self.vms]),
+            memory_gb=np.array([size[t].memory_gb for t, _ in self.vms]),
             on_demand=self.on_demand.copy(),
             bid=self.on_demand * bid_factor,
         )
@@ -117,33 +100,17 @@ class PriceTrace:
         )
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path), encoding="utf-8", newline="")
-    return path.open(encoding="utf-8", newline="")
-
-
-def _timestamp_s(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def read_trace(path: str | Path) -> PriceTrace:
-    """Read a trace file (module docstring); TraceError names the line and field."""
+    """Read a trace file (module docstring; gzip or not, by its first bytes); a bad
+    row is a TraceError naming its line and field, and so is a file without rows."""
     path = Path(path)
-    if not path.exists():
-        raise TraceError(f"{path}: no such file")
     changes: dict[tuple[str, str], list[tuple[float, float]]] = {}
     on_demand: dict[tuple[str, str], float] = {}
-    with _open_text(path) as handle:
-        reader = csv.DictReader(handle)
-        columns = reader.fieldnames or []
-        absent = [c for c in REQUIRED_COLUMNS if c not in columns]
-        if absent:
-            raise TraceError(f"{path}: missing column(s) {', '.join(absent)}; has {columns}")
-        for line, row in enumerate(reader, start=2):
+    with trace_io.csv_records(path, REQUIRED_COLUMNS) as table:
+        for line, row in table:
             key = (row["instance_type"], row["az"])
             try:
-                at = _timestamp_s(row["timestamp_utc"])
+                at = parse_time(row["timestamp_utc"])
             except ValueError:
                 raise TraceError(
                     f"{path}:{line}: timestamp_utc {row['timestamp_utc']!r} is not a timestamp"
@@ -165,8 +132,7 @@ def read_trace(path: str | Path) -> PriceTrace:
                     raise TraceError(
                         f"{path}:{line}: ondemand_price_usd_hr {od!r} is not a number"
                     ) from None
-    if not changes:
-        raise TraceError(f"{path}: no price rows")
+    trace_io.Skipped("price row").require_kept(len(changes), path)
     vms = tuple(sorted(changes))
     times, prices = [], []
     for vm in vms:

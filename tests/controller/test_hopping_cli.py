@@ -6,11 +6,14 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from controller.cli import cli
 from controller.hopping_report import index_command, parse_job, simulate_hopping_command
 from controller.price_trace import TraceError, TraceReplay, read_trace
 from policies.hopping import Phase
@@ -125,3 +128,103 @@ def test_the_real_trace_cost_centric_moves_far_more_than_balanced():
     assert cost["migrations"] > 5 * balanced["migrations"]
     assert balanced["availability"] > cost["availability"]
     assert cost["normalized_cost"] < balanced["normalized_cost"] < 1.3 * cost["normalized_cost"]
+
+
+# --- sizes of the trace's types ------------------------------------------------------
+
+
+def write_types_trace(path, types, zone="us-east-1a", region="us-east-1", minutes=120, seed=1):
+    """A price each minute for each (type, mean ¢/h, on-demand $/h) of `types`."""
+    rng = np.random.default_rng(seed)
+    rows = [HEADER]
+    for vm_type, mean_cents, on_demand in types:
+        for minute in range(minutes):
+            price = mean_cents / 100 * rng.uniform(0.8, 1.2)
+            stamp = f"2017-06-01T{minute // 60:02d}:{minute % 60:02d}:00Z"
+            rows.append(f"{region},{zone},{vm_type},Linux,{stamp},{price:.5f},{on_demand}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+# The four VMs of the index-tracking paper's synthetic experiment (SoCC'18 §6.2).
+PAPER_TYPES = [
+    ("m4.large", 4.5, 0.10),
+    ("m4.2xlarge", 8.5, 0.40),
+    ("c4.2xlarge", 6.5, 0.398),
+    ("r4.xlarge", 6.5, 0.266),
+]
+
+
+def test_the_papers_types_are_sized_end_to_end(tmp_path):
+    trace = write_types_trace(tmp_path / "paper.csv", PAPER_TYPES)
+    args = ["--job", "4:16:30m,2:8:30m", "--step", "1m", "--window", "10m", "--decide-every", "1m"]
+    done = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "simulate-hopping", str(trace), *args, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {row["policy"]: row for row in json.loads(done.stdout)}
+    assert set(rows) == {"static", "cost", "availability", "balanced"}
+    assert all(row["finished"] and 1.0 <= row["work_h"] < 1.05 for row in rows.values())
+    index = CliRunner().invoke(cli, ["index", str(trace), "--by", "family", "--json"])
+    assert index.exit_code == 0, index.output
+    assert {row["composition"] for row in json.loads(index.stdout)} == {"m4", "c4", "r4"}
+
+
+def test_gce_machine_types_are_sized(tmp_path):
+    gce = [("n1-standard-4", 4.0, 0.19), ("e2-highmem-4", 5.0, 0.18), ("e2-medium", 1.0, 0.034)]
+    trace = write_types_trace(tmp_path / "gce.csv", gce, zone="us-central1-a", region="us-central1")
+    result = CliRunner().invoke(
+        cli, ["simulate-hopping", str(trace), "--job", "2:12", "--step", "1m", "--window", "10m"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "balanced" in result.output
+
+
+def test_a_types_file_or_a_config_sizes_what_the_table_lacks(tmp_path):
+    trace = write_types_trace(
+        tmp_path / "odd.csv", [("z9.huge", 50.0, 4.0), ("m4.large", 4.5, 0.1)]
+    )
+    base = ["simulate-hopping", str(trace), "--job", "2:8", "--step", "1m", "--window", "10m"]
+    unknown = CliRunner().invoke(cli, base)
+    assert unknown.exit_code == 1
+    assert "no size known for z9.huge" in unknown.output
+    assert "--types FILE" in unknown.output and "--config FILE" in unknown.output
+    sizes = tmp_path / "sizes.csv"
+    sizes.write_text("name,vcpus,memory_gb\nz9.huge,96,768\n")
+    assert CliRunner().invoke(cli, [*base, "--types", str(sizes)]).exit_code == 0
+    sizes_json = tmp_path / "sizes.json"
+    sizes_json.write_text('[{"name": "z9.huge", "vcpus": 96, "memory_gb": 768}]')
+    assert CliRunner().invoke(cli, [*base, "--types", str(sizes_json)]).exit_code == 0
+    config = tmp_path / "spotbag.toml"
+    config.write_text(
+        '[[vm_types]]\nname = "huge-1a"\ninstance_type = "z9.huge"\ncpus = 96\n'
+        "memory_gb = 768.0\nspot_price_per_hour = 0.5\n"
+    )
+    assert CliRunner().invoke(cli, [*base, "--config", str(config)]).exit_code == 0
+    index = CliRunner().invoke(cli, ["index", str(trace), "--types", str(sizes), "--json"])
+    assert index.exit_code == 0, index.output
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,vcpus,memory_gb\nz9.huge,96,none\n")
+    refused = CliRunner().invoke(cli, [*base, "--types", str(bad)])
+    assert refused.exit_code == 2
+    assert (
+        "--types" in refused.output
+        and "bad.csv:2: memory_gb must be a number > 0" in refused.output
+    )
+
+
+def test_only_types_keeps_some_types_and_types_wants_a_file(tmp_path):
+    trace = write_types_trace(tmp_path / "paper.csv", PAPER_TYPES)
+    base = ["simulate-hopping", str(trace), "--job", "2:8", "--step", "1m", "--window", "10m"]
+    only = CliRunner().invoke(
+        cli, [*base, "--only-types", "m4.large", "--policy", "cost", "--json"]
+    )
+    assert only.exit_code == 0, only.output
+    assert json.loads(only.stdout)[0]["migrations"] == 0  # one VM: nowhere to move
+    listed = CliRunner().invoke(cli, [*base, "--types", "m4.large,r4.xlarge"])
+    assert listed.exit_code == 2
+    assert "--types takes a file of VM sizes" in listed.output and "--only-types" in listed.output

@@ -4,6 +4,7 @@ runner and, once, as a real process."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import subprocess
@@ -80,7 +81,12 @@ def test_swf_jobs_run_from_submit_plus_wait_on_their_allocated_processors(tmp_pa
     assert trace.starts.tolist() == [base + 10, base + 50, base + 80]
     assert trace.ends.tolist() == [base + 110, base + 80, base + 80]
     assert trace.cores.tolist() == [4, 2, 16]
-    assert trace.skipped == 2 and "2 job(s) skipped" in trace.notes[0]
+    assert trace.skipped == 2
+    assert trace.skipped_by_reason == {
+        "unknown (-1) run time": 1,
+        "unknown (-1) allocated and requested processors": 1,
+    }
+    assert "1 job(s) skipped: unknown (-1) run time" in trace.notes
     assert trace.core_types is None and trace.absolute
     by_partition = read_swf(write_swf(tmp_path, body), "partition")
     partitions = ["partition gpu", "partition batch", "partition batch"]
@@ -89,13 +95,105 @@ def test_swf_jobs_run_from_submit_plus_wait_on_their_allocated_processors(tmp_pa
 
 def test_a_malformed_swf_line_is_named(tmp_path):
     short = write_swf(tmp_path, swf_line(1, 0, 1, 2, 3) + "2 0 1 2\n")
-    with pytest.raises(TraceError, match="line 8: expected 18 fields, found 4"):
+    with pytest.raises(TraceError, match=r"trace\.swf:8: expected 18 fields, found 4"):
         read_swf(short)
     words = write_swf(tmp_path, swf_line(1, 0, 1, 2, 3).replace("\t3\t", "\tmany\t", 1))
-    with pytest.raises(TraceError, match="line 7: fields 2-5"):
+    with pytest.raises(TraceError, match=r"trace.swf:7: field 5 \(allocated_procs\) 'many'"):
         read_swf(words)
     with pytest.raises(TraceError, match="no core type 'gpu'"):
         read_swf(write_swf(tmp_path, swf_line(1, 0, 1, 2, 3)), "gpu")
+
+
+def test_an_unknown_wait_means_the_job_started_when_submitted(tmp_path):
+    # Several Parallel Workloads Archive logs record every wait as -1 (unknown).
+    body = swf_line(1, 0, -1, 3600, 4) + swf_line(2, 1800, -1, 3600, 2)
+    trace = read_swf(write_swf(tmp_path, body))
+    base = 1583160579
+    assert trace.starts.tolist() == [base, base + 1800]
+    assert trace.ends.tolist() == [base + 3600, base + 5400]
+    assert trace.skipped == 0
+    assert trace.notes == ["2 job(s) with unknown (-1) wait: taken to start at their submit time"]
+    result = run(
+        "--swf", str(write_swf(tmp_path, body)), "--on-demand-price", "1",
+        "--prepaid-price", "0.5", "--term", "1y", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["source"]["intervals"] == 2
+    assert report["core_types"][0]["all_core_hours"] == pytest.approx(6.0)
+    assert "unknown (-1) wait" in result.stderr
+
+
+def test_unknown_allocated_processors_are_the_requested_ones(tmp_path):
+    line = swf_line(1, 0, 0, 3600, -1).split("\t")
+    line[7] = "8"  # field 8: requested processors
+    trace = read_swf(write_swf(tmp_path, "\t".join(line)))
+    assert trace.cores.tolist() == [8] and trace.skipped == 0
+    assert "requested processors (field 8) used" in trace.notes[0]
+
+
+def test_a_gzipped_swf_is_read_whatever_its_name(tmp_path):
+    body = swf_line(1, 0, 10, 100, 4) + swf_line(2, 50, -1, 30, 2)
+    packed = gzip.compress((SWF_HEADER + body).encode())
+    for name in ("trace.swf.gz", "trace.swf"):  # by its bytes, not only its name
+        (tmp_path / name).write_bytes(packed)
+        trace = read_swf(tmp_path / name, "partition")
+        assert trace.cores.tolist() == [4, 2]
+        assert trace.core_types.tolist() == ["partition batch", "partition batch"]
+    result = run(
+        "--swf", str(tmp_path / "trace.swf.gz"), "--on-demand-price", "1",
+        "--prepaid-price", "0.5", "--term", "1y", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["source"]["intervals"] == 2
+
+
+def test_swf_fields_are_separated_by_any_whitespace(tmp_path):
+    spaced = swf_line(1, 0, 10, 100, 4).replace("\t", "   ").replace("\n", "\r\n")
+    mixed = " " + swf_line(2, 5, 0, 20, 2).replace("\t", " \t ", 3)
+    trace = read_swf(write_swf(tmp_path, spaced + ";  a comment between jobs\n" + mixed))
+    assert trace.cores.tolist() == [4, 2] and trace.starts.size == 2
+
+
+def test_an_swf_with_no_usable_job_is_refused_with_the_reasons(tmp_path):
+    body = swf_line(1, 0, 0, -1, 4) + swf_line(2, 0, 0, 10, 0) + swf_line(3, 0, 0, -1, 2)
+    with pytest.raises(TraceError, match="none of its 3 jobs is usable"):
+        read_swf(write_swf(tmp_path, body))
+    result = run(
+        "--swf", str(write_swf(tmp_path, body)), "--on-demand-price", "1",
+        "--prepaid-price", "0.5", "--term", "1y",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "--swf" in result.output
+    assert "2 unknown (-1) run time; 1 no processors (0 allocated)" in result.output
+    header_only = write_swf(tmp_path, "", "header.swf")
+    with pytest.raises(TraceError, match=r"header\.swf: no jobs in the file"):
+        read_swf(header_only)
+
+
+def test_skipped_jobs_are_reported_per_reason_in_the_table_and_json(tmp_path):
+    body = swf_line(1, 0, 0, 3600, 4) + swf_line(2, -1, 0, 10, 1) + swf_line(3, 0, 0, -1, 2)
+    path = write_swf(tmp_path, body)
+    prices = ["--on-demand-price", "1", "--prepaid-price", "0.5", "--term", "1y"]
+    table = run("--swf", str(path), *prices)
+    assert table.exit_code == 0, table.output
+    assert "1 job(s) skipped: unknown (-1) submit time" in table.output
+    assert "1 job(s) skipped: unknown (-1) run time" in table.output
+    as_json = run("--swf", str(path), *prices, "--json")
+    source = json.loads(as_json.stdout)["source"]
+    assert source["skipped"] == 2 and source["intervals"] == 1
+    assert source["skipped_by_reason"] == {
+        "unknown (-1) submit time": 1,
+        "unknown (-1) run time": 1,
+    }
+    assert "1 job(s) skipped: unknown (-1) submit time" in as_json.stderr
+
+
+def test_a_gzipped_csv_history_is_read(tmp_path):
+    path = tmp_path / "usage.csv.gz"
+    path.write_bytes(gzip.compress(HAND_CSV.encode()))
+    usage = read_csv(path)
+    assert usage.cores.tolist() == [2, 1]
 
 
 def test_csv_times_are_epoch_seconds_or_iso_8601(tmp_path):
@@ -123,13 +221,14 @@ def test_csv_times_are_epoch_seconds_or_iso_8601(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("", "line 1: the file is empty"),
-        ("begin,end,cores\n", "lacks column\\(s\\) start"),
-        ("start,end,cores\n0,10,1\nnoon,20,1\n", "line 3: cannot read 'noon'"),
-        ("start,end,cores\n0,10,1\n20,10,1\n", "line 3: end '10' is before start"),
-        ("start,end,cores\n0,10,1.5\n", "line 2: cores must be a whole number"),
-        ("start,end,cores\n0,10,-2\n", "line 2: cores must be a whole number"),
-        ("start,end,cores\n0,10\n", "line 2: 2 fields, but the header has 3"),
+        ("", "bad.csv:1: the file is empty"),
+        ("begin,end,cores\n", "bad.csv:1: the header lacks column\\(s\\) start"),
+        ("start,end,cores\n0,10,1\nnoon,20,1\n", "bad.csv:3: cannot read 'noon'"),
+        ("start,end,cores\n0,10,1\n20,10,1\n", "bad.csv:3: end '10' is before start"),
+        ("start,end,cores\n0,10,1.5\n", "bad.csv:2: cores must be a whole number"),
+        ("start,end,cores\n0,10,-2\n", "bad.csv:2: cores must be a whole number"),
+        ("start,end,cores\n0,10\n", "bad.csv:2: 2 fields, but the header has 3"),
+        ("start,end,cores\n\n", "bad.csv: no intervals in the file"),
     ],
 )
 def test_bad_csv_lines_are_named(tmp_path, text, message):
@@ -212,14 +311,25 @@ def test_prepaid_at_or_above_on_demand_explains_the_zero(tmp_path):
     assert "buy none" in result.output
 
 
-def test_an_empty_history_prepays_nothing(tmp_path):
+def test_an_empty_history_is_refused(tmp_path):
+    # A history without intervals would report 0 cores and $0 as if that were an answer.
     path = tmp_path / "empty.csv"
     path.write_text("start,end,cores\n")
     result = run(
         "--csv", str(path), "--on-demand-price", "1", "--prepaid-price", "0.5", "--term", "1y",
     )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--csv" in result.output and "empty.csv: no intervals in the file" in result.output
+
+
+def test_a_history_of_zero_length_intervals_prepays_nothing(tmp_path):
+    path = tmp_path / "idle.csv"
+    path.write_text("start,end,cores\n100,100,4\n")
+    result = run(
+        "--csv", str(path), "--on-demand-price", "1", "--prepaid-price", "0.5", "--term", "1y",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "0 intervals" in result.output and "period: none" in result.output
+    assert "1 intervals" in result.output
     assert "all: no core-hours in the period: nothing to prepay" in result.output
 
 
@@ -249,7 +359,7 @@ def test_the_plot_is_written(tmp_path):
         (["--csv", "{csv}", "--prepaid-price", "1", "--prepaid-upfront", "1"], "exactly one"),
         (["--csv", "{csv}", "--prepaid-price", "-0.01"], "'--prepaid-price': -0.01"),
         (["--csv", "{missing}", "--prepaid-price", "0.03"], "'--csv': File"),
-        (["--swf", "{bad_swf}", "--prepaid-price", "0.03"], "--swf: .*line 7: expected 18"),
+        (["--swf", "{bad_swf}", "--prepaid-price", "0.03"], "--swf: .*bad.swf:7: expected 18"),
         (
             ["--csv", "{csv}", "--prepaid-price", "0.03", "--core-type", "zone"],
             "--core-type: .*'zone'",
