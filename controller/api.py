@@ -34,6 +34,7 @@ from controller.metrics import CONTENT_TYPE
 from controller.models import BagState, JobState
 from controller.report import ReportScopeEmpty, build_report
 from controller.slurm import callbacks
+from controller.store import StoreUnavailable
 from controller.summary import bag_view, fleet_view, job_view
 from controller.tokens import ADMIN, Principal, token_view
 from drivers.base import VmState
@@ -177,8 +178,19 @@ def _decode_json(body: bytes) -> Any:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """200 when the daemon works; 503 with the problems when it cannot (its database
+    cannot be written, its scheduler keeps failing), for load balancers and monitors."""
     c = _controller(request)
-    return _json({"ok": True, "driver": c.driver.name, "schema_version": c.store.schema_version})
+    problems = c.problems()
+    body: dict[str, Any] = {
+        "ok": not problems,
+        "driver": c.driver.name,
+        "schema_version": c.store.schema_version,
+    }
+    if problems:
+        body["problems"] = problems
+        return _json(body, status=503)
+    return _json(body)
 
 
 async def openapi_document(request: web.Request) -> web.Response:
@@ -954,8 +966,10 @@ ROUTES: tuple[Route, ...] = (
 # --- middlewares and the app ----------------------------------------------------------
 
 
-def _error_response(error: ApiError) -> web.Response:
-    return _json(error.body(), status=error.status)
+def _error_response(error: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+    response = _json(error.body(), status=error.status)
+    response.headers.update(headers or {})
+    return response
 
 
 _HTTP_CODES = {
@@ -984,6 +998,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             message = f"request body too large: {exc.text}"
         return _error_response(
             ApiError(message, status=exc.status, code=_HTTP_CODES.get(exc.status, "http_error"))
+        )
+    except StoreUnavailable as exc:
+        log.error("%s %s: %s", request.method, request.path, exc)
+        return _error_response(
+            ApiError(
+                f"the daemon cannot use its database now ({exc}); nothing was changed, "
+                "try again later",
+                status=503,
+                code="store_unavailable",
+            ),
+            headers={"Retry-After": "30"},
         )
     except asyncio.CancelledError:
         raise

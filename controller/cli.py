@@ -117,7 +117,7 @@ def serve(
     ctx: click.Context, config_path: str | None, host: str | None, port: int | None, log_level: str
 ) -> None:
     """Run the controller daemon (stops cleanly on SIGTERM / Ctrl-C)."""
-    from controller.daemon import StateDirBusy
+    from controller.daemon import StateDirBusy, TaskDied
     from controller.daemon import serve as serve_forever
 
     logging.basicConfig(
@@ -136,6 +136,10 @@ def serve(
         asyncio.run(serve_forever(config))
     except StateDirBusy as exc:
         raise click.ClickException(str(exc)) from None
+    except TaskDied as exc:
+        # Non-zero: systemd (Restart=on-failure) starts a fresh daemon.
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
     except OSError as exc:
         raise click.ClickException(f"cannot start: {exc}") from None
 

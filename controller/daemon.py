@@ -18,7 +18,7 @@ import secrets
 import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,7 @@ class Controller:
         )
         self.scheduler.pools = pools
         self.metrics.watch(self.scheduler.gauges)
+        self.metrics.watch_health(lambda: (self.store.write_errors, self.problems()))
         self.learner = Learner(
             self.store, self.book, self.config.preemption, self.driver.name, self.clock.now
         )
@@ -273,28 +274,46 @@ class Controller:
 
         return replayed
 
+    def critical_tasks(self) -> list[asyncio.Task]:
+        """The tasks the daemon cannot live without: if one ends, the daemon exits."""
+        tasks = (self._loop_task, self._hopper_task, self._learning_task)
+        return [t for t in tasks if t is not None]
+
+    def problems(self) -> list[str]:
+        """Why the daemon is not healthy now (/healthz 503); empty when it is."""
+        found = []
+        if self.store.write_error:
+            found.append(f"store: {self.store.write_error}")
+        if self.scheduler is not None and self.scheduler.problem:
+            found.append(f"scheduler: {self.scheduler.problem}")
+        for task in self.critical_tasks():
+            if task.done():
+                found.append(f"task {task.get_name()} ended")
+        return found
+
     async def stop(self) -> None:
-        if self._hopper_task is not None:
-            self._hopper_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._hopper_task
-        if self._learning_task is not None:
-            self._learning_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._learning_task
+        """Stop in order, every step whatever an earlier one raised: the background
+        tasks, the scheduler (its attempts recorded), the driver, the store."""
+        for task in (self._hopper_task, self._learning_task):
+            if task is not None:
+                task.cancel()
+                await _step(f"stopping {task.get_name()}", task)
         if self.scheduler is not None and self._loop_task is not None:
             self.scheduler.stop()
-            await self._loop_task
-            await self.scheduler.shutdown(
-                vms_die_with_controller=not getattr(
-                    self.driver,
-                    "vms_outlive_controller",
-                    self.driver.name not in EPHEMERAL_DRIVERS,
-                )
+            await _step("stopping the scheduler", self._loop_task)
+            await _step(
+                "ending the scheduler's attempts and VMs",
+                self.scheduler.shutdown(
+                    vms_die_with_controller=not getattr(
+                        self.driver,
+                        "vms_outlive_controller",
+                        self.driver.name not in EPHEMERAL_DRIVERS,
+                    )
+                ),
             )
         if self.driver is not None and hasattr(self.driver, "close"):
-            await self.driver.close()
-        await self.store.close()
+            await _step("closing the driver", self.driver.close())
+        await _step("closing the store", self.store.close())
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
@@ -362,6 +381,20 @@ def _watch_children_with_pidfds() -> None:
         asyncio.set_child_watcher(watcher)
 
 
+async def _step(what: str, awaitable: Awaitable[Any]) -> None:
+    """Await one step of stopping; log its failure and go on to the next."""
+    try:
+        await awaitable
+    except asyncio.CancelledError:
+        pass  # the task we cancelled
+    except Exception:
+        log.exception("%s failed", what)
+
+
+class TaskDied(RuntimeError):
+    """A task the daemon cannot live without ended: exit non-zero, to be restarted."""
+
+
 START_EXTEND_INTERVAL_S = 10.0
 
 
@@ -404,6 +437,7 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(build_app(controller), access_log=None, handle_signals=False)
+    died: TaskDied | None = None
     try:
         await runner.setup()
         site = web.TCPSite(runner, config.api.host, config.api.port)
@@ -420,12 +454,33 @@ async def serve(
         if ready is not None:
             ready.set()
         await notify(READY="1", STATUS=f"serving {url} (driver {controller.driver.name})")
-        await stop.wait()
+        stopping = asyncio.ensure_future(stop.wait())
+        critical = controller.critical_tasks()
+        await asyncio.wait([stopping, *critical], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        dead = [t for t in critical if t.done()]
+        if dead and not stop.is_set():
+            # Half alive (serving, but nothing runs) is worse than down: systemd
+            # (Restart=on-failure) starts a fresh daemon, which recovers from the store.
+            why = "; ".join(_how_it_ended(t) for t in dead)
+            log.error("stopping: %s", why)
+            died = TaskDied(why)
         log.info("stopping")
         await notify(STOPPING="1", STATUS="stopping: ending running jobs")
     finally:
-        await runner.cleanup()
+        await _step("closing the API", runner.cleanup())
         await controller.stop()
         with contextlib.suppress(FileNotFoundError):
             (controller.state_dir / "api.url").unlink()
         log.info("stopped")
+    if died is not None:
+        raise died
+
+
+def _how_it_ended(task: asyncio.Task) -> str:
+    if task.cancelled():
+        return f"task {task.get_name()} was cancelled"
+    error = task.exception()
+    if error is None:
+        return f"task {task.get_name()} ended"
+    return f"task {task.get_name()} failed: {type(error).__name__}: {error}"

@@ -17,7 +17,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,6 +42,22 @@ class _GaugeCollector(Collector):
         for state, n in values.get("vms", {}).items():
             vms.add_metric([state], n)
         yield vms
+
+
+class _HealthCollector(Collector):
+    def __init__(self, read: Callable[[], tuple[int, list[str]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        write_errors, problems = self._read()
+        yield CounterMetricFamily(
+            "spotbag_store_errors",
+            "Database writes that failed for want of disk, an I/O error or a locked file.",
+            value=write_errors,
+        )
+        yield GaugeMetricFamily(
+            "spotbag_healthy", "1 when /healthz answers 200, else 0.", value=int(not problems)
+        )
 
 
 class Metrics:
@@ -79,6 +95,11 @@ class Metrics:
             ["route", "status"],
             registry=self.registry,
         )
+
+    def watch_health(self, read: Callable[[], tuple[int, list[str]]]) -> None:
+        """Report the store's failed writes and whether the daemon is healthy, as
+        `read()` returns them (failed writes so far, current problems), on every scrape."""
+        self.registry.register(_HealthCollector(read))
 
     def watch(self, read: Callable[[], dict[str, dict[str, int]]]) -> None:
         """Report the gauges returned by `read()` on every scrape."""

@@ -84,7 +84,7 @@ from controller.runtime import (
     shape_of,
 )
 from controller.slurm.pools import RUN_STATES, PoolBook, run_key
-from controller.store import Store, WriteBatch
+from controller.store import Store, StoreUnavailable, WriteBatch
 from drivers.base import (
     Driver,
     DriverError,
@@ -244,6 +244,7 @@ class Scheduler:
         self._refusals: list[tuple[str, str]] = []  # (Slurm job id, why) to cancel
         self._pool_refused: dict[tuple[str, str], str] = {}  # (job id, name) -> why
         self._pool_released: dict[str, str] = {}  # VM id -> why spotbag let it go
+        self.problem: str | None = None  # why passes fail now (None: they do not)
         self._pool_releases: list[tuple[str, str]] = []  # (node, why) to power down
         self._verdicts: list[tuple[asyncio.Future, str]] = []  # told after this pass
         self._background: set[asyncio.Task] = set()
@@ -532,31 +533,58 @@ class Scheduler:
         """Tick until `stop()`; `describe` polls the driver for drivers that push no events.
 
         A pass that fails leaves memory possibly ahead of the store: memory is then
-        rebuilt from the store (the pass's inputs are kept and handled again). After
-        `max_failures` failures in a row the error is raised: the daemon stops rather
-        than run on a state it cannot trust, and its supervisor restarts it.
+        rebuilt from the store (the pass's inputs are kept and handled again).
+
+        A store that cannot be written (a full disk, an I/O error) is outside the
+        daemon and may pass: the pass is retried with back-off for as long as it
+        takes, and `problem` says why meanwhile (/healthz answers 503). Any other
+        error `max_failures` times in a row is raised: the daemon stops rather than
+        run on a state it cannot trust, and its supervisor restarts it.
         """
         failures = 0
+        store_failures = 0
+        must_recover = False
         while not self._stopping:
             next_at: float | None = None
             try:
+                if must_recover:
+                    await self.recover()
+                    must_recover = False
                 if describe:
                     await self._describe_if_due()
                 next_at = await self.tick()
-                failures = 0
+                failures = store_failures = 0
+                self.problem = None
+            except StoreUnavailable as exc:
+                store_failures += 1
+                must_recover = True
+                self.problem = f"the scheduler cannot write its database ({exc}); retrying"
+                delay_s = min(30.0, self.settings.poll_interval_s * 2 ** min(store_failures, 8))
+                log.error("%s in %.1f s (%d in a row)", self.problem, delay_s, store_failures)
+                await self._pause(delay_s)
+                continue
             except Exception:
                 failures += 1
+                must_recover = True
                 log.exception("scheduler pass failed (%d in a row)", failures)
                 if failures >= max_failures:
                     raise
-                await asyncio.sleep(min(5.0, self.settings.poll_interval_s * failures))
-                await self.recover()
+                await self._pause(min(5.0, self.settings.poll_interval_s * failures))
+                continue
             timeout = self.settings.poll_interval_s
             if next_at is not None:
                 timeout = max(0.0, min(timeout, next_at - self.clock.now()))
             if not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep `seconds`, or less if the scheduler is stopped meanwhile."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left)
             self._wake.clear()
 
     def stop(self) -> None:
@@ -1383,9 +1411,7 @@ class Scheduler:
             attempt_s=elapsed_s,
             vm_s=vm_s,
             spot_cost_usd=vm_s * billing.spot_price_per_hour / 3600.0 if billing else 0.0,
-            on_demand_cost_usd=vm_s * billing.on_demand_price_per_hour / 3600.0
-            if billing
-            else 0.0,
+            on_demand_cost_usd=vm_s * billing.on_demand_price_per_hour / 3600.0 if billing else 0.0,
         )
 
     def _job_to(

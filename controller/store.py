@@ -13,6 +13,7 @@ the `migrations` table; `open()` applies the missing ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import sqlite3
@@ -347,6 +348,31 @@ SLURM_RUN_COLUMNS = (
 
 class StoreClosed(RuntimeError):
     pass
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot be written (or read) now: the disk is full, an I/O error, a
+    read-only or locked file. Outside the daemon, and it may pass: retry later."""
+
+
+# SQLite result codes of conditions outside the daemon (extended codes share the prefix).
+_UNAVAILABLE_CODES = (
+    "SQLITE_FULL",
+    "SQLITE_IOERR",
+    "SQLITE_CANTOPEN",
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_READONLY",
+    "SQLITE_NOMEM",
+    "SQLITE_PROTOCOL",
+)
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return True
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return isinstance(exc, sqlite3.Error) and name.startswith(_UNAVAILABLE_CODES)
 
 
 class IdempotencyConflict(Exception):
@@ -774,13 +800,21 @@ def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
 
 
 def _in_transaction(conn: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
-    conn.execute("BEGIN IMMEDIATE")
+    """fn(conn, *args) in one transaction, committed, or rolled back on any error (a
+    failed COMMIT, e.g. on a full disk, too). Errors from outside the daemon are
+    raised as StoreUnavailable."""
     try:
+        conn.execute("BEGIN IMMEDIATE")
         result = fn(conn, *args)
-    except BaseException:
-        conn.execute("ROLLBACK")
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            # SQLite may have rolled back itself; the original error says why.
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        if _is_unavailable(exc):
+            raise StoreUnavailable(f"cannot write the database: {exc}") from exc
         raise
-    conn.execute("COMMIT")
     return result
 
 
@@ -818,6 +852,8 @@ class Store:
         self._read_conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self.schema_version = 0
+        self.write_error: str | None = None  # why the last write failed, until one works
+        self.write_errors = 0  # writes that failed for want of disk, I/O, ...
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -853,15 +889,25 @@ class Store:
             self._conn = None
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run fn(conn, *args) in one write transaction on the writer thread."""
+        """Run fn(conn, *args) in one write transaction on the writer thread. Raises
+        StoreUnavailable when the database cannot be written now (`write_error` says
+        why until a write succeeds again)."""
         if self._conn is None:
             raise StoreClosed("store is not open")
-        if self._writer is None:
-            return _in_transaction(self._conn, fn, args)
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._writer.jobs.put((fn, args, future, loop))
-        return await future
+        try:
+            if self._writer is None:
+                result = _in_transaction(self._conn, fn, args)
+            else:
+                loop = asyncio.get_running_loop()
+                future = loop.create_future()
+                self._writer.jobs.put((fn, args, future, loop))
+                result = await future
+        except StoreUnavailable as exc:
+            self.write_error = str(exc)
+            self.write_errors += 1
+            raise
+        self.write_error = None
+        return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(conn, *args) on a reader connection (a consistent WAL snapshot)."""
