@@ -422,6 +422,12 @@ class ExecutorConfig(_Section):
         description="Seconds between SIGTERM and SIGKILL when a job is cancelled (and, for "
         "the local executor, when the daemon stops).",
     )
+    run_as: str = Field(
+        "",
+        description="local executor, daemon running as root: the unprivileged user jobs run "
+        "as (its primary group, no others), so they cannot read the daemon's token, database "
+        "or other jobs' files; empty: jobs run as the daemon's user (and can read all of it).",
+    )
 
     @field_validator("name")
     @classmethod

@@ -84,8 +84,13 @@ class Controller:
         self._lock_file: Any = None
 
     async def start(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # What the daemon (and its local jobs) create is private to its user: the
+        # database holds bag specs with their env values and the ledger, logs hold
+        # whatever jobs print.
+        os.umask(0o077)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock_state_dir()
+        _make_private(self.state_dir)
         await self.store.open()
         self.controller_id = await self.store.meta_value(
             "controller_id", lambda: secrets.token_hex(6)
@@ -122,6 +127,11 @@ class Controller:
             controller_id=self.controller_id,
             now=self.clock.now,
         )
+        if self.executor.name == "local" and os.geteuid() == 0 and not self.config.executor.run_as:
+            log.warning(
+                "jobs run as root and can read this daemon's token and database: set "
+                "[executor] run_as to an unprivileged user (README: What a job can touch)"
+            )
         self.hook_secret = b""
         pools = PoolBook((), ())
         if self.executor.name == "slurm":
@@ -363,6 +373,23 @@ class Controller:
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         return token
+
+
+PRIVATE_FILES = ("token", "spotbag.db", "spotbag.db-wal", "spotbag.db-shm", "slurm-hook.secret")
+
+
+def _make_private(state_dir: Path) -> None:
+    """Close a state directory (and its secrets) that an older version, or an operator,
+    left readable by others."""
+    mode = state_dir.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("state directory %s was mode %o; making it 0700", state_dir, mode)
+        state_dir.chmod(0o700)
+    for name in PRIVATE_FILES:
+        path = state_dir / name
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
 
 
 def _watch_children_with_pidfds() -> None:

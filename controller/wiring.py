@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import pwd
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from controller.config import Config, ConfigError
+from controller.executors.local import JobUser
 from controller.model_book import ModelBook
 from drivers import driver_class
 from drivers.base import Driver, VmType
@@ -95,6 +97,33 @@ def local_hosts(config: Config, controller_id: str, state_dir: Path) -> Any:
         raise ConfigError(f"[driver] hosts = netns: {exc}") from None
 
 
+def job_user(name: str, state_dir: Path) -> JobUser | None:
+    """The user local jobs run as (`[executor] run_as`), checked: it exists, it is not
+    root, the daemon can switch to it (it runs as root, or already as that user), and
+    it can pass through the directories above the state directory (to its checkpoints)."""
+    if not name:
+        return None
+    try:
+        entry = pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
+    except KeyError:
+        raise ConfigError(f"executor.run_as: no user {name!r} on this host") from None
+    if entry.pw_uid == 0:
+        raise ConfigError("executor.run_as: jobs must not run as root")
+    if os.geteuid() not in (0, entry.pw_uid):
+        raise ConfigError(
+            f"executor.run_as = {name!r} needs the daemon to run as root (it runs as uid "
+            f"{os.geteuid()}); leave it empty to run jobs as the daemon's user"
+        )
+    for above in Path(state_dir).resolve().parents:
+        if not above.stat().st_mode & 0o001:
+            raise ConfigError(
+                f"executor.run_as = {name!r}: that user cannot pass through {above} to its "
+                f"checkpoint directories under {state_dir}; let others pass (chmod o+x "
+                f"{above}) or put the state directory elsewhere"
+            )
+    return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/")
+
+
 async def make_executor(
     config: Config,
     *,
@@ -113,6 +142,7 @@ async def make_executor(
             controller_id=controller_id,
             now=now,
             kill_grace_s=config.executor.kill_grace_s,
+            run_as=job_user(config.executor.run_as, state_dir),
         )
     from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
 

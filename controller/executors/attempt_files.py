@@ -40,6 +40,14 @@ printf '%s\\n' "$code" > "$2.tmp" && mv "$2.tmp" "$2"
 exit "$code"
 """
 WRAPPER = IGNORE_CHECKPOINT_SIGNAL + WRAPPER_BODY
+# For a job that runs as another user than the daemon (local executor, run_as): it may
+# not create files beside its log, so it writes its status into the (empty) file the
+# daemon made for it, in one write of a few bytes.
+WRAPPER_INTO_GIVEN_FILE = WRAPPER.replace(
+    """printf '%s\\n' "$code" > "$2.tmp" && mv "$2.tmp" "$2"\n""",
+    """printf '%s\\n' "$code" > "$2"\n""",
+)
+assert WRAPPER_INTO_GIVEN_FILE != WRAPPER
 
 
 def exit_status_path(log_path: Path) -> Path:

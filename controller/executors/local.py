@@ -21,10 +21,12 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from controller.bagspec import job_environment
 from controller.executors.attempt_files import (
     WRAPPER,
+    WRAPPER_INTO_GIVEN_FILE,
     checkpoint_fingerprint,
     end_event,
     exit_status_path,
@@ -69,9 +71,12 @@ class LocalExecutor:
         now: Callable[[], float],
         kill_grace_s: float = 5.0,
         checkpoint_poll_s: float = 0.02,
+        run_as: JobUser | None = None,
     ) -> None:
+        self._state_dir = state_dir
         self._logs = state_dir / "logs"
         self._checkpoints = state_dir / "checkpoints"
+        self._run_as = run_as
         self._controller_id = controller_id
         self._now = now
         self._grace_s = kill_grace_s
@@ -107,6 +112,12 @@ class LocalExecutor:
             return f"the daemon's user cannot enter {path}"
         return None
 
+    def _user_arguments(self) -> dict[str, Any]:
+        if self._run_as is None:
+            return {}
+        user = self._run_as
+        return {"user": user.uid, "group": user.gid, "extra_groups": []}
+
     def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
         return self._checkpoints / bag_id / job_id
 
@@ -125,8 +136,16 @@ class LocalExecutor:
             )
         )
         env[RUN_KEY] = f"{self._controller_id}:{spec.attempt_id}"
+        if self._run_as is not None:  # its own identity, not the daemon's
+            env.update(HOME=self._run_as.home, USER=self._run_as.name, LOGNAME=self._run_as.name)
         try:
             await asyncio.to_thread(_prepare_dirs, log_path.parent, checkpoint_dir)
+            if self._run_as is not None:
+                await asyncio.to_thread(
+                    _hand_over, self._state_dir, checkpoint_dir, log_path, self._run_as
+                )
+            # The daemon opens the log: the job writes to it without reaching the
+            # state directory.
             log = await asyncio.to_thread(open, log_path, "ab")
         except OSError as exc:
             raise ExecutorError(f"cannot prepare log/checkpoint directories: {exc}") from exc
@@ -134,7 +153,7 @@ class LocalExecutor:
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh",
                 "-c",
-                WRAPPER,
+                WRAPPER if self._run_as is None else WRAPPER_INTO_GIVEN_FILE,
                 "spotbag-job",
                 spec.command,
                 str(exit_status_path(log_path)),
@@ -144,6 +163,7 @@ class LocalExecutor:
                 cwd=spec.workdir or None,
                 env=env,
                 start_new_session=True,
+                **self._user_arguments(),
             )
         except OSError as exc:
             raise ExecutorError(f"cannot start /bin/sh in workdir {spec.workdir!r}: {exc}") from exc
@@ -302,6 +322,37 @@ class LocalExecutor:
 def _prepare_dirs(*paths: Path) -> None:
     for path in paths:
         path.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """The unprivileged user local jobs run as (`[executor] run_as`)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str = "/"
+
+
+def _hand_over(state_dir: Path, checkpoint_dir: Path, log_path: Path, user: JobUser) -> None:
+    """Let the job's user reach its own checkpoint directory and exit-status file and
+    nothing else: the directories on the way may be passed through (0711: not listed,
+    not read), its checkpoint directory is its own (0700), and so is the empty file it
+    writes its exit status into (its log is opened for it by the daemon)."""
+    for leaf in (checkpoint_dir, log_path):
+        path = leaf.parent
+        while path != state_dir and state_dir in path.parents:
+            path.chmod(0o711)
+            path = path.parent
+    state_dir.chmod(0o711)
+    os.chown(checkpoint_dir, user.uid, user.gid)
+    checkpoint_dir.chmod(0o700)
+    status = exit_status_path(log_path)
+    fd = os.open(status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchown(fd, user.uid, user.gid)
+    finally:
+        os.close(fd)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
