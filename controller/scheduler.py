@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -178,6 +179,9 @@ def _queue_room(vm: VmRun, queue_ahead: float) -> Shape:
         int(cap.gpus * queue_ahead) - max(0, -free.gpus),
         cap.memory_gb * queue_ahead - max(0.0, -free.memory_gb),
     )
+
+
+CANCEL_CHUNK = 2_000  # waiting jobs cancelled per pass (about 50 ms of work)
 
 
 class Scheduler:
@@ -789,17 +793,24 @@ class Scheduler:
         bag = self.bags.get(bag_id)
         if bag is None:
             return []
-        bag.cancel_requested = True
-        queued, bag.queue = bag.queue, deque()
-        for idx in queued:
+        bag.cancel_requested = True  # nothing of it is placed any more
+        # A pass cancels at most CANCEL_CHUNK waiting jobs and asks for another pass:
+        # a bag of a million jobs never holds the event loop for long.
+        budget = CANCEL_CHUNK
+        while bag.queue and budget:
+            idx = bag.queue.popleft()
             self._job_to(
                 self._queued_job(bag, idx), JobState.CANCELLED, now, batch, "cancelled by user"
             )
-        held, bag.held = list(bag.held), {}
-        for idx in held:
+            budget -= 1
+        for idx in list(itertools.islice(bag.held, budget)):
+            del bag.held[idx]
             self._job_to(
                 self._held_job(bag, idx), JobState.CANCELLED, now, batch, "cancelled by user"
             )
+        if bag.queue or bag.held:
+            self._commands.append(_Cancel(bag_id))
+            self._wake.set()
         cancels = []
         for attempt in list(self.attempts.values()):
             if attempt.bag_id == bag_id and not attempt.cancelling:
@@ -1580,7 +1591,7 @@ class Scheduler:
                     bag.runtime_estimate_s * to_hours,
                 )
                 for bag in self.bags.values()
-                if bag.queue
+                if bag.queue and not bag.cancel_requested
             ]
         )
         queue_ahead = self.executor.queue_ahead if demand else 0.0

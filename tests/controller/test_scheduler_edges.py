@@ -265,3 +265,29 @@ async def test_an_attempt_killed_by_an_unknown_signal_still_ends(tmp_path):
     (event,) = events
     assert event.outcome is Outcome.EXITED and event.exit_code == 128 + signal.SIGRTMIN + 6
     assert event.detail.startswith(f"killed by signal {signal.SIGRTMIN + 6}")
+
+
+async def test_a_big_bag_is_cancelled_a_chunk_per_pass_and_none_of_it_starts(tmp_path):
+    """Cancelling thousands of waiting jobs takes several short passes (the event loop
+    serves requests in between); meanwhile no job of the bag is placed, and in the end
+    every job is cancelled and every reservation released."""
+    cfg = config()
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    n = 2 * scheduler_module.CANCEL_CHUNK + 10
+    bag_id = await submit(scheduler, cfg, bag(n))
+    await scheduler.tick()  # admitted: queued, VMs being launched
+    await scheduler.store.request_cancel(bag_id, clock.now())
+    scheduler.cancel_requested(bag_id)
+    passes = 0
+    while bag_id in scheduler.bags:  # until the bag is finished
+        await scheduler.tick()
+        passes += 1
+        assert not scheduler.attempts  # nothing of a cancelled bag starts
+        assert passes <= 10
+    assert passes == 3  # 2,000 + 2,000 + 10 jobs
+    await run_until(scheduler, clock, 600)
+    await scheduler.store.close()
+    assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
+    assert rows(tmp_path, "SELECT state, count(*) FROM jobs GROUP BY state") == [("cancelled", n)]
+    check_store_consistent(tmp_path)
