@@ -15,7 +15,7 @@ from typing import Any
 
 from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
 from controller.errors import Conflict, InsufficientBalance, InvalidBag, NotFound, NoVmTypeFits
-from controller.ledger import UnknownAccount
+from controller.ledger import UnknownAccount, first_attempt_keys
 from controller.planner import CatalogType, why_unplaceable
 from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
@@ -27,18 +27,22 @@ from policies.ledger_rules import InsufficientCredit, jobs_covered
 @dataclass(frozen=True)
 class Expanded:
     bag: Bag
-    points: list[dict[str, Any]]
-    params_json: list[str]
+    params_json: list[str]  # each job's parameters, compact JSON
+    keys: list[str]  # each job's first-attempt reservation key
 
 
 WorkdirCheck = Callable[[str], str | None]
 
 
 def expand(
-    data: Any, catalog: Sequence[VmType], max_jobs: int, workdir_problem: WorkdirCheck | None = None
+    data: Any,
+    catalog: Sequence[VmType],
+    max_jobs: int,
+    workdir_problem: WorkdirCheck | None = None,
+    bag_id: str = "",
 ) -> Expanded:
-    """Validate and expand a decoded spec (CPU-bound and may touch the file system:
-    run it off the event loop)."""
+    """Validate and expand a decoded spec, with its jobs' first reservation keys
+    (CPU-bound and may touch the file system: run it off the event loop)."""
     try:
         bag = parse_bag(data, max_jobs=max_jobs)
     except BagSpecError as exc:
@@ -50,9 +54,8 @@ def expand(
                 f"workdir: {problem}", detail={"errors": [{"field": "workdir", "message": problem}]}
             )
     check_fits(bag, catalog)
-    points = list(bag.points())
-    params_json = [json.dumps(p, separators=(",", ":")) for p in points]
-    return Expanded(bag, points, params_json)
+    params_json = [json.dumps(p, separators=(",", ":")) for p in bag.points()]
+    return Expanded(bag, params_json, first_attempt_keys(bag_id, len(params_json)))
 
 
 def check_fits(bag: Bag, catalog: Sequence[VmType]) -> None:
@@ -109,9 +112,11 @@ async def admit(
     """Admit a bag; returns (bag row, created). A repeated idempotency key returns the
     earlier bag and admits nothing, or raises Conflict when it named a different bag."""
     if offload:
-        expanded = await asyncio.to_thread(expand, data, catalog, max_jobs, workdir_problem)
+        expanded = await asyncio.to_thread(
+            expand, data, catalog, max_jobs, workdir_problem, bag_id
+        )
     else:
-        expanded = expand(data, catalog, max_jobs, workdir_problem)
+        expanded = expand(data, catalog, max_jobs, workdir_problem, bag_id)
     spec = expanded.bag.spec
     row = {
         "id": bag_id,
@@ -126,7 +131,7 @@ async def admit(
         "request_hash": hashlib.sha256(spec.model_dump_json().encode()).hexdigest(),
     }
     job_count = expanded.bag.job_count
-    admission = reserve(scheduler, bag_id, spec, job_count, now)
+    admission = reserve(scheduler, bag_id, spec, job_count, now, expanded.keys)
     try:
         bag_row, created = await store.create_bag(
             row,
@@ -148,17 +153,24 @@ async def admit(
         scheduler.accounts.undo(admission)  # the earlier bag holds its own reservations
         return bag_row, created
     scheduler.bag_admitted(
-        bag_id, spec.model_copy(update={"points": None}), expanded.points, admission.held_from
+        bag_id, spec.model_copy(update={"points": None}), expanded.params_json, admission.held_from
     )
     return bag_row, created
 
 
-def reserve(scheduler: Scheduler, bag_id: str, spec: Any, job_count: int, now: float) -> Any:
+def reserve(
+    scheduler: Scheduler,
+    bag_id: str,
+    spec: Any,
+    job_count: int,
+    now: float,
+    keys: Sequence[str] | None = None,
+) -> Any:
     """Reserve CPU-hours for the bag's jobs (SPEC.md §6), or say why not: what was needed,
     what is available, and what would help."""
     accounts = scheduler.accounts
     try:
-        return accounts.admit_bag(bag_id, spec, job_count, now)
+        return accounts.admit_bag(bag_id, spec, job_count, now, keys)
     except UnknownAccount as exc:
         raise NotFound(str(exc), code="unknown_account", detail={"account": exc.account}) from None
     except InsufficientCredit as exc:

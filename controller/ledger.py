@@ -11,8 +11,10 @@ it is rebuilt from the stored entries (`load`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,12 @@ from policies.ledger_rules import (
 )
 
 
+def first_attempt_keys(bag_id: str, job_count: int) -> list[str]:
+    """The reservation keys of the first attempts of a bag's jobs (reservation_key)."""
+    prefix = f"{bag_id}:"
+    return [f"{prefix}{idx}:1" for idx in range(job_count)]
+
+
 class UnknownAccount(Exception):
     def __init__(self, account: str) -> None:
         super().__init__(
@@ -40,16 +48,25 @@ class UnknownAccount(Exception):
 
 @dataclass
 class Admission:
-    """What admitting a bag reserved (to write with the bag, or undo if it is not)."""
+    """What admitting a bag reserved (to write with the bag, or undo if it is not):
+    `entries` (a new account's credit), and `per_job_cpu_h` for each of `reserved_keys`
+    (the first attempts of the jobs that are not held)."""
 
     account: str
     entries: list[Entry]
     held_from: int  # jobs from this index on wait, held, for credit
     new_account: dict[str, Any] | None = None
     needed_cpu_h: float = 0.0  # for all the bag's jobs
+    reserved_keys: Sequence[str] = ()
+    per_job_cpu_h: float = 0.0
 
-    def rows(self, at: float) -> list[tuple]:
-        return [(at, e.account, e.kind, e.cpu_h, e.key, "admission") for e in self.entries]
+    def rows(self, at: float) -> Iterable[tuple]:
+        """The ledger rows to write with the bag, made as they are written (off the
+        event loop, by the store's writer: a million of them for a million jobs)."""
+        given = [(at, e.account, e.kind, e.cpu_h, e.key, "admission") for e in self.entries]
+        account, cpu_h = self.account, self.per_job_cpu_h
+        reserved = ((at, account, "reserve", cpu_h, key, "admission") for key in self.reserved_keys)
+        return itertools.chain(given, reserved)
 
 
 @dataclass
@@ -70,27 +87,36 @@ class Accounts:
 
     # --- admission --------------------------------------------------------------------------
 
-    def admit_bag(self, bag_id: str, spec: BagSpec, job_count: int, now: float) -> Admission:
+    def admit_bag(
+        self,
+        bag_id: str,
+        spec: BagSpec,
+        job_count: int,
+        now: float,
+        keys: Sequence[str] | None = None,
+    ) -> Admission:
         """Reserve for the first attempt of every job (reject: all or nothing, raising
         InsufficientCredit; hold: as many as fit, in order, the rest held). Creates the
-        account first when `new_accounts` allows."""
+        account first when `new_accounts` allows. `keys`: the jobs' first-attempt
+        reservation keys (first_attempt_keys), when made beforehand off the event loop."""
         account = spec.account
         new_account, entries = self._open_account(account, now)
         per_job = self.per_attempt_cpu_h(spec)
-        keys = [reservation_key(bag_id, idx, 1) for idx in range(job_count)]
+        if keys is None:
+            keys = first_attempt_keys(bag_id, job_count)
         try:
             if spec.on_insufficient_balance == "reject":
-                entries += self.ledger.reserve_many(account, keys, per_job)
-                held_from = job_count
+                fits = job_count
             else:
                 fits = jobs_covered(self.ledger.balance(account).available, per_job, job_count)
-                entries += self.ledger.reserve_many(account, keys[:fits], per_job)
-                held_from = fits
+            reserved = keys if fits == job_count else keys[:fits]
+            self.ledger.reserve_many(account, reserved, per_job)
         except InsufficientCredit:
             self._forget_new(account, new_account)
             raise
-        admission = Admission(account, entries, held_from, new_account, per_job * job_count)
-        return admission
+        return Admission(
+            account, entries, fits, new_account, per_job * job_count, reserved, per_job
+        )
 
     def admitted(self, bag_id: str, admission: Admission, job_count: int) -> None:
         """The bag was written: its held jobs wait for credit, oldest bag first."""
@@ -100,11 +126,12 @@ class Accounts:
 
     def undo(self, admission: Admission) -> None:
         """The bag was not written (an error, or a repeated Idempotency-Key)."""
+        for key in admission.reserved_keys:
+            self.ledger.open.pop(key, None)
+        balance = self.ledger.balance(admission.account)
+        balance.reserved -= admission.per_job_cpu_h * len(admission.reserved_keys)
         for entry in reversed(admission.entries):
-            if entry.kind == "reserve":
-                self.ledger.open.pop(entry.key, None)
-                self.ledger.balance(entry.account).reserved -= entry.cpu_h
-            elif entry.kind == "credit":
+            if entry.kind == "credit":
                 self.uncredit(entry)
         self._forget_new(admission.account, admission.new_account)
 

@@ -34,7 +34,7 @@ class BagRun:
     spec: BagSpec
     shape: Shape
     queue: deque[int]  # job indexes waiting for a slot, next first
-    fresh: dict[int, dict[str, Any]]  # params of queued jobs that never started (no JobRun yet)
+    fresh: dict[int, str]  # params (compact JSON) of waiting jobs that never ran (no JobRun yet)
     open_jobs: int  # jobs not yet finished
     failed_jobs: int
     cancelled_jobs: int = 0

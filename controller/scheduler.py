@@ -117,7 +117,7 @@ class IdSource(Protocol):
 class _Admit:
     bag_id: str
     spec: BagSpec
-    params: Sequence[dict[str, Any]]
+    params_json: Sequence[str]
     held_from: int  # jobs from this index on are held for credit
 
 
@@ -294,13 +294,15 @@ class Scheduler:
         self,
         bag_id: str,
         spec: BagSpec,
-        params: Sequence[dict[str, Any]],
+        params_json: Sequence[str],
         held_from: int | None = None,
     ) -> None:
         """A bag was written to the store (its reservations made by `self.accounts`);
-        schedule its jobs from the next pass on."""
-        held = len(params) if held_from is None else held_from
-        self._commands.append(_Admit(bag_id, spec, params, held))
+        schedule its jobs from the next pass on. `params_json`: each job's parameters,
+        as compact JSON (decoded when the job first runs: a million small strings take
+        a fraction of the memory of a million dicts)."""
+        held = len(params_json) if held_from is None else held_from
+        self._commands.append(_Admit(bag_id, spec, params_json, held))
         self._wake.set()
 
     def credited(self) -> None:
@@ -354,7 +356,7 @@ class Scheduler:
         for row in state["jobs"]:
             bag = self.bags[row["bag_id"]]
             if row["state"] in (JobState.QUEUED, JobState.HELD) and row["attempts"] == 0:
-                bag.fresh[row["idx"]] = json.loads(row["params"])
+                bag.fresh[row["idx"]] = row["params"]
                 if row["state"] == JobState.QUEUED:
                     bag.queue.append(row["idx"])
                 else:
@@ -723,12 +725,12 @@ class Scheduler:
             spec=command.spec,
             shape=shape_of(command.spec),
             queue=deque(range(command.held_from)),
-            fresh=dict(enumerate(command.params)),
-            open_jobs=len(command.params),
+            fresh=dict(enumerate(command.params_json)),
+            open_jobs=len(command.params_json),
             failed_jobs=0,
         )
         self.bags[bag.id] = bag
-        for idx in range(command.held_from, len(command.params)):
+        for idx in range(command.held_from, len(command.params_json)):
             bag.held[idx] = None
             self.accounts.hold(bag.spec.account, bag.id, idx)
 
@@ -757,7 +759,7 @@ class Scheduler:
         """A held job that never started (made on first use, like `_queued_job`)."""
         job = self.jobs.get((bag.id, idx))
         if job is None:
-            job = JobRun(bag.id, idx, bag.fresh.pop(idx), JobState.HELD)
+            job = JobRun(bag.id, idx, json.loads(bag.fresh.pop(idx)), JobState.HELD)
             self.jobs[(bag.id, idx)] = job
         return job
 
@@ -785,7 +787,7 @@ class Scheduler:
         costs no 100,000 objects until its jobs start)."""
         job = self.jobs.get((bag.id, idx))
         if job is None:
-            job = JobRun(bag.id, idx, bag.fresh.pop(idx), JobState.QUEUED)
+            job = JobRun(bag.id, idx, json.loads(bag.fresh.pop(idx)), JobState.QUEUED)
             self.jobs[(bag.id, idx)] = job
         return job
 
