@@ -112,9 +112,7 @@ async def admit(
     """Admit a bag; returns (bag row, created). A repeated idempotency key returns the
     earlier bag and admits nothing, or raises Conflict when it named a different bag."""
     if offload:
-        expanded = await asyncio.to_thread(
-            expand, data, catalog, max_jobs, workdir_problem, bag_id
-        )
+        expanded = await asyncio.to_thread(expand, data, catalog, max_jobs, workdir_problem, bag_id)
     else:
         expanded = expand(data, catalog, max_jobs, workdir_problem, bag_id)
     spec = expanded.bag.spec
