@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint bench clean venv fuzz
 
 venv: $(STAMP)
 
@@ -20,6 +20,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# A long schemathesis run against a live daemon's /openapi.json (make test runs a short one).
+FUZZ_EXAMPLES ?= 500
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz_api --max-examples $(FUZZ_EXAMPLES)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

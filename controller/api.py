@@ -18,12 +18,14 @@ import json
 import logging
 import math
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 
 from controller import report_render
@@ -68,6 +70,7 @@ class Route:
     admin_only: bool = False  # account tokens get 403
     params: tuple[Param, ...] = ()
     body: str | None = None  # component schema name of the JSON request body
+    body_required: bool = True  # False: the body may be left out
     responses: dict[int, tuple[str, str | None]] = field(
         default_factory=dict
     )  # status -> (text, schema)
@@ -110,10 +113,19 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
 
 
-_INTEGER = re.compile(r"-?[0-9]{1,15}")
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
 
 
-def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+def _int_param(request: web.Request, param: Param) -> int | None:
+    """An integer query parameter within the bounds its documentation gives (the same
+    Param object puts them into /openapi.json); its default when it is absent."""
+    schema = param.schema
+    return _int_query(
+        request, param.name, schema.get("default"), schema["minimum"], schema["maximum"]
+    )
+
+
+def _int_query(request: web.Request, name: str, default: Any, low: int, high: int) -> Any:
     raw = request.query.get(name)
     if raw is None:
         return default
@@ -138,12 +150,12 @@ def _enum_query(request: web.Request, name: str, allowed: list[str]) -> str | No
 
 
 def _bool_query(request: web.Request, name: str) -> bool:
-    raw = request.query.get(name, "false").lower()
-    if raw not in ("1", "0", "true", "false", "yes", "no"):
+    raw = request.query.get(name, "false")
+    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
         raise ApiError(
             f"query parameter {name}: {raw!r} is not true or false", code="invalid_query"
         )
-    return raw in ("1", "true", "yes")
+    return raw.lower() in ("1", "true", "yes")
 
 
 def _bag_id(request: web.Request) -> str:
@@ -222,8 +234,13 @@ async def create_bag(request: web.Request) -> web.Response:
         if isinstance(account, str):
             _require_account(request, account)
     key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 200:
-        raise ApiError("header Idempotency-Key: must be 1 to 200 characters", code="invalid_header")
+    if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+        raise ApiError(
+            "header Idempotency-Key: must be 1 to 200 printable ASCII characters "
+            "(letters, digits, punctuation and inner spaces)",
+            code="invalid_header",
+            detail={"errors": [{"field": "Idempotency-Key", "message": "1-200 printable ASCII"}]},
+        )
     bag, created = await admit(
         data,
         store=c.store,
@@ -242,8 +259,8 @@ async def create_bag(request: web.Request) -> web.Response:
 async def list_bags(request: web.Request) -> web.Response:
     c = _controller(request)
     state = _enum_query(request, "state", [s.value for s in BagState])
-    limit = _int_query(request, "limit", 50, 1, 1000)
-    offset = _int_query(request, "offset", 0, 0, 10**9)
+    limit = _int_param(request, BAGS_LIMIT)
+    offset = _int_param(request, BAGS_OFFSET)
     account = request.query.get("account")
     principal = _principal(request)
     if account is not None:
@@ -281,8 +298,8 @@ async def list_jobs(request: web.Request) -> web.Response:
     c = _controller(request)
     bag_id = _bag_id(request)
     state = _enum_query(request, "state", [s.value for s in JobState])
-    limit = _int_query(request, "limit", 100, 1, 1000)
-    after = _int_query(request, "after", -1, -1, 10**12)
+    limit = _int_param(request, JOBS_LIMIT)
+    after = _int_param(request, JOBS_AFTER)
     await _visible_bag(request, bag_id)
     jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit)
     views = [job_view(j) for j in jobs]
@@ -304,10 +321,9 @@ async def get_job_log(request: web.Request) -> web.Response:
     c = _controller(request)
     bag_id, idx = _job_key(request)
     await _check_bag_visible(request, bag_id)
-    number = request.query.get("attempt")
-    attempt_number = _int_query(request, "attempt", 0, 1, 10**6) if number is not None else None
-    offset = _int_query(request, "offset", 0, 0, 10**15)
-    limit = _int_query(request, "limit", 1 << 20, 1, 16 << 20)
+    attempt_number = _int_param(request, LOG_ATTEMPT)
+    offset = _int_param(request, LOG_OFFSET)
+    limit = _int_param(request, LOG_LIMIT)
     attempt = await c.store.get_attempt(bag_id, idx, attempt_number)
     if attempt is None:
         which = f"attempt {attempt_number}" if attempt_number else "any attempt"
@@ -341,9 +357,10 @@ def _read_log(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
 async def list_vms(request: web.Request) -> web.Response:
     c = _controller(request)
     state = _enum_query(request, "state", [s.value for s in VmState])
-    limit = _int_query(request, "limit", 200, 1, 10_000)
+    limit = _int_param(request, VMS_LIMIT)
+    include_ended = _bool_query(request, "all")
     states = [state] if state else None
-    if state is None and not _bool_query(request, "all"):
+    if state is None and not include_ended:
         states = [VmState.PENDING.value, VmState.RUNNING.value]
     vms = await c.store.list_vms(states=states, limit=limit)
     live = c.scheduler.vms
@@ -407,7 +424,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def hopping(request: web.Request) -> web.Response:
     c = _controller(request)
-    limit = _int_query(request, "limit", 200, 1, 10_000)
+    limit = _int_param(request, HOPPING_LIMIT)
     market = c.scheduler.market
     rows = []
     if market is not None:
@@ -455,14 +472,21 @@ async def slurm_event(request: web.Request) -> web.Response:
     """A callback from slurmctld's hooks: signed with the hook secret (not a bearer
     token), idempotent by its key (controller/slurm/callbacks.py)."""
     c = _controller(request)
+    timestamp = request.headers.get(callbacks.TIMESTAMP_HEADER)
+    signed = request.headers.get(callbacks.SIGNATURE_HEADER)
+    if not timestamp or not signed:  # unsigned: refused whatever this daemon runs
+        raise Unauthorized(
+            f"Slurm callback refused: missing {callbacks.TIMESTAMP_HEADER} or "
+            f"{callbacks.SIGNATURE_HEADER}"
+        )
     if c.executor is None or c.executor.name != "slurm":
         raise Conflict('this daemon does not run the Slurm executor ([executor] name = "slurm")')
     body = await request.read()
     try:
         callbacks.verify(
             c.hook_secret,
-            request.headers.get(callbacks.TIMESTAMP_HEADER),
-            request.headers.get(callbacks.SIGNATURE_HEADER),
+            timestamp,
+            signed,
             body,
             c.clock.now(),
             c.config.slurm.callback_window_s,
@@ -592,11 +616,12 @@ async def get_account(request: web.Request) -> web.Response:
 async def account_ledger(request: web.Request) -> web.Response:
     c = _controller(request)
     name = _account_name(request)
-    after = _int_query(request, "after", 0, 0, 10**15)
-    limit = _int_query(request, "limit", 1000, 1, 100_000)
+    after = _int_param(request, LEDGER_AFTER)
+    limit = _int_param(request, LEDGER_LIMIT)
+    fmt = _enum_query(request, "format", ["json", "csv"]) or "json"
     entries = await c.store.ledger_entries(name, after, limit)
     next_after = entries[-1]["id"] if len(entries) == limit else None
-    if request.query.get("format") == "csv":
+    if fmt == "csv":
         lines = ["id,at,account,kind,cpu_hours,reservation,note"]
         for e in entries:
             note = '"' + e["note"].replace('"', '""') + '"'
@@ -675,7 +700,40 @@ _ERR = "Error"
 ACCOUNT_PATH = Param("account", "path", "Account name.", required=True)
 BAG_PATH = Param("bag_id", "path", "Bag id, e.g. b3f9a0c21d7.", required=True)
 JOB_PATH = Param("job_id", "path", "Job id: <bag id>-<index>, e.g. b3f9a0c21d7-42.", required=True)
-_INT = {"type": "integer"}
+
+
+def _bounded(name: str, description: str, low: int, high: int, default: int | None) -> Param:
+    """An integer query parameter; its bounds are both documented and enforced."""
+    schema: dict[str, Any] = {"type": "integer", "minimum": low, "maximum": high}
+    if default is not None:
+        schema["default"] = default
+    return Param(name, "query", description, schema)
+
+
+BAGS_LIMIT = _bounded("limit", "At most this many bags.", 1, 1000, 50)
+BAGS_OFFSET = _bounded("offset", "Skip this many bags.", 0, 10**9, 0)
+JOBS_LIMIT = _bounded("limit", "At most this many jobs.", 1, 1000, 100)
+JOBS_AFTER = _bounded("after", "Only jobs with a larger index (pagination).", -1, 10**12, -1)
+LOG_ATTEMPT = _bounded("attempt", "Attempt number (default: the latest).", 1, 10**6, None)
+LOG_OFFSET = _bounded("offset", "Start at this byte (to follow a growing log).", 0, 10**15, 0)
+LOG_LIMIT = _bounded("limit", "At most this many bytes (default 1 MiB).", 1, 16 << 20, 1 << 20)
+VMS_LIMIT = _bounded("limit", "At most this many VMs.", 1, 10_000, 200)
+HOPPING_LIMIT = _bounded("limit", "At most this many migrations.", 1, 10_000, 200)
+LEDGER_AFTER = _bounded("after", "Entries after this id (paging).", 0, 10**15, 0)
+LEDGER_LIMIT = _bounded("limit", "At most this many entries.", 1, 100_000, 1000)
+BOOLEAN = {
+    "type": "string",
+    "enum": ["true", "false", "1", "0", "yes", "no"],
+    "description": "Also accepted in any letter case.",
+}
+# RFC 8941 sf-string-like: printable ASCII, no spaces at either end (HTTP trims them).
+IDEMPOTENCY_KEY = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")
+IDEMPOTENCY_KEY_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "pattern": r"^[!-~]([ -~]{0,198}[!-~])?$",
+}
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -712,15 +770,24 @@ ROUTES: tuple[Route, ...] = (
             Param(
                 "Idempotency-Key",
                 "header",
-                "Repeat a submission safely: the same key returns the bag created the first time.",
+                "Repeat a submission safely: the same key, from the same account, returns "
+                "the bag created the first time. Keys are the account's own (another account "
+                "may use the same key for its own bag). 1-200 printable ASCII characters.",
+                IDEMPOTENCY_KEY_SCHEMA,
             ),
         ),
         responses={
             201: ("The bag was admitted; all its jobs are queued.", "Bag"),
-            200: ("A bag with this Idempotency-Key exists already.", "Bag"),
-            400: ("The spec is malformed; the message names the field.", _ERR),
+            200: ("This account's bag with this Idempotency-Key exists already.", "Bag"),
+            400: ("The spec or the Idempotency-Key is malformed; the message names it.", _ERR),
             402: ("The account cannot reserve the CPU-hours; says needed and available.", _ERR),
+            403: ("An account token may not submit for another account.", _ERR),
             404: ("The account does not exist (with [ledger] new_accounts = refuse).", _ERR),
+            409: (
+                "The account used this Idempotency-Key for a different bag "
+                "(code idempotency_key_reused; detail.bag_id is that bag).",
+                _ERR,
+            ),
             413: ("The request body is too large.", _ERR),
             422: ("No allowed VM type can run one job of the bag.", _ERR),
         },
@@ -735,10 +802,13 @@ ROUTES: tuple[Route, ...] = (
                 "state", "query", "Only bags in this state.", {"enum": [s.value for s in BagState]}
             ),
             Param("account", "query", "Only bags of this account."),
-            Param("limit", "query", "At most this many (1-1000, default 50).", _INT),
-            Param("offset", "query", "Skip this many.", _INT),
+            BAGS_LIMIT,
+            BAGS_OFFSET,
         ),
-        responses={200: ("Bags.", "BagList")},
+        responses={
+            200: ("Bags.", "BagList"),
+            403: ("An account token may not list another account's bags.", _ERR),
+        },
     ),
     Route(
         "GET",
@@ -770,8 +840,8 @@ ROUTES: tuple[Route, ...] = (
             Param(
                 "state", "query", "Only jobs in this state.", {"enum": [s.value for s in JobState]}
             ),
-            Param("after", "query", "Only jobs with a larger index (pagination).", _INT),
-            Param("limit", "query", "At most this many (1-1000, default 100).", _INT),
+            JOBS_AFTER,
+            JOBS_LIMIT,
         ),
         responses={
             200: ("Jobs; next_after is the cursor for the next page.", "JobList"),
@@ -793,9 +863,9 @@ ROUTES: tuple[Route, ...] = (
         "The output of a job's attempt (latest by default).",
         params=(
             JOB_PATH,
-            Param("attempt", "query", "Attempt number (default: the latest).", _INT),
-            Param("offset", "query", "Start at this byte (to follow a growing log).", _INT),
-            Param("limit", "query", "At most this many bytes (default 1 MiB).", _INT),
+            LOG_ATTEMPT,
+            LOG_OFFSET,
+            LOG_LIMIT,
         ),
         responses={
             200: ("Log text; X-Spotbag-Next-Offset gives the next offset.", None),
@@ -812,8 +882,8 @@ ROUTES: tuple[Route, ...] = (
             Param(
                 "state", "query", "Only VMs in this state.", {"enum": [s.value for s in VmState]}
             ),
-            Param("all", "query", "true: include ended VMs.", {"type": "boolean"}),
-            Param("limit", "query", "At most this many (default 200).", _INT),
+            Param("all", "query", "true: include ended VMs (default false).", BOOLEAN),
+            VMS_LIMIT,
         ),
         responses={200: ("VMs and usage totals.", "VmList")},
     ),
@@ -832,7 +902,7 @@ ROUTES: tuple[Route, ...] = (
         hopping,
         "Spot hopping: the policy, the live market per VM type, and every migration with its reason.",
         admin_only=True,
-        params=(Param("limit", "query", "At most this many migrations (default 200).", _INT),),
+        params=(HOPPING_LIMIT,),
         responses={200: ("Market and migrations.", "Hopping")},
     ),
     Route(
@@ -855,6 +925,23 @@ ROUTES: tuple[Route, ...] = (
         "A callback from slurmctld's hooks (slurm_hooks/): HMAC-signed with the hook secret "
         "(X-Spotbag-Timestamp, X-Spotbag-Signature), no bearer token; a repeat changes nothing.",
         auth=False,
+        body="SlurmEvent",
+        params=(
+            Param(
+                "X-Spotbag-Timestamp",
+                "header",
+                "Epoch seconds the hook signed at.",
+                {"type": "string", "pattern": "^[0-9]{1,12}$"},
+                required=True,
+            ),
+            Param(
+                "X-Spotbag-Signature",
+                "header",
+                'sha256=HMAC-SHA256(hook secret, timestamp + "." + body), in hex.',
+                {"type": "string", "pattern": "^sha256=[0-9a-f]{64}$"},
+                required=True,
+            ),
+        ),
         responses={
             200: ("Taken (or a duplicate: duplicate = true).", None),
             400: ("A malformed event.", _ERR),
@@ -875,6 +962,7 @@ ROUTES: tuple[Route, ...] = (
         create_account,
         "Create an account: {name, cpu_hours (its first credit), unlimited, note}.",
         admin_only=True,
+        body="AccountCreate",
         responses={
             201: ("The account, with its balance.", None),
             400: ("A bad field; the message names it.", _ERR),
@@ -895,6 +983,7 @@ ROUTES: tuple[Route, ...] = (
         credit_account,
         "Add CPU-hours to an account's allocation: {cpu_hours, note}. Held jobs may run.",
         admin_only=True,
+        body="Credit",
         params=(ACCOUNT_PATH,),
         responses={
             200: ("The new balance.", None),
@@ -909,11 +998,20 @@ ROUTES: tuple[Route, ...] = (
         "The account's ledger entries, oldest first (JSON, or CSV with format=csv).",
         params=(
             ACCOUNT_PATH,
-            Param("after", "query", "Entries after this id (paging).", _INT),
-            Param("limit", "query", "At most this many (1-100000, default 1000).", _INT),
-            Param("format", "query", "json (default) or csv.", {"enum": ["json", "csv"]}),
+            LEDGER_AFTER,
+            LEDGER_LIMIT,
+            Param(
+                "format",
+                "query",
+                "json (default) or csv.",
+                {"type": "string", "enum": ["json", "csv"], "default": "json"},
+            ),
         ),
-        responses={200: ("Entries.", None), 404: ("No such account.", _ERR)},
+        responses={
+            200: ("Entries.", None),
+            403: ("An account token may not read another account.", _ERR),
+            404: ("No such account.", _ERR),
+        },
     ),
     Route(
         "GET",
@@ -925,10 +1023,17 @@ ROUTES: tuple[Route, ...] = (
             Param("bag", "query", "The bag to report on."),
             Param("account", "query", "The account to report on (all its bags)."),
             Param(
-                "format", "query", "json (default), csv or html.", {"enum": ["json", "csv", "html"]}
+                "format",
+                "query",
+                "json (default), csv or html.",
+                {"type": "string", "enum": ["json", "csv", "html"], "default": "json"},
             ),
         ),
-        responses={200: ("The report.", None), 404: ("No such bag, or no bags.", _ERR)},
+        responses={
+            200: ("The report.", None),
+            403: ("An account token may not report on another account.", _ERR),
+            404: ("No such bag, or no bags.", _ERR),
+        },
     ),
     Route(
         "POST",
@@ -936,6 +1041,8 @@ ROUTES: tuple[Route, ...] = (
         create_token,
         "Issue a token that can only see and spend this account: {note}. The token is shown once.",
         admin_only=True,
+        body="TokenCreate",
+        body_required=False,
         params=(ACCOUNT_PATH,),
         responses={201: ("The token.", None), 404: ("No such account.", _ERR)},
     ),
@@ -996,9 +1103,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             message = f"no route {request.method} {request.path}"
         elif exc.status == 413:
             message = f"request body too large: {exc.text}"
-        return _error_response(
+        response = _error_response(
             ApiError(message, status=exc.status, code=_HTTP_CODES.get(exc.status, "http_error"))
         )
+        if exc.status == 405:  # RFC 9110 §15.5.6: say which methods the resource has
+            response.headers["Allow"] = exc.headers.get("Allow", "")
+        return response
     except StoreUnavailable as exc:
         log.error("%s %s: %s", request.method, request.path, exc)
         return _error_response(
@@ -1031,7 +1141,8 @@ def auth_middleware(controller: Controller) -> Callable:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = _route_name(request)
-        if route not in open_paths:
+        # A wrong method on an open path matches no route, yet is that path's 405.
+        if route not in open_paths and request.path not in open_paths:
             given = request.headers.get("Authorization", "")
             principal = controller.tokens.authenticate(given)
             if principal is None:
@@ -1067,6 +1178,24 @@ def counting_middleware(controller: Controller) -> Callable:
         return response
 
     return count
+
+
+class _ServerLogger(logging.LoggerAdapter):
+    """aiohttp's server logger, except that a request aiohttp itself cannot parse (a
+    NUL or a control character in a header, ...; it answers 400 on its own) is one
+    DEBUG line rather than an ERROR with a traceback: any client could fill the log."""
+
+    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            first_line = (str(exc.message).strip().splitlines() or [""])[0]
+            self.debug(f"{msg}: %s", *args, first_line)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def server_logger() -> Any:
+    return _ServerLogger(logging.getLogger("aiohttp.server"), {})
 
 
 def build_app(controller: Controller) -> web.Application:

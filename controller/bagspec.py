@@ -39,6 +39,15 @@ MAX_RUNTIME_S = 30 * 86_400.0
 MAX_COMMAND_CHARS = 100_000
 MAX_VALUE_CHARS = 100_000
 MAX_FORMAT_WIDTH = 1000
+# All of them together must also fit: Linux refuses an exec (E2BIG) whose arguments and
+# environment pass ARG_MAX (a quarter of the stack limit, 2 MiB by default, at least
+# 128 KiB). A job's own part, its command and the environment spotbag adds (env, the
+# SPOTBAG_PARAM_* values, the SPOTBAG_* ids), is held to 128 KiB in UTF-8 bytes, which
+# leaves the rest of ARG_MAX to the environment the daemon passes on.
+MAX_EXEC_BYTES = 128 * 1024
+# The SPOTBAG_* ids and the checkpoint directory, counted generously.
+_SPOTBAG_VARS_BYTES = 4096
+MIN_MEMORY_GB = 0.001  # 1 MB: smaller is a mistake, and a tiny divisor overflows packing
 
 ParamValue = bool | int | float | str
 
@@ -70,7 +79,9 @@ class _Strict(BaseModel):
 class Resources(_Strict):
     cpus: int = Field(1, ge=1, le=4096, description="vCPUs each job needs.")
     gpus: int = Field(0, ge=0, le=64, description="GPUs each job needs.")
-    memory_gb: float = Field(1.0, gt=0, le=65536, description="Memory each job needs, in GB.")
+    memory_gb: float = Field(
+        1.0, ge=MIN_MEMORY_GB, le=65536, description="Memory each job needs, in GB."
+    )
     vm_types: list[str] | None = Field(
         None, min_length=1, description="Only these VM types may run the jobs."
     )
@@ -83,7 +94,10 @@ class SimulationHints(_Strict):
     """How `spotbag simulate` should pretend each job behaves."""
 
     runtime_s: float | None = Field(
-        None, gt=0, description="Runtime of each job (default: estimated_runtime_s)."
+        None,
+        gt=0,
+        le=MAX_RUNTIME_S,
+        description="Runtime of each job (default: estimated_runtime_s).",
     )
     runtime_cv: float = Field(
         0.0, ge=0, le=10, description="Coefficient of variation of a lognormal runtime."
@@ -138,10 +152,16 @@ class BagSpec(_Strict):
     retryable_exit_codes: list[int] = Field(
         default_factory=list, description="Non-zero exit codes that mean 'try again'."
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables (not SPOTBAG_*). With the command and the "
+        "parameter values, at most 128 KiB (MAX_EXEC_BYTES) per job.",
+        json_schema_extra={"propertyNames": {"pattern": ENV_NAME.pattern}},
+    )
     workdir: str | None = Field(
         None,
         description="Absolute working directory of each job (local executor); the CLI fills in its own.",
+        json_schema_extra={"pattern": "^/"},  # what _absolute checks, with a better message
     )
     simulation: SimulationHints | None = None
 
@@ -218,9 +238,9 @@ def _check_semantics(
     names = list(axes) if axes is not None else _point_names(spec, problems, max_jobs)
     if isinstance(spec.command, str):
         _check_command(spec.command, names, problems)
-        if not problems:
-            _check_command_length(spec, axes, problems)
     _check_env(spec, names, problems)
+    if not problems:
+        _check_sizes(spec, axes, problems)
     _check_limits(spec, problems)
     return axes
 
@@ -316,7 +336,7 @@ def _check_parameters(
             )
             continue
         if isinstance(axis, Mapping):
-            plan = _range_plan(field, axis, problems)
+            plan = _range_plan(field, axis, problems, max_jobs)
         elif isinstance(axis, list):
             for i, value in enumerate(axis):
                 _check_value(f"{field}[{i}]", value, problems)
@@ -334,23 +354,32 @@ def _check_parameters(
     _check_name_collisions("parameters", list(plans), problems)
     if problems:
         return None
-    count = math.prod(length for length, _ in plans.values())
-    if count > max_jobs:
-        problems.append(
-            FieldProblem(
-                "parameters",
-                f"the bag has {count:,} jobs; at most {max_jobs:,} are allowed per bag "
-                "(split it into several bags)",
+    count = 1
+    for length, _ in plans.values():  # stop as soon as the product is too large
+        count *= length
+        if count > max_jobs:
+            problems.append(
+                FieldProblem(
+                    "parameters",
+                    f"the bag has {_count_text(count, max_jobs)} jobs; at most {max_jobs:,} are "
+                    "allowed per bag (split it into several bags)",
+                )
             )
-        )
-        return None
+            return None
     return {name: expand() for name, (_, expand) in plans.items()}
 
 
+def _count_text(count: int, limit: int) -> str:
+    """A count for a message; one past any sensible limit is only said to be huge (an int
+    of thousands of digits cannot even be printed)."""
+    return f"{count:,}" if count <= 10**15 else f"more than {max(limit, 10**15):,}"
+
+
 def _range_plan(
-    field: str, axis: Mapping[str, Any], problems: list[FieldProblem]
+    field: str, axis: Mapping[str, Any], problems: list[FieldProblem], max_jobs: int
 ) -> tuple[int, Callable[[], list]] | None:
-    """(number of values, how to make them) of a {"range": [start, stop, step]} axis."""
+    """(number of values, how to make them) of a {"range": [start, stop, step]} axis,
+    counted exactly (Python ints, or floats checked for overflow) without making them."""
     bounds = axis.get("range")
     extra = set(axis) - {"range"}
     if extra or not isinstance(bounds, list) or len(bounds) not in (2, 3):
@@ -372,18 +401,40 @@ def _range_plan(
         problems.append(FieldProblem(f"{field}.range", "step must not be 0"))
         return None
     if all(isinstance(b, int) for b in (start, stop, step)):
-        values = range(start, stop, step)
-        return len(values), lambda: list(values)
+        # len(range(...)) overflows past sys.maxsize; the same count in exact arithmetic:
+        count = max(0, -((start - stop) // step))
+        if count > max_jobs:
+            problems.append(_too_many_values(field, count, max_jobs))
+            return None
+        return count, lambda: list(range(start, stop, step))
     try:
-        count = max(0, math.ceil((stop - start) / step - 1e-9))
+        quotient = (stop - start) / step
+        if not math.isfinite(quotient):
+            raise OverflowError
+        count = max(0, math.ceil(quotient - 1e-9))
         decimals = max(-Decimal(repr(float(x))).as_tuple().exponent for x in (start, step))
     except (OverflowError, ValueError):
         problems.append(
-            FieldProblem(f"{field}.range", "start, stop and step are too large or too small")
+            FieldProblem(
+                f"{field}.range",
+                "start, stop and step are too large or too small: (stop - start) / step "
+                "is not a finite number of values",
+            )
         )
+        return None
+    if count > max_jobs:
+        problems.append(_too_many_values(field, count, max_jobs))
         return None
     # Round to the inputs' decimals so that 0.1 steps give 0.3, not 0.30000000000000004.
     return count, lambda: [round(start + k * step, decimals) for k in range(count)]
+
+
+def _too_many_values(field: str, count: int, max_jobs: int) -> FieldProblem:
+    return FieldProblem(
+        f"{field}.range",
+        f"makes {_count_text(count, max_jobs)} values; a bag has at most {max_jobs:,} jobs "
+        "(a larger step, or several bags)",
+    )
 
 
 def _point_names(spec: BagSpec, problems: list[FieldProblem], max_jobs: int) -> list[str]:
@@ -481,39 +532,101 @@ def _check_command(command: str, names: list[str], problems: list[FieldProblem])
             )
 
 
-def _check_command_length(
-    spec: BagSpec, axes: dict[str, list] | None, problems: list[FieldProblem]
-) -> None:
-    """The longest command any job can get: the template's literal text plus, for each
-    placeholder, its longest rendered value (no need to render every job)."""
+def _values_by_name(spec: BagSpec, axes: dict[str, list] | None) -> dict[str, list]:
+    """Every value each parameter takes."""
     if axes is not None:
-        values = axes
-    elif spec.points:
-        values = {}
-        for point in spec.points:
-            for name, value in point.items():
-                values.setdefault(name, []).append(value)
-    else:
-        values = {}
-    longest = 0
+        return axes
+    values: dict[str, list] = {}
+    for point in spec.points or ():
+        for name, value in point.items():
+            values.setdefault(name, []).append(value)
+    return values
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _longest_utf8(texts: list[str]) -> int:
+    if "".join(texts).isascii():  # the usual case, without encoding each one
+        return max(map(len, texts), default=0)
+    return max(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+
+
+@dataclass(frozen=True)
+class _JobSizes:
+    """The largest job's sizes, from each parameter's longest value (no need to render
+    every job): an upper bound on any one job's."""
+
+    command_chars: int
+    command_bytes: int
+    param_bytes: int  # the SPOTBAG_PARAM_* variables, each with its NUL and pointer
+
+
+def _job_sizes(spec: BagSpec, values: dict[str, list]) -> _JobSizes:
+    """ValueError/TypeError when a format spec does not suit a value (reported by
+    _check_rendering)."""
+    parsed = _parsed(spec.command)
+    used = {(name, fmt or "") for _, name, fmt in parsed if name is not None and name in values}
+    shown: dict[tuple[str, str], tuple[int, int]] = {}  # placeholder -> (chars, bytes)
+    param_bytes = 0
+    for name, taken in values.items():
+        if not taken:
+            continue
+        texts = [param_text(value) for value in taken]
+        param_bytes += len(param_env_name(name)) + 1 + _longest_utf8(texts) + 1 + 8
+        for used_name, fmt in used:
+            if used_name == name:
+                rendered = [format(value, fmt) for value in taken] if fmt else texts
+                quoted = [shlex.quote(text) for text in rendered]
+                shown[name, fmt] = (max(map(len, quoted)), _longest_utf8(quoted))
+    command_chars = command_bytes = 0
+    for literal, name, fmt in parsed:
+        command_chars += len(literal)
+        command_bytes += _utf8_len(literal)
+        if name is not None and name in values:
+            chars, size = shown.get((name, fmt or ""), (0, 0))
+            command_chars += chars
+            command_bytes += size
+    return _JobSizes(command_chars, command_bytes, param_bytes)
+
+
+def _check_sizes(spec: BagSpec, axes: dict[str, list] | None, problems: list[FieldProblem]) -> None:
+    """The longest command any job can get (MAX_COMMAND_CHARS), and its command and the
+    environment spotbag gives it in the bytes an exec counts (each string, its NUL and
+    its pointer), at most MAX_EXEC_BYTES: past ARG_MAX every attempt would fail to start
+    (E2BIG)."""
     try:
-        for literal, name, format_spec in _parsed(spec.command):
-            longest += len(literal)
-            if name is not None and name in values:
-                longest += max(
-                    len(shlex.quote(format(v, format_spec) if format_spec else param_text(v)))
-                    for v in values[name]
-                )
+        sizes = _job_sizes(spec, _values_by_name(spec, axes))
     except (ValueError, TypeError):
         return  # a format spec that does not suit a value: reported by _check_rendering
-    if longest > MAX_COMMAND_CHARS:
+    if sizes.command_chars > MAX_COMMAND_CHARS:
         problems.append(
             FieldProblem(
                 "command",
-                f"a job's command would be {longest:,} characters long; "
+                f"a job's command would be {sizes.command_chars:,} characters long; "
                 f"at most {MAX_COMMAND_CHARS:,} (pass large values through files)",
             )
         )
+        return
+    # /bin/sh -c COMMAND: three strings, each with its NUL and its pointer.
+    command = sizes.command_bytes + len("/bin/sh-c") + 3 * (1 + 8)
+    env = sum(_utf8_len(key) + _utf8_len(value) + 2 + 8 for key, value in spec.env.items())
+    params = sizes.param_bytes
+    total = command + env + params + _SPOTBAG_VARS_BYTES
+    if total <= MAX_EXEC_BYTES:
+        return
+    parts = {"command": command, "env": env, "parameters" if axes is not None else "points": params}
+    largest = max(parts, key=parts.__getitem__)
+    problems.append(
+        FieldProblem(
+            largest,
+            f"a job's command and environment would take {total:,} bytes (command {command:,}, "
+            f"env {env:,}, parameter values {params:,}, spotbag's own {_SPOTBAG_VARS_BYTES:,}); "
+            f"at most {MAX_EXEC_BYTES:,} (128 KiB) fit in what Linux lets a process start "
+            "with (pass large values through files)",
+        )
+    )
 
 
 def _check_env(spec: BagSpec, names: list[str], problems: list[FieldProblem]) -> None:

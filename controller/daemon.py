@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from controller.api import build_app
+from controller.api import build_app, server_logger
 from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
@@ -463,7 +463,9 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(build_app(controller), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        build_app(controller), access_log=None, handle_signals=False, logger=server_logger()
+    )
     died: TaskDied | None = None
     try:
         await runner.setup()

@@ -2,7 +2,10 @@
 
 Paths, methods, parameters and responses come from `controller.api.ROUTES`
 (the same table that builds the router); the request schema of a bag is
-pydantic's JSON schema of `BagSpec`, i.e. exactly what the validator accepts.
+pydantic's JSON schema of `BagSpec`, i.e. exactly what the validator accepts
+(likewise a Slurm hook's `SlurmEvent`). Integer query parameters carry the bounds
+the handlers enforce (the same `Param` objects), and every status a route can
+answer is listed, so a schema-driven fuzzer (`make fuzz`) can hold the server to it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.bagspec import BagSpec
+from controller.slurm.callbacks import SlurmEvent
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer"}
@@ -208,6 +212,34 @@ _SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "AccountCreate": {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {**_STR, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"},
+            "cpu_hours": {
+                **_NUM,
+                "minimum": 0,
+                "exclusiveMaximum": 1e15,
+                "default": 0,
+                "description": "Its first credit, CPU-hours.",
+            },
+            "unlimited": {"type": "boolean", "default": False},
+            "note": {**_STR, "maxLength": 1000},
+        },
+    },
+    "Credit": {
+        "type": "object",
+        "required": ["cpu_hours"],
+        "properties": {
+            "cpu_hours": {**_NUM, "minimum": 0, "exclusiveMaximum": 1e15},
+            "note": {**_STR, "maxLength": 1000},
+        },
+    },
+    "TokenCreate": {
+        "type": "object",
+        "properties": {"note": {**_STR, "maxLength": 1000}},
+    },
     "VmList": {
         "type": "object",
         "properties": {
@@ -219,10 +251,21 @@ _SCHEMAS: dict[str, Any] = {
 
 
 @functools.cache
-def _bag_spec_schema() -> dict[str, Any]:
-    schema = BagSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    definitions = schema.pop("$defs", {})
-    return {"BagSpec": schema, **definitions}
+def _model_schemas() -> dict[str, Any]:
+    """The request schemas pydantic validates with: BagSpec and a Slurm hook's event."""
+    schemas: dict[str, Any] = {}
+    for model in (BagSpec, SlurmEvent):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return schemas
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
 
 
 def build_openapi(routes: Sequence[Any]) -> dict[str, Any]:
@@ -257,44 +300,27 @@ def build_openapi(routes: Sequence[Any]) -> dict[str, Any]:
                 for status, (text, schema) in route.responses.items()
             },
         }
+        responses = operation["responses"]
         if any(p.where == "query" for p in route.params):
-            operation["responses"].setdefault(
-                "400",
-                {
-                    "description": "A query parameter is malformed (code invalid_query).",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                    },
-                },
-            )
+            responses.setdefault("400", _error("A query parameter is malformed (invalid_query)."))
         if route.auth:
             operation["security"] = [{"bearer": []}]
-            operation["responses"].setdefault(
-                "401",
-                {
-                    "description": "Missing or wrong bearer token.",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                    },
-                },
-            )
+            responses.setdefault("401", _error("Missing or wrong bearer token."))
         if route.admin_only:
-            operation["responses"].setdefault(
-                "403",
-                {
-                    "description": "Needs the admin token; an account token may not do this.",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                    },
-                },
+            responses.setdefault(
+                "403", _error("Needs the admin token; an account token may not do this.")
             )
+        elif route.auth and any(p.name == "account" for p in route.params):
+            responses.setdefault("403", _error("An account token may not use another account."))
         if route.body:
             operation["requestBody"] = {
-                "required": True,
+                "required": route.body_required,
                 "content": {
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{route.body}"}}
                 },
             }
+            responses.setdefault("400", _error("The body is malformed; the message names why."))
+            responses.setdefault("413", _error("The request body is too large."))
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.1.0",
@@ -305,7 +331,14 @@ def build_openapi(routes: Sequence[Any]) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {**_SCHEMAS, **_bag_spec_schema()},
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {**_SCHEMAS, **_model_schemas()},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Authorization: Bearer <token> (the scheme in any letter "
+                    "case): the admin's token or an account token (sbt_...).",
+                }
+            },
         },
     }

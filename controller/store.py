@@ -324,6 +324,53 @@ MIGRATIONS: list[tuple[str, str]] = [
         END;
         """,
     ),
+    (
+        "idempotency keys belong to an account: unique per (account, key), not across "
+        "accounts (the bags table is rebuilt without its column-wide UNIQUE constraint)",
+        """
+        CREATE TABLE bags_scoped (
+            id TEXT PRIMARY KEY,
+            account TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            job_count INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            finished_at REAL,
+            cancel_requested_at REAL,
+            idempotency_key TEXT,
+            attempts_ended INTEGER NOT NULL DEFAULT 0,
+            preemptions INTEGER NOT NULL DEFAULT 0,
+            attempt_s REAL NOT NULL DEFAULT 0,
+            preempted_s REAL NOT NULL DEFAULT 0,
+            vm_s REAL NOT NULL DEFAULT 0,
+            spot_cost_usd REAL NOT NULL DEFAULT 0,
+            on_demand_cost_usd REAL NOT NULL DEFAULT 0,
+            request_hash TEXT NOT NULL DEFAULT '',
+            checkpoints INTEGER NOT NULL DEFAULT 0,
+            checkpoint_s REAL NOT NULL DEFAULT 0,
+            lost_s REAL NOT NULL DEFAULT 0
+        );
+        INSERT INTO bags_scoped (
+            id, account, name, spec, state, job_count, created_at, finished_at,
+            cancel_requested_at, idempotency_key, attempts_ended, preemptions, attempt_s,
+            preempted_s, vm_s, spot_cost_usd, on_demand_cost_usd, request_hash, checkpoints,
+            checkpoint_s, lost_s
+        )
+        SELECT
+            id, account, name, spec, state, job_count, created_at, finished_at,
+            cancel_requested_at, idempotency_key, attempts_ended, preemptions, attempt_s,
+            preempted_s, vm_s, spot_cost_usd, on_demand_cost_usd, request_hash, checkpoints,
+            checkpoint_s, lost_s
+        FROM bags;
+        DROP TABLE bags;
+        ALTER TABLE bags_scoped RENAME TO bags;
+        CREATE INDEX bags_by_state ON bags(state, created_at);
+        CREATE INDEX bags_by_account ON bags(account, created_at);
+        CREATE UNIQUE INDEX bags_by_idempotency_key ON bags(account, idempotency_key)
+            WHERE idempotency_key IS NOT NULL;
+        """,
+    ),
 ]
 
 SLURM_RUN_COLUMNS = (
@@ -962,15 +1009,19 @@ class Store:
         """Insert a bag and all its jobs (queued; from index `held_from` on, held) with
         their ledger entries (and the account, when it is new) in one transaction.
 
-        Returns (bag row, created). With an idempotency key that was used
+        Returns (bag row, created). With an idempotency key the bag's account used
         before, nothing is written and the earlier bag is returned, or
-        IdempotencyConflict raised when the earlier bag's request_hash differs.
+        IdempotencyConflict raised when the earlier bag's request_hash differs. Keys are
+        scoped to the account: another account's use of the same key is not seen.
         """
 
         def insert(conn: sqlite3.Connection) -> tuple[dict[str, Any], bool]:
             if idempotency_key is not None:
+                # Keys are the account's own: another account's bag is never found here.
                 earlier = _rows(
-                    conn, "SELECT * FROM bags WHERE idempotency_key = ?", (idempotency_key,)
+                    conn,
+                    "SELECT * FROM bags WHERE account = ? AND idempotency_key = ?",
+                    (bag["account"], idempotency_key),
                 )
                 if earlier:
                     if earlier[0]["request_hash"] != bag.get("request_hash", ""):

@@ -51,9 +51,25 @@ class _Known:
     revoked: bool
 
 
+def bearer_credentials(authorization: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None. The scheme is
+    matched case-insensitively (RFC 7235 §2.1) and may be followed by several spaces;
+    a header that is not text (raw bytes that are not UTF-8, which the HTTP server
+    hands over as surrogate escapes) or has no token is None."""
+    scheme, _, credentials = authorization.partition(" ")
+    token = credentials.strip(" ")
+    if scheme.lower() != "bearer" or not token:
+        return None
+    try:
+        token.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return token
+
+
 class Tokens:
     def __init__(self, admin_token: str, rows: list[dict[str, Any]] = ()) -> None:
-        self._admin = f"Bearer {admin_token}".encode()
+        self._admin = admin_token.encode()
         self._known = {
             row["id"]: _Known(row["account"], row["secret_sha256"], row["revoked_at"] is not None)
             for row in rows
@@ -61,11 +77,13 @@ class Tokens:
 
     def authenticate(self, authorization: str) -> Principal | None:
         """The principal an `Authorization` header stands for; None if it is no valid token."""
-        given = authorization.encode()
-        if hmac.compare_digest(given, self._admin):
+        token = bearer_credentials(authorization)
+        if token is None:
+            return None
+        if self._admin and hmac.compare_digest(token.encode(), self._admin):
             return ADMIN
-        match = TOKEN_FORMAT.match(authorization.removeprefix("Bearer "))
-        if not authorization.startswith("Bearer ") or match is None:
+        match = TOKEN_FORMAT.match(token)
+        if match is None:
             return None
         token_id, secret = match.groups()
         known = self._known.get(token_id)

@@ -49,14 +49,15 @@ def verify(
     and `timestamp` is within `window_s` of `now`."""
     if not timestamp or not signed:
         raise CallbackRejected(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER}")
-    if not timestamp.isdigit() or len(timestamp) > 12:
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
         raise CallbackRejected(f"{TIMESTAMP_HEADER} is not epoch seconds")
     if abs(now - int(timestamp)) > window_s:
         raise CallbackRejected(
             f"{TIMESTAMP_HEADER} is {abs(now - int(timestamp)):.0f} s from now "
             f"(the window is {window_s:g} s): a replay, or the clocks disagree"
         )
-    if not hmac.compare_digest(signature(secret, timestamp, body), signed):
+    # compare_digest takes ASCII strings only (a header of raw bytes is not).
+    if not signed.isascii() or not hmac.compare_digest(signature(secret, timestamp, body), signed):
         raise CallbackRejected("bad signature (is the hooks' secret the controller's?)")
 
 

@@ -8,7 +8,16 @@ import threading
 
 import pytest
 
-from controller.store import MIGRATIONS, Store, WriteBatch, split_job_id
+from controller.store import MIGRATIONS, IdempotencyConflict, Store, WriteBatch, split_job_id
+
+
+def _migration_before(words: str) -> int:
+    """How many migrations come before the one whose description starts with `words`."""
+    return next(i for i, (about, _) in enumerate(MIGRATIONS) if about.startswith(words))
+
+
+LEDGER_BALANCES = _migration_before("ledger balances and open reservations")
+SCOPED_KEYS = _migration_before("idempotency keys belong to an account")
 
 
 def bag_row(bag_id="b0000000001", n=3, now=100.0):
@@ -57,6 +66,53 @@ async def test_an_older_database_is_upgraded_in_place(tmp_path):
     bag = await store.get_bag("b0000000001")
     assert bag["request_hash"] == ""  # the new column, defaulted for old rows
     await store.close()
+
+
+async def test_idempotency_keys_are_unique_per_account_after_an_upgrade(tmp_path):
+    """A database from before keys were scoped (a column-wide UNIQUE) is rebuilt: its bags
+    keep every column, and another account may use a key one account has used."""
+    path = tmp_path / "db.sqlite"
+    with sqlite3.connect(path) as conn:  # the schema before per-account keys
+        for _, ddl in MIGRATIONS[:SCOPED_KEYS]:
+            conn.executescript(ddl)
+        conn.execute(f"PRAGMA user_version = {SCOPED_KEYS}")
+        conn.execute(
+            "INSERT INTO bags (id, account, name, spec, state, job_count, created_at, "
+            "idempotency_key, request_hash, vm_s, checkpoints) "
+            "VALUES ('b0000000001', 'a', 'old', '{}', 'active', 0, 1.0, 'k', 'h1', 2.5, 3)"
+        )
+    store = Store(path)
+    await store.open()
+    old = await store.get_bag("b0000000001")
+    assert (old["name"], old["idempotency_key"], old["vm_s"], old["checkpoints"]) == (
+        "old",
+        "k",
+        2.5,
+        3,
+    )
+    theirs, created = await store.create_bag(
+        {**bag_row("b0000000002", n=1), "account": "b", "request_hash": "h1"}, ['{"i":0}'], "k"
+    )
+    assert created and theirs["id"] == "b0000000002"
+    again, created = await store.create_bag(
+        {**bag_row("b0000000003", n=1), "request_hash": "h1"}, ['{"i":0}'], "k"
+    )
+    assert not created and again["id"] == "b0000000001"  # account a's own bag
+    with pytest.raises(IdempotencyConflict) as caught:
+        await store.create_bag(
+            {**bag_row("b0000000004", n=1), "account": "b", "request_hash": "h2"}, [], "k"
+        )
+    assert caught.value.bag_id == "b0000000002"  # never account a's
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        # The index itself holds (account, key) unique: no second bag of b with key k.
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute(
+                "INSERT INTO bags (id, account, name, spec, state, job_count, created_at, "
+                "idempotency_key) VALUES ('b0000000005', 'b', '', '{}', 'active', 0, 1.0, 'k')"
+            )
+        indexes = {row[1] for row in conn.execute("PRAGMA index_list(bags)")}
+        assert {"bags_by_state", "bags_by_account", "bags_by_idempotency_key"} <= indexes
 
 
 async def test_writes_run_on_one_thread_and_roll_back_on_error(tmp_path):
@@ -212,8 +268,8 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             "DROP TRIGGER ledger_balance_on_insert; DROP TRIGGER ledger_open_on_reserve;"
             "DROP TRIGGER ledger_open_on_release;"
         )
-        conn.execute("DELETE FROM migrations WHERE version = ?", (len(MIGRATIONS),))
-        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+        conn.execute("DELETE FROM migrations WHERE version > ?", (LEDGER_BALANCES,))
+        conn.execute(f"PRAGMA user_version = {LEDGER_BALANCES}")
         conn.executemany(
             "INSERT INTO ledger (at, account, kind, cpu_h, key, note) VALUES (?,?,?,?,?,?)",
             _settled(50) + OPEN,

@@ -4,6 +4,10 @@ token stops working; tokens survive a restart."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import pytest
 
 from controller.client import ClientError
@@ -79,3 +83,60 @@ def test_an_account_token_sees_and_spends_only_its_account(make_daemon):
     assert _refused(lab.bags).status == 401
     assert admin.tokens("lab")["tokens"][0]["revoked_at"] is not None
     assert _refused(admin.revoke_token, "lab", token_id).status == 409
+
+
+def _post_bag(client, body: dict, key: str) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        client.url + "/v1/bags",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {client.token}",
+            "Content-Type": "application/json",
+            "Idempotency-Key": key,
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_idempotency_keys_are_each_accounts_own(make_daemon):
+    """The same Idempotency-Key from two accounts makes two bags; a replay returns the
+    account's own bag; nothing an account is told names the other account's bag."""
+    daemon = make_daemon()
+    admin = daemon.start()
+    for name in ("lab", "other"):
+        admin.create_account(name, cpu_hours=10)
+    lab = daemon.client(admin.create_token("lab")["token"])
+    other = daemon.client(admin.create_token("other")["token"])
+    spec = {"command": "true", "max_runtime_s": 60}
+
+    status, theirs = _post_bag(other, spec, "nightly")
+    assert status == 201 and theirs["account"] == "other"
+    answers = []
+    status, ours = _post_bag(lab, spec, "nightly")  # the same key, another account
+    answers.append(ours)
+    assert status == 201 and ours["account"] == "lab" and ours["id"] != theirs["id"]
+    status, again = _post_bag(lab, spec, "nightly")  # a retry: the account's own bag
+    answers.append(again)
+    assert status == 200 and again["id"] == ours["id"]
+    status, conflict = _post_bag(lab, {**spec, "command": "false"}, "nightly")
+    answers.append(conflict)
+    assert status == 409 and conflict["error"]["code"] == "idempotency_key_reused"
+    assert conflict["error"]["detail"]["bag_id"] == ours["id"]
+    # A key only the other account used is free for this one (no squatting).
+    status, theirs_next = _post_bag(other, spec, "tomorrow")
+    assert status == 201
+    status, ours_next = _post_bag(lab, {**spec, "command": "echo mine"}, "tomorrow")
+    answers.append(ours_next)
+    assert status == 201 and ours_next["id"] != theirs_next["id"]
+    # The admin submitting for an account uses that account's keys.
+    status, replayed = _post_bag(admin, {**spec, "account": "other"}, "nightly")
+    assert status == 200 and replayed["id"] == theirs["id"]
+    for answer in answers:
+        text = json.dumps(answer)
+        assert theirs["id"] not in text and theirs_next["id"] not in text, answer
+    assert {b["id"] for b in lab.bags()} == {ours["id"], ours_next["id"]}

@@ -3,6 +3,7 @@ never a 500, a hang, or a bag accepted that can never run."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -37,7 +38,7 @@ def post_raw(client, body: bytes, headers: dict | None = None) -> tuple[int, dic
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def daemon(tmp_path_factory):
     from tests.conftest import FAST_CONFIG, Daemon
 
     state = tmp_path_factory.mktemp("bad-input")
@@ -45,8 +46,35 @@ def client(tmp_path_factory):
         FAST_CONFIG.format(token="t", model="none", mttf_h=24, time_scale=1, max_vms=1)
     )
     daemon = Daemon(state, state / "spotbag.toml", "t")
-    yield daemon.start()
+    daemon.start()
+    yield daemon
     daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    return daemon.client()
+
+
+def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Send bytes no HTTP client would (raw, non-UTF-8 header values) over a plain
+    socket; (status, headers, body) of the answer."""
+    host, port = url.removeprefix("http://").split(":")
+
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+        writer.write(body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+        return answer
+
+    answer = asyncio.run(exchange())
+    header_block, _, payload = answer.partition(b"\r\n\r\n")
+    status_line, *lines = header_block.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, payload
 
 
 @pytest.mark.parametrize(
@@ -84,6 +112,44 @@ def client(tmp_path_factory):
             400,
             "retryable_exit_codes[1]",
         ),
+        # A divisor this small overflowed the packing (a 500, issue 14).
+        (
+            json.dumps({**BASE, "resources": {"memory_gb": 5e-324}}).encode(),
+            400,
+            "resources.memory_gb",
+        ),
+        (json.dumps({**BASE, "resources": {"memory_gb": 1e999}}).encode(), 400, "(body)"),
+        (
+            json.dumps({**BASE, "resources": {"memory_gb": 1.5}}).replace("1.5", "1e999").encode(),
+            400,
+            "resources.memory_gb",
+        ),
+        (
+            json.dumps({**BASE, "simulation": {"runtime_s": 1e300}}).encode(),
+            400,
+            "simulation.runtime_s",
+        ),
+        # Ranges whose length does not fit a machine integer (len(range) overflowed: a 500).
+        (
+            json.dumps({**BASE, "parameters": {"x": {"range": [0, 10**30]}}}).encode(),
+            400,
+            "parameters.x.range",
+        ),
+        (
+            json.dumps({**BASE, "parameters": {"x": {"range": [10**30, -(10**30), -1]}}}).encode(),
+            400,
+            "parameters.x.range",
+        ),
+        (
+            json.dumps({**BASE, "parameters": {"x": {"range": [-(2**63), 2**63, 1]}}}).encode(),
+            400,
+            "parameters.x.range",
+        ),
+        (
+            json.dumps({**BASE, "parameters": {"x": {"range": [0, 10**300, 10**200]}}}).encode(),
+            400,
+            "parameters.x.range",
+        ),
     ],
 )
 def test_hostile_and_broken_bodies(client, body, status, field):
@@ -106,6 +172,99 @@ def test_a_huge_range_is_refused_before_it_is_expanded(client):
     )
     assert code == 400 and "at most 1,000,000" in answer["error"]["message"]
     assert time.monotonic() - started < 2.0  # counted, not built
+
+
+def test_resource_values_out_of_range_are_400_naming_the_field_and_the_range(client):
+    for resources, field, words in (
+        ({"memory_gb": 5e-324}, "resources.memory_gb", "greater than or equal to 0.001"),
+        ({"memory_gb": 0.0}, "resources.memory_gb", "greater than or equal to 0.001"),
+        ({"memory_gb": 70000}, "resources.memory_gb", "less than or equal to 65536"),
+        ({"cpus": 10**30}, "resources.cpus", "less than or equal to 4096"),
+    ):
+        code, answer = post_raw(client, json.dumps({**BASE, "resources": resources}).encode())
+        assert code == 400, answer
+        assert answer["error"]["detail"]["errors"][0]["field"] == field
+        assert words in answer["error"]["message"], answer["error"]["message"]
+
+
+def test_a_range_too_long_for_a_machine_integer_is_400_with_the_field_and_reason(client):
+    started = time.monotonic()
+    code, answer = post_raw(
+        client,
+        json.dumps({**BASE, "parameters": {"x": {"range": [0, 10**40, 3]}, "y": [1, 2]}}).encode(),
+    )
+    assert code == 400, answer
+    error = answer["error"]
+    assert error["detail"]["errors"][0]["field"] == "parameters.x.range"
+    assert "values; a bag has at most 1,000,000 jobs" in error["message"], error["message"]
+    # Axes each within the limit whose product is not: counted, never built.
+    code, answer = post_raw(
+        client,
+        json.dumps(
+            {
+                **BASE,
+                "command": "echo {a} {b} {c}",
+                "parameters": {
+                    "a": {"range": [0, 1000]},
+                    "b": {"range": [0, 1000]},
+                    "c": {"range": [0.0, 1000.0, 1.0]},
+                },
+            }
+        ).encode(),
+    )
+    assert code == 400, answer
+    assert answer["error"]["message"].startswith("parameters: the bag has 1,000,000,000 jobs")
+    assert time.monotonic() - started < 2.0
+
+
+def test_raw_non_utf8_authorization_is_401_without_a_traceback(daemon, client):
+    before = daemon.log().count("Traceback")
+    for value in (b"Bearer \xff\xfe", b"\xc3\x28", b"Bearer t\x80"):
+        status, headers, body = raw_request(
+            client.url, b"GET /v1/bags HTTP/1.1\r\nHost: x\r\nAuthorization: " + value + b"\r\n"
+        )
+        assert status == 401, (value, body)
+        assert json.loads(body)["error"]["code"] == "unauthorized"
+        assert headers["WWW-Authenticate"].startswith("Bearer")
+    assert daemon.log().count("Traceback") == before
+
+
+def test_raw_non_utf8_idempotency_key_is_400(daemon, client):
+    before = daemon.log().count("Traceback")
+    body = json.dumps(BASE).encode()
+    for key in (b"\xff\xfe", b"key-\xc3\x28", "clé".encode("latin-1")):
+        status, _, answer = raw_request(
+            client.url,
+            b"POST /v1/bags HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+            b"Content-Type: application/json\r\nIdempotency-Key: " + key + b"\r\n",
+            body,
+        )
+        assert status == 400, (key, answer)
+        error = json.loads(answer)["error"]
+        assert error["code"] == "invalid_header" and "Idempotency-Key" in error["message"]
+    # Well-formed keys work the same over the raw socket.
+    status, _, answer = raw_request(
+        client.url,
+        b"POST /v1/bags HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+        b"Content-Type: application/json\r\nIdempotency-Key: raw-socket-1\r\n",
+        body,
+    )
+    assert status == 201, answer
+    client.cancel(json.loads(answer)["id"])
+    assert daemon.log().count("Traceback") == before
+
+
+def test_requests_the_http_parser_refuses_log_no_traceback(daemon, client):
+    before = daemon.log().count("Traceback")
+    for head in (
+        b"GET /v1/bags HTTP/1.1\r\nHost: x\r\nX-Probe: a\x00b\r\n",
+        b"GET /v1/bags HTTP/1.1\r\nHost: x\r\nX-Probe: a\x01b\r\n",
+        b"GET /v1/bags HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n",
+    ):
+        status, _, _ = raw_request(client.url, head)
+        assert status == 400, head
+    client.health()
+    assert daemon.log().count("Traceback") == before, daemon.log()[-2000:]
 
 
 def test_odd_ids_and_queries_are_404_or_400_not_500(client):

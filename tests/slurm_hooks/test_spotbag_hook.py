@@ -234,3 +234,17 @@ def test_a_pool_jobs_prolog_waits_until_its_node_is_powered_up(tmp_path, receive
     assert counter.read_text().count("x") == 4
     assert time.monotonic() - began >= 0.6  # three waits of 0.2 s
     assert receiver.requests[0][1]["event"] == "prolog_slurmctld"
+
+
+def test_a_signature_or_timestamp_of_raw_bytes_is_refused_not_an_error():
+    """Headers of raw non-UTF-8 bytes reach the handler as surrogate escapes: a refusal
+    (401), not the TypeError hmac.compare_digest raises for non-ASCII text (a 500)."""
+    now = time.time()
+    timestamp = str(int(now))
+    for stamp, signed in (
+        (timestamp, "sha256=\udcff\udcfe"),
+        (timestamp, "sha256=" + "é" * 64),
+        ("١٧٠٠٠٠٠٠٠٠", "sha256=" + "0" * 64),  # digits, but not ASCII ones
+    ):
+        with pytest.raises(callbacks.CallbackRejected):
+            callbacks.verify(SECRET, stamp, signed, b"{}", now, 300)
