@@ -742,7 +742,10 @@ ROUTES: tuple[Route, ...] = (
         healthz,
         "Liveness check (no token needed).",
         auth=False,
-        responses={200: ("The daemon is up.", "Health")},
+        responses={
+            200: ("The daemon works.", "Health"),
+            503: ("It cannot work now (its database cannot be written, ...): problems.", "Health"),
+        },
     ),
     Route(
         "GET",

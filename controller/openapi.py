@@ -72,7 +72,12 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Health": {
         "type": "object",
-        "properties": {"ok": {"type": "boolean"}, "driver": _STR, "schema_version": _INT},
+        "properties": {
+            "ok": {"type": "boolean"},
+            "driver": _STR,
+            "schema_version": _INT,
+            "problems": {"type": "array", "items": _STR},
+        },
     },
     "Bag": {
         "type": "object",
