@@ -40,6 +40,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/cloud_drivers.py
 	$(BIN)/python bench/hopping.py
 	$(BIN)/python bench/slurm_dispatch.py
+	$(BIN)/python bench/restart.py
+	$(BIN)/python bench/big_bag.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
