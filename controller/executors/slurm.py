@@ -137,6 +137,7 @@ class _Attempt:
     checkpoint_dir: Path | None
     max_runtime_s: float
     job_id: str = ""  # Slurm's id; "" while a submission's fate is unknown
+    submitting: bool = False  # its sbatch has not answered yet (no need to look for it)
     submitted_at: float = 0.0
     running_at: float | None = None  # when Slurm ran it (reported once)
     program_started: bool = False  # its script got to the program: signals reach it
@@ -377,6 +378,7 @@ class SlurmExecutor:
         )
         # Tracked before sbatch, so that a submission whose answer is lost is found again.
         self._track(attempt)
+        attempt.submitting = True
         try:
             out = await self.tools.run(
                 "sbatch",
@@ -388,12 +390,15 @@ class SlurmExecutor:
             self._untrack(attempt)
             raise ExecutorError(f"Slurm refused the job: {exc}") from None
         except SlurmUnavailable as exc:
+            attempt.submitting = False  # what became of it is looked for now
             if exc.maybe_done:
                 return await self._unknown_submission(attempt, exc)
             self._untrack(attempt)
             self._unavailable = str(exc)
             self._ensure_watcher()  # its polls notice when Slurm answers again
             raise ExecutorUnavailable(f"Slurm does not answer: {exc}") from None
+        finally:
+            attempt.submitting = False
         attempt.job_id = out.strip().split(";")[0]
         self._ensure_watcher()
         return attempt.job_id
@@ -701,7 +706,10 @@ class SlurmExecutor:
         tracked = [a for a in self._attempts.values() if not a.ended]
         if not tracked:
             return False
-        unknown = [a for a in tracked if not a.job_id]
+        # Submissions whose answer was lost are looked for by name (all of this
+        # controller's jobs Slurm keeps: costly on a busy cluster, so not for the ones
+        # whose sbatch is still on its way).
+        unknown = [a for a in tracked if not a.job_id and not a.submitting]
         rows: dict[str, tuple[str, str, str, str, str]] = {}  # attempt id -> row
         if unknown:
             rows.update(await self._jobs_by_name())

@@ -66,6 +66,9 @@ async def check_slurm(config: Config) -> list[Check]:
     tools = slurm_tools(config)
     slurm = config.slurm
     found: list[Check] = []
+    if slurm.slurm_conf and not Path(slurm.slurm_conf).is_file():
+        # Without it the commands look for a configuration server in DNS and time out.
+        return [Check("slurmctld answers", False, f"slurm_conf {slurm.slurm_conf}: no such file")]
     try:
         ping = await tools.run("scontrol", "ping")
         found.append(Check("slurmctld answers", "UP" in ping, ping.strip()))
