@@ -238,7 +238,10 @@ def main() -> None:
         print(f"bench/slurm_dispatch.py: skipped: {reason}")
         return
     out = Tee(sys.stdout)
-    cluster = SlurmCluster().start()
+    # The rounds' 10,000 jobs stay in slurmctld for MinJobAge: past Slurm's default
+    # MaxJobCount (10,000) it refuses submissions for a while, in whichever round that
+    # falls (a cluster this busy raises it too).
+    cluster = SlurmCluster(extra_conf="MaxJobCount=100000\n").start()
     work = Path(tempfile.mkdtemp(prefix="spotbag-bench-"))
     state = work / "state"
     state.mkdir()
