@@ -13,7 +13,7 @@ import sys
 from tests.conftest import REPO, wait_for_bag, wait_until
 
 PROGRAM = REPO / "examples" / "programs" / "logistic.py"
-ARGS = "--r 3.7 --iterations 400000 --chunks 400 --seconds 8 --progress"
+ARGS = "--r 3.7 --iterations 400000 --chunks 400 --seconds 16 --progress"
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint_on_a_new_vm(make_daemon):
@@ -26,7 +26,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint_on_a_new_vm(make_daemon):
             "account": "lab",
             "command": f"{sys.executable} {PROGRAM} {ARGS}",
             "max_runtime_s": 120,
-            "estimated_runtime_s": 8,
+            "estimated_runtime_s": 16,
             "checkpointable": True,
             "checkpoint_cost_s": 0.01,
             "max_attempts": 10,
@@ -77,7 +77,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint_on_a_new_vm(make_daemon):
     # Resuming computed exactly what an uninterrupted run computes.
     result = json.loads(after.strip().splitlines()[-1])
     clean = subprocess.run(
-        [sys.executable, str(PROGRAM), *ARGS.replace("--seconds 8", "--seconds 0").split()],
+        [sys.executable, str(PROGRAM), *ARGS.replace("--seconds 16", "--seconds 0").split()],
         capture_output=True,
         text=True,
         check=True,
