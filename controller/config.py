@@ -13,7 +13,7 @@ import os
 import textwrap
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -79,17 +79,16 @@ class SchedulerConfig(_Section):
     )
 
 
+# The names drivers/__init__.py registers (a test keeps the two lists equal).
+DriverName = Literal["local", "sim", "aws", "gce"]
+
+
 class DriverConfig(_Section):
-    @field_validator("name")
-    @classmethod
-    def _known_driver(cls, value: str) -> str:
-        from drivers import driver_names
-
-        if value not in driver_names():
-            raise ValueError(f"unknown driver {value!r}; known: {', '.join(driver_names())}")
-        return value
-
-    name: str = Field("local", description="Which cloud runs the VMs: local (this host) or sim.")
+    name: DriverName = Field(
+        "local",
+        description="Which cloud runs the VMs: local (this host), sim (simulated, virtual time), "
+        "aws (EC2 spot) or gce (Compute Engine Spot VMs).",
+    )
     boot_delay_s: float = Field(
         0.5, ge=0, description="Local driver: seconds from launch until a VM can run jobs."
     )
@@ -102,7 +101,7 @@ class DriverConfig(_Section):
     seed: int | None = Field(
         None, description="Seed for sampled VM lifetimes; unset: a different run every time."
     )
-    hosts: str = Field(
+    hosts: Literal["none", "netns"] = Field(
         "none",
         description="Local driver: none (VMs are bookkeeping, jobs run on this host) or netns "
         "(each VM is a network namespace on host_bridge that runs the VM boot script, so "
@@ -117,19 +116,14 @@ class DriverConfig(_Section):
         "this host's (the Slurm controller the VMs reach).",
     )
 
-    @field_validator("hosts")
-    @classmethod
-    def _known_hosts(cls, value: str) -> str:
-        if value not in ("none", "netns"):
-            raise ValueError(f"unknown hosts {value!r}; known: none, netns")
-        return value
 
-
-PREEMPTION_MODELS = ("none", "exponential", "bathtub", "fitted")
+# Choices are Literal types, so pydantic rejects anything else with the allowed values
+# listed, and mypy checks the code that compares against them.
+PreemptionModelName = Literal["none", "exponential", "bathtub", "fitted"]
 
 
 class PreemptionConfig(_Section):
-    model: str = Field(
+    model: PreemptionModelName = Field(
         "none",
         description="How VMs of the local and sim drivers die, and what the scheduler assumes until "
         "it has learned better: none; exponential (mttf_h, max_lifetime_h); bathtub (the bathtub_* "
@@ -166,7 +160,7 @@ class PreemptionConfig(_Section):
         ge=5,
         description="A model is used for a key only when fitted on at least this many VM lifetimes.",
     )
-    reuse_policy: str = Field(
+    reuse_policy: Literal["model", "always"] = Field(
         "model",
         description="model: start a job on an idle VM only when, by the VM's preemption model and age, "
         "that beats a fresh VM (SPEC.md §3); always: reuse any idle VM (memoryless thinking).",
@@ -188,26 +182,12 @@ class PreemptionConfig(_Section):
         description="Recent lifetimes per key tested against the model in use; a misfit triggers a refit.",
     )
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value not in PREEMPTION_MODELS:
-            raise ValueError(f"unknown model {value!r}; known: {', '.join(PREEMPTION_MODELS)}")
-        return value
 
-    @field_validator("reuse_policy")
-    @classmethod
-    def _known_policy(cls, value: str) -> str:
-        if value not in ("model", "always"):
-            raise ValueError(f"unknown reuse_policy {value!r}; known: model, always")
-        return value
-
-
-CHECKPOINT_POLICIES = ("optimal", "young-daly", "none")
+CheckpointPolicyName = Literal["optimal", "young-daly", "none"]
 
 
 class CheckpointConfig(_Section):
-    policy: str = Field(
+    policy: CheckpointPolicyName = Field(
         "optimal",
         description="When checkpointable jobs are signalled: optimal (the dynamic program over "
         "the VM's preemption model, from its age and the job's remaining work, SPEC.md §4); "
@@ -236,15 +216,6 @@ class CheckpointConfig(_Section):
         description="Never signal a job again sooner than this (real seconds) after its last checkpoint.",
     )
 
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, value: str) -> str:
-        if value not in CHECKPOINT_POLICIES:
-            raise ValueError(
-                f"unknown checkpoint policy {value!r}; known: {', '.join(CHECKPOINT_POLICIES)}"
-            )
-        return value
-
 
 class LedgerConfig(_Section):
     gpu_weight: float = Field(
@@ -255,7 +226,7 @@ class LedgerConfig(_Section):
     charge_preempted: bool = Field(
         True, description="Charge attempts cut short by a preemption for the time they ran."
     )
-    new_accounts: str = Field(
+    new_accounts: Literal["unlimited", "credit", "refuse"] = Field(
         "unlimited",
         description="A bag for an account that does not exist: unlimited (create it with no "
         "limit: usage is recorded, nothing is refused), credit (create it with "
@@ -264,13 +235,6 @@ class LedgerConfig(_Section):
     new_account_cpu_h: float = Field(
         0.0, ge=0, description="new_accounts = credit: the allocation a new account starts with."
     )
-
-    @field_validator("new_accounts")
-    @classmethod
-    def _known_mode(cls, value: str) -> str:
-        if value not in ("unlimited", "credit", "refuse"):
-            raise ValueError(f"unknown new_accounts {value!r}; known: unlimited, credit, refuse")
-        return value
 
 
 class GceConfig(_Section):
@@ -298,10 +262,10 @@ class GceConfig(_Section):
     service_account_email: str = Field(
         "", description="Service account the VMs run as; empty: none."
     )
-    provisioning: str = Field(
+    provisioning: Literal["spot", "preemptible"] = Field(
         "spot", description="spot (provisioningModel SPOT) or preemptible (the legacy model)."
     )
-    termination_action: str = Field(
+    termination_action: Literal["DELETE", "STOP"] = Field(
         "DELETE",
         description="What GCE does to a preempted Spot VM: DELETE or STOP (disks kept, billed).",
     )
@@ -358,7 +322,7 @@ class HoppingConfig(_Section):
     type of new VMs by a policy, and move checkpointable jobs when the move pays."""
 
     enabled: bool = Field(True, description="Sample prices and choose types by the policy.")
-    policy: str = Field(
+    policy: Literal["static", "cost", "availability", "balanced"] = Field(
         "balanced",
         description="static (cheapest window mean), cost (cheapest now), availability "
         "(steadiest below the index) or balanced (best modified Sharpe ratio).",
@@ -392,15 +356,6 @@ class HoppingConfig(_Section):
         {}, description='Catalog type -> trace type, e.g. {"local-2" = "r3.large"}.'
     )
 
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, value: str) -> str:
-        if value not in ("static", "cost", "availability", "balanced"):
-            raise ValueError(
-                f"unknown policy {value!r}; known: static, cost, availability, balanced"
-            )
-        return value
-
 
 class CostConfig(_Section):
     """How cost reports split a shared VM's cost among its jobs (SPEC.md §7)."""
@@ -411,7 +366,7 @@ class CostConfig(_Section):
 
 
 class ExecutorConfig(_Section):
-    name: str = Field(
+    name: Literal["local", "slurm"] = Field(
         "local",
         description="Where jobs run: local (processes on this host) or slurm (Slurm jobs on "
         "the VMs, which join the cluster as nodes; see [slurm]).",
@@ -428,13 +383,6 @@ class ExecutorConfig(_Section):
         "as (its primary group, no others), so they cannot read the daemon's token, database "
         "or other jobs' files; empty: jobs run as the daemon's user (and can read all of it).",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _known_executor(cls, value: str) -> str:
-        if value not in ("local", "slurm"):
-            raise ValueError(f"unknown executor {value!r}; known: local, slurm")
-        return value
 
 
 class SlurmPoolConfig(_Section):
@@ -706,7 +654,7 @@ def _render_section(model: type[_Section], values: _Section, lines: list[str]) -
         # Sections, and lists of them (vm_types), are rendered as tables of their own.
         if isinstance(value, _Section) or name == "vm_types":
             continue
-        lines += [f"# {line}" for line in textwrap.wrap(field.description, 86)]
+        lines += [f"# {line}" for line in textwrap.wrap(field.description or "", 86)]
         if value is None:
             lines.append(f"# {name} =")
         else:

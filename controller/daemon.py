@@ -74,7 +74,7 @@ class Controller:
         self.controller_id = ""
         self.driver: Any = None
         self.executor: Any = None
-        self.scheduler: Scheduler | None = None  # type: ignore[assignment]
+        self.scheduler: Scheduler | None = None
         self._loop_task: asyncio.Task | None = None
         self._learning_task: asyncio.Task | None = None
         self._hopper_task: asyncio.Task | None = None
@@ -188,18 +188,25 @@ class Controller:
             self.scheduler.run(describe=not pushes), name="scheduler"
         )
 
+    def _running_scheduler(self) -> Scheduler:
+        """The scheduler; callbacks reach the controller only once it runs."""
+        if self.scheduler is None:
+            raise RuntimeError("the scheduler is not running yet")
+        return self.scheduler
+
     async def take_slurm_event(self, event: SlurmEvent) -> bool:
         """A verified, new callback from slurmctld's hooks: about one of our attempts (the
         executor), a pool's nodes or its users' jobs (the scheduler), else only noted so
         that a replay is known. True when it is acted on."""
+        scheduler = self._running_scheduler()
         self.executor.remember(event.key)
         subject = event.job_name or event.nodes
         noted = CallbackNoted(event.key, self.clock.now(), event.event, subject)
         if event.event in POWER_EVENTS:
-            self.scheduler.note(noted)
-            return self.scheduler.pool_power(event.event, hostlist_expand(event.nodes)) > 0
-        if event.partition in self.scheduler.pools.by_partition:
-            self.scheduler.note(noted)
+            scheduler.note(noted)
+            return scheduler.pool_power(event.event, hostlist_expand(event.nodes)) > 0
+        if event.partition in scheduler.pools.by_partition:
+            scheduler.note(noted)
             if event.event == "prolog_slurmctld":
                 # The hook waits for the answer: a job its account cannot pay for is
                 # cancelled before the prolog ends, so it never runs.
@@ -207,7 +214,7 @@ class Controller:
                 return True
             if event.event == "jobcomp":
                 code, sig = exit_status(event.exit_code)
-                ended = self.scheduler.pool_run(
+                ended = scheduler.pool_run(
                     PoolRunEvent(
                         "end",
                         event.job_id,
@@ -236,14 +243,15 @@ class Controller:
             )
             if taken:
                 return taken == "applied"
-        self.scheduler.note(noted)
+        scheduler.note(noted)
         return False
 
     async def _pool_run_started(self, event: SlurmEvent) -> None:
         """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then
         its reservation (or its cancellation), once decided."""
+        scheduler = self._running_scheduler()
         cpus, limit_h = await self.executor.job_limits(event.job_id)
-        verdict = self.scheduler.pool_run(
+        verdict = scheduler.pool_run(
             PoolRunEvent(
                 "start",
                 event.job_id,

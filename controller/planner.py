@@ -81,7 +81,8 @@ class Snapshot:
     market: TypeMarket | None = None
 
 
-class Place(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Place:
     """Start `count` queued jobs of `bag_id` on `vm_id`."""
 
     vm_id: str
@@ -89,7 +90,8 @@ class Place(NamedTuple):
     count: int
 
 
-class Launch(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Launch:
     """Launch `count` VMs of `vm_type` (for the queued jobs of `bag_id`)."""
 
     vm_type: str

@@ -111,15 +111,17 @@ class SampledMarket:
         )
         return cls(series, index_at, index)
 
-    def vm_price_samples(self, vm_types, zones, spot) -> tuple[np.ndarray, ...] | None:
+    def vm_price_samples(
+        self, vm_types, zones, spot
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(vm index, at, price) for split_vm_costs: each spot VM's type in its zone, else
         in any zone of that type; on-demand VMs keep their price."""
         if not self.series:
             return None
         vm_of, ats, values = [], [], []
         by_type: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for (vm_type, _), pair in self.series.items():
-            by_type.setdefault(vm_type, []).append(pair)
+        for (vm_type, _), series in self.series.items():
+            by_type.setdefault(vm_type, []).append(series)
         for v, (vm_type, zone, is_spot) in enumerate(zip(vm_types, zones, spot, strict=True)):
             if not is_spot:
                 continue
@@ -178,7 +180,7 @@ async def build_report(
 ) -> dict[str, Any]:
     """The report of a bag or of an account (the arithmetic runs off the event loop)."""
     rows = await store.report_rows(bag_id=bag_id, account=account)
-    scope = {"bag": bag_id} if bag_id is not None else {"account": account}
+    scope: dict[str, str | None] = {"bag": bag_id} if bag_id is not None else {"account": account}
     return await asyncio.to_thread(
         compute_report, rows, scope, now, weights, idle_timeout_s, gpu_weight
     )
@@ -388,10 +390,11 @@ def _grouped(
         )
         figures["savings_usd"] = figures["on_demand_cost_usd"] - figures["spot_cost_usd"]
         od = figures["on_demand_cost_usd"]
-        figures["savings_pct"] = 100.0 * figures["savings_usd"] / od if od > 0 else None
-        figures["vms"] = int(vm_counts[k])
-        figures["vm_preemptions"] = int(vm_preemptions[k])
+        row: dict[str, float | int | None] = dict(figures)
+        row["savings_pct"] = 100.0 * figures["savings_usd"] / od if od > 0 else None
+        row["vms"] = int(vm_counts[k])
+        row["vm_preemptions"] = int(vm_preemptions[k])
         for name in ("attempts", "preemptions", "checkpoints"):
-            figures[name] = round(figures[name])
-        out.append({name: figures[name] for name, _ in METRICS})
+            row[name] = round(figures[name])
+        out.append({name: row[name] for name, _ in METRICS})
     return out

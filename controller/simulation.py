@@ -96,6 +96,7 @@ async def simulate(
         )
         await run_scheduler(scheduler, clock, config.simulation.tick_s)
         bag = await store.get_bag(bag_row["id"])
+        assert bag is not None  # the simulation's own bag, never deleted
         fleet = fleet_view(await store.vm_usage(clock.now()))
         return SimulationResult(
             bag_view(bag, clock.now()),

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,7 @@ def bearer_credentials(authorization: str) -> str | None:
 
 
 class Tokens:
-    def __init__(self, admin_token: str, rows: list[dict[str, Any]] = ()) -> None:
+    def __init__(self, admin_token: str, rows: Sequence[dict[str, Any]] = ()) -> None:
         self._admin = admin_token.encode()
         self._known = {
             row["id"]: _Known(row["account"], row["secret_sha256"], row["revoked_at"] is not None)

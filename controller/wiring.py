@@ -82,7 +82,7 @@ def local_hosts(config: Config, controller_id: str, state_dir: Path) -> Any:
     """VM hosts in network namespaces for the local driver (drivers/local_hosts.py)."""
     from drivers.local_hosts import PRIVATE_DIRS, HostError, NamespaceHosts
 
-    private = PRIVATE_DIRS
+    private: tuple[str, ...] = PRIVATE_DIRS
     if config.slurm.munge_socket:  # each VM host runs its own munged there
         private = (*private, os.path.dirname(config.slurm.munge_socket))
     try:

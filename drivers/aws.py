@@ -87,6 +87,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
+from operator import methodcaller
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -689,7 +690,7 @@ class AwsDriver:
                 page = await self._api(
                     region,
                     f"describe (instance states in {region})",
-                    lambda ec2, kw=dict(kwargs): ec2.describe_instance_status(**kw),
+                    methodcaller("describe_instance_status", **kwargs),
                 )
                 assert page is not None
                 for item in page.get("InstanceStatuses", ()):
@@ -739,7 +740,7 @@ class AwsDriver:
             page = await self._api(
                 region,
                 f"describe (instances in {region})",
-                lambda ec2, kw=dict(kwargs): ec2.describe_instances(**kw),
+                methodcaller("describe_instances", **kwargs),
             )
             assert page is not None
             for reservation in page.get("Reservations", ()):
@@ -755,9 +756,7 @@ class AwsDriver:
                 await self._api(
                     region,
                     f"terminate {len(remaining)} instance(s) in {region}",
-                    lambda ec2, ids=tuple(remaining): ec2.terminate_instances(
-                        InstanceIds=list(ids)
-                    ),
+                    methodcaller("terminate_instances", InstanceIds=list(remaining)),
                 )
                 log.info("terminating %s", ", ".join(remaining))
                 return
@@ -790,7 +789,7 @@ class AwsDriver:
             page = await self._api(
                 region,
                 f"spot prices in {region}",
-                lambda ec2, kw=dict(kwargs): ec2.describe_spot_price_history(**kw),
+                methodcaller("describe_spot_price_history", **kwargs),
             )
             assert page is not None
             for item in page.get("SpotPriceHistory", ()):
@@ -830,7 +829,7 @@ class AwsDriver:
                 self._clients[region] = client
             return client
 
-    async def _api(self, region: str, what: str, call: Callable[[Any], T]) -> T | None:
+    async def _api(self, region: str, what: str, call: Callable[[Any], T]) -> T:
         """Run `call(ec2 client of region)` in a thread under a slot, retrying throttling
         and transient failures (drivers/retry.py); errors come out typed."""
         s = self._settings

@@ -90,7 +90,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -425,7 +425,7 @@ class GceDriver:
             request_id=request_id(s.project, s.controller_id, req.token),
         )
         what = f"launch of {vm_id} ({vm_type.name})"
-        op = await self._api(
+        op = await self._api_accepting(
             what,
             lambda c: c.instances.insert_unary(request=insert, retry=None, timeout=HTTP_TIMEOUT_S),
             accept=(_AlreadyExists,),
@@ -635,6 +635,7 @@ class GceDriver:
         seen = self._seen[vm_id]
         preemption = self._preempted.get(vm_id)
         gce_status = instance.status if instance is not None else "gone"
+        at: float | None
         if preemption is not None:
             state, at = VmState.PREEMPTED, preemption.at
             reason = f"preempted by GCE: {preemption.message or PREEMPTED_OPERATION} (instance {gce_status})"
@@ -754,12 +755,10 @@ class GceDriver:
                     f"{self._settings.operation_timeout_s:g} s (status {op.status.name})"
                 )
             await asyncio.sleep(self._settings.operation_poll_s)
-            name = op.name
+            get = compute_v1.GetZoneOperationRequest(project=project, zone=zone, operation=op.name)
             op = await self._api(
                 what,
-                lambda c, name=name: c.operations.get(
-                    project=project, zone=zone, operation=name, retry=None, timeout=HTTP_TIMEOUT_S
-                ),
+                _operation_getter(get),
             )
         if op.error.errors:
             raise operation_error(op, what)
@@ -772,7 +771,7 @@ class GceDriver:
             instance=name,
             request_id=str(uuid.uuid4()),
         )
-        op = await self._api(
+        op = await self._api_accepting(
             f"terminate {vm_id}",
             lambda c: c.instances.delete_unary(request=delete, retry=None, timeout=HTTP_TIMEOUT_S),
             accept=(_NotFound, _NotReady),
@@ -798,25 +797,45 @@ class GceDriver:
                 )
             return self._clients
 
-    async def _api(
-        self,
-        what: str,
-        call: Callable[[_Clients], T],
-        *,
-        accept: tuple[type[DriverError], ...] = (),
-    ) -> T | None:
+    async def _api(self, what: str, call: Callable[[_Clients], T]) -> T:
         """Run `call` in a thread under a slot, retrying throttling and transient failures
-        (drivers/retry.py). Errors come out typed; ones in `accept` are returned as None."""
-        s = self._settings
+        (drivers/retry.py); errors come out typed."""
+        backoff = self._backoff()
+        return await with_retries(
+            self._in_slot(call), classify, what, backoff, self._rng, retryable=_Retry
+        )
 
+    async def _api_accepting(
+        self, what: str, call: Callable[[_Clients], T], accept: tuple[type[DriverError], ...]
+    ) -> T | None:
+        """`_api`, except that the typed errors in `accept` come back as None (an
+        insert of an instance that exists, a delete of one that is gone)."""
+        return await with_retries(
+            self._in_slot(call),
+            classify,
+            what,
+            self._backoff(),
+            self._rng,
+            retryable=_Retry,
+            accept=accept,
+        )
+
+    def _backoff(self) -> Backoff:
+        s = self._settings
+        return Backoff(s.max_retries, s.backoff_base_s, s.backoff_max_s)
+
+    def _in_slot(self, call: Callable[[_Clients], T]) -> Callable[[], Awaitable[T]]:
         async def run() -> T:
             async with self._slots:
                 return await asyncio.to_thread(lambda: call(self._get_clients()))
 
-        backoff = Backoff(s.max_retries, s.backoff_base_s, s.backoff_max_s)
-        return await with_retries(
-            run, classify, what, backoff, self._rng, retryable=_Retry, accept=accept
-        )
+        return run
+
+
+def _operation_getter(
+    request: compute_v1.GetZoneOperationRequest,
+) -> Callable[[_Clients], compute_v1.Operation]:
+    return lambda c: c.operations.get(request=request, retry=None, timeout=HTTP_TIMEOUT_S)
 
 
 def _metadata(instance: compute_v1.Instance, key: str) -> str:

@@ -15,7 +15,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from drivers.base import DriverError, TransientError
 
@@ -35,6 +35,31 @@ class Backoff:
         if retry_after_s is not None:
             delay = max(delay, min(retry_after_s, self.max_s))
         return delay
+
+
+@overload
+async def with_retries(
+    run: Callable[[], Awaitable[T]],
+    classify: Callable[[BaseException, str], DriverError | None],
+    what: str,
+    backoff: Backoff,
+    rng: random.Random,
+    *,
+    retryable: type[DriverError],
+) -> T: ...
+
+
+@overload
+async def with_retries(
+    run: Callable[[], Awaitable[T]],
+    classify: Callable[[BaseException, str], DriverError | None],
+    what: str,
+    backoff: Backoff,
+    rng: random.Random,
+    *,
+    retryable: type[DriverError],
+    accept: tuple[type[DriverError], ...],
+) -> T | None: ...
 
 
 async def with_retries(

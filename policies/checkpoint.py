@@ -179,7 +179,7 @@ def _fixed_makespan(
         return float(value)
 
     for k in range(n - 1, -1, -1):
-        if not closed_form(k):
+        if after_failure is not None and not closed_form(k):
             from_restart[k] = after_failure(float(work_from[k]))
             continue
         p0, lost0 = _segment(model, 0.0, float(durations[k]))
@@ -416,6 +416,7 @@ def build_table(
                 cand += Tk[J + delta : J + delta + quick, n - J + i0 : n - J + i1 + 1]
                 _keep_best(cand, i0, rank[:quick], first[:quick])
             if rows > precise_from:
+                assert Tk64 is not None  # made above whenever some ages rank in float64
                 lo = precise_from
                 cand64 = block64[: rows - lo, : i1 - i0 + 1]
                 np.multiply(

@@ -228,9 +228,9 @@ def synthetic_prices(
     """Independent uniform prices per VM and step with the given means and standard
     deviations (the paper's synthetic market draws each minute's price uniformly:
     U(m - √3·σ, m + √3·σ) has mean m and deviation σ), floored at `floor`: (steps, N)."""
-    means, stds = np.asarray(means, dtype=float), np.asarray(stds, dtype=float)
-    half_width = math.sqrt(3.0) * stds
-    draws = rng.uniform(means - half_width, means + half_width, size=(steps, len(means)))
+    mean = np.asarray(means, dtype=float)
+    half_width = math.sqrt(3.0) * np.asarray(stds, dtype=float)
+    draws = rng.uniform(mean - half_width, mean + half_width, size=(steps, len(mean)))
     return np.maximum(draws, floor)
 
 

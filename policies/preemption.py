@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 from scipy import integrate, optimize
@@ -88,7 +90,9 @@ class LifetimeModel:
 
     @property
     def parameters(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "L"}
+        # Every concrete model is a dataclass; this base class is not one.
+        model: Any = self
+        return {f.name: getattr(self, f.name) for f in fields(model) if f.name != "L"}
 
     @property
     def n_params(self) -> int:
@@ -428,4 +432,5 @@ def make_model(name: str, parameters: dict[str, float], L: float | None) -> Life
         raise ValueError(f"unknown preemption model {name!r}; known: {', '.join(MODELS)}") from None
     if cls is NoPreemption:
         return NoPreemption()
-    return cls(**parameters, L=L)
+    make: Callable[..., LifetimeModel] = cls  # the dataclass constructor of that model
+    return make(**parameters, L=L)

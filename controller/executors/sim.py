@@ -94,7 +94,7 @@ class SimExecutor:
                 f"exceeded max_runtime_s={spec.max_runtime_s:g}",
             )
             runtime_s = spec.max_runtime_s
-        elif fails:
+        elif hints is not None and fails:
             end = AttemptEvent(spec.attempt_id, 0.0, Outcome.EXITED, hints.failure_exit_code)
         else:
             end = AttemptEvent(spec.attempt_id, 0.0, Outcome.EXITED, 0)

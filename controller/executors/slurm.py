@@ -518,11 +518,14 @@ class SlurmExecutor:
         attempt = self._attempts.get(attempt_id)
         if attempt is None or attempt.ended or attempt.stop_reason or attempt.checkpoint:
             return
+        if attempt.checkpoint_dir is None:  # not checkpointable: nothing to watch
+            return
         attempt.checkpoint = asyncio.create_task(
-            self._checkpoint(attempt, timeout_s), name=f"checkpoint {attempt_id}"
+            self._checkpoint(attempt, attempt.checkpoint_dir, timeout_s),
+            name=f"checkpoint {attempt_id}",
         )
 
-    async def _checkpoint(self, attempt: _Attempt, timeout_s: float) -> None:
+    async def _checkpoint(self, attempt: _Attempt, directory: Path, timeout_s: float) -> None:
         """USR1 to every process of the job (`scancel --full`) once its program started,
         then watch its checkpoint directory for a file that appears or is replaced.
 
@@ -542,7 +545,6 @@ class SlurmExecutor:
             if attempt.ended:
                 detail = "the attempt ended before it wrote the checkpoint"
                 return
-            directory = attempt.checkpoint_dir
             before = await asyncio.to_thread(checkpoint_fingerprint, directory)
             requested_at = self._now()
             try:

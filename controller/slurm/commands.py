@@ -219,7 +219,9 @@ def hostlist_expand(expression: str) -> list[str]:
 
 
 def _split_top_level(expression: str) -> Sequence[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in expression.strip():
         if char == "[":
             depth += 1

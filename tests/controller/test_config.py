@@ -38,7 +38,10 @@ def test_examples_parse():
             "[scheduler]\nmax_vms = 0\n",
             "scheduler.max_vms: Input should be greater than or equal to 1",
         ),
-        ("[preemption]\nmodel = 'weibull'\n", "unknown model 'weibull'"),
+        (
+            "[preemption]\nmodel = 'weibull'\n",
+            "preemption.model: Input should be 'none', 'exponential', 'bathtub' or 'fitted'",
+        ),
         (
             "[[vm_types]]\nname='a'\ncpus=1\nmemory_gb=1\nspot_price_per_hour=0\non_demand_price_per_hour=0\n"
             "[[vm_types]]\nname='a'\ncpus=2\nmemory_gb=1\nspot_price_per_hour=0\non_demand_price_per_hour=0\n",
@@ -62,3 +65,12 @@ def test_state_dir_resolution(monkeypatch, tmp_path):
     monkeypatch.setenv("SPOTBAG_STATE_DIR", str(tmp_path))
     assert Config().resolved_state_dir() == tmp_path
     assert load_config(None, state_dir="/x").resolved_state_dir() == Path("/x")
+
+
+def test_the_driver_choices_are_the_registered_drivers():
+    from typing import get_args
+
+    from controller.config import DriverName
+    from drivers import driver_names
+
+    assert sorted(get_args(DriverName)) == driver_names()
