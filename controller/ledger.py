@@ -118,12 +118,6 @@ class Accounts:
             account, entries, fits, new_account, per_job * job_count, reserved, per_job
         )
 
-    def admitted(self, bag_id: str, admission: Admission, job_count: int) -> None:
-        """The bag was written: its held jobs wait for credit, oldest bag first."""
-        if admission.held_from < job_count:
-            queue = self.held.setdefault(admission.account, deque())
-            queue.extend((bag_id, idx) for idx in range(admission.held_from, job_count))
-
     def undo(self, admission: Admission) -> None:
         """The bag was not written (an error, or a repeated Idempotency-Key)."""
         for key in admission.reserved_keys:

@@ -270,7 +270,9 @@ async def test_a_new_executor_readopts_running_jobs_and_reports_ended_ones(rig):
     live.append(LiveAttempt(f"{running.bag_id}-9.1", running.vm_id, time.time(), 60.0, ""))
     kept = await rig.executor.recover(live, ["vm-ex0000000005"])
     assert kept == {running.attempt_id, quick.attempt_id}  # the unknown one is lost
-    assert rig.end_of(quick.attempt_id).exit_code == 5  # ended while "down": reported
+    # Ended while "down": reported (at once, or once Slurm has finished completing it).
+    ended = await rig.wait(lambda: rig.end_of(quick.attempt_id), 10, "the end seen on recovery")
+    assert ended.exit_code == 5
     end = await rig.wait(lambda: rig.end_of(running.attempt_id), 30, "the re-adopted end")
     assert (end.outcome, end.exit_code) == (Outcome.EXITED, 4)
 
