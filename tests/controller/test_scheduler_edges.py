@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from controller import scheduler as scheduler_module
+from controller.scheduler import loop as scheduler_module
 from controller.admission import admit
 from controller.clock import SimClock
 from controller.executors.base import AttemptEvent, Outcome
