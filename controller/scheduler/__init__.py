@@ -1,7 +1,10 @@
-"""The scheduler package: the daemon's pass loop and what it is made of.
+"""The scheduler package: the daemon's pass loop and the parts of a pass.
 
 `Scheduler` (loop.py) is the front class that the daemon, the simulator, admission
-and the API use; the rest of the package holds its parts.
+and the API use. Beside it: inputs.py (commands and protocols), events.py,
+planning.py, actions.py (with `Backoff`), transitions.py, checkpoints.py
+(`CheckpointTimer`), recovery.py and slurm_pools.py; loop.py's docstring says what
+each owns. Migration candidates are the hopper's (controller/hopper.py).
 """
 
 from controller.scheduler.loop import (
