@@ -8,10 +8,12 @@ Every `[hopping] interval_s` of model time (5 minutes by default) it
 2. hands the scheduler a `TypeMarket` (price now, window mean and deviation per type,
    the policy), by which the planner chooses the type of every new VM;
 3. with `migrate`, looks at each running VM whose jobs can all move (one bag,
-   checkpointable): when the policy now prefers another type for that bag and the
+   checkpointable; `migration_candidates`, read from the scheduler's open world): when
+   the policy now prefers another type for that bag (`preferred_type`) and the
    policy's rule says the move pays (policies.index.TypeMarket.move_decision), it asks
-   the scheduler to move them (checkpoint, stop, resume on a new VM of the preferred
-   type) and records the migration with its reason, prices and index.
+   the scheduler to move them through its one hook, `Scheduler.request_migration`
+   (checkpoint, stop, resume on a new VM of the preferred type), and records the
+   migration with its reason, prices and index.
 
 The window's statistics come from an in-memory buffer of the samples, filled from the
 store at start so a restart keeps the history. Price per type: the sample for the
@@ -28,12 +30,18 @@ import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from controller.config import HoppingConfig
-from drivers.base import PriceSample, VmType
+from controller.models import AttemptState
+from controller.planner import DemandGroup, preferred_launch
+from drivers.base import PriceSample, VmState, VmType
 from policies.index import Need, Policy, TypeMarket
+
+if TYPE_CHECKING:
+    from controller.scheduler import Scheduler
 
 log = logging.getLogger("spotbag.hopper")
 
@@ -52,6 +60,70 @@ def latest_per_series(samples: Sequence[PriceSample]) -> list[PriceSample]:
     return list(latest.values())
 
 
+@dataclass(frozen=True)
+class MigrationCandidate:
+    """A running VM whose jobs could all move (the hopper decides whether they do)."""
+
+    vm_id: str
+    vm_type: str
+    bag_id: str  # every job on it is of this bag
+    cpus: float  # used by its jobs together
+    memory_gb: float
+    remaining_h: float  # model hours of work left, the shortest of its jobs
+    jobs: list[tuple[str, int]]
+
+
+# --- what the hopper reads of the scheduler's open world ------------------------------
+
+
+def migration_candidates(scheduler: Scheduler, now: float) -> list[MigrationCandidate]:
+    """Running VMs whose every job can move (checkpointable, running, not already
+    moving), with what the jobs use and how long they still run (model hours)."""
+    to_h = scheduler.time_scale / 3600.0
+    found = []
+    for vm in scheduler.vms.values():
+        if vm.state is not VmState.RUNNING or vm.terminating or vm.draining or not vm.attempts:
+            continue
+        attempts = [scheduler.attempts[a] for a in vm.attempts if a in scheduler.attempts]
+        bag_ids = {a.bag_id for a in attempts}
+        if len(bag_ids) != 1:
+            continue  # jobs of several bags: where they would go is not one choice
+        bag = scheduler.bags.get(next(iter(bag_ids)))
+        if (
+            bag is None
+            or not bag.spec.checkpointable
+            or any(a.state is not AttemptState.RUNNING or a.cancelling for a in attempts)
+        ):
+            continue
+        left_h = [
+            max(bag.runtime_estimate_s - a.saved_s - max(0.0, now - a.mark_at), 0.0) * to_h
+            for a in attempts
+        ]
+        found.append(
+            MigrationCandidate(
+                vm_id=vm.id,
+                vm_type=vm.vm_type.name,
+                bag_id=bag.id,
+                cpus=sum(a.shape.cpus for a in attempts),
+                memory_gb=sum(a.shape.memory_gb for a in attempts),
+                remaining_h=min(left_h),
+                jobs=[(a.bag_id, a.idx) for a in attempts],
+            )
+        )
+    return found
+
+
+def preferred_type(scheduler: Scheduler, bag_id: str) -> tuple[str, int] | None:
+    """The type the planner would launch now for `bag_id`'s jobs under the hopping
+    policy and how many jobs one VM of it holds (None: no market, or no usable type)."""
+    bag = scheduler.bags.get(bag_id)
+    if bag is None or scheduler.market is None:
+        return None
+    group = DemandGroup(bag.id, bag.shape, 1, bag.allowed_types, bag.regions)
+    choice = preferred_launch(scheduler.market, group, scheduler.catalog_view)
+    return (choice[0].name, choice[1]) if choice is not None else None
+
+
 @dataclass
 class HopRound:
     """What one round did (for logs, metrics and tests)."""
@@ -68,7 +140,7 @@ class Hopper:
         *,
         settings: HoppingConfig,
         catalog: Sequence[VmType],
-        scheduler,
+        scheduler: Scheduler,
         store,
         price_source: PriceSource,
         now: Callable[[], float],
@@ -175,9 +247,9 @@ class Hopper:
         self.scheduler.market = market
         if market is None or not self.settings.migrate:
             return result
-        for candidate in self.scheduler.migration_candidates(now):
+        for candidate in migration_candidates(self.scheduler, now):
             current = self.position.get(candidate.vm_type)
-            choice = self.scheduler.preferred_type(candidate.bag_id)
+            choice = preferred_type(self.scheduler, candidate.bag_id)
             if current is None or choice is None:
                 continue
             preferred, slots = choice

@@ -8,11 +8,11 @@ import signal
 
 import pytest
 
-from controller import scheduler as scheduler_module
 from controller.admission import admit
 from controller.clock import SimClock
 from controller.executors.base import AttemptEvent, Outcome
 from controller.planner import CatalogType, DemandGroup, Launch, Snapshot, plan
+from controller.scheduler import loop as scheduler_module
 from drivers.base import CapacityError, LaunchRequest, VmState, VmType
 from policies.packing import Shape
 from tests.controller.simworld import bag, check_store_consistent, config, rows, run_until, world

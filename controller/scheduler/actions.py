@@ -1,0 +1,266 @@
+"""Acting on a pass's decisions, and backing off when acting fails.
+
+`ActionsMixin` hands attempts to the executor, launches and terminates VMs through
+the driver, cancels attempts and signals checkpoints, at most
+`scheduler.max_concurrent_calls` calls at a time, and records what each call
+returned; it also carries out what pool events decided (Slurm jobs refused, pool nodes
+released, the hooks' verdicts). It is a mixin of `Scheduler`, not a collaborator: recording a result
+(an attempt that could not start, a launch that failed) moves jobs, attempts and
+VMs on through the transitions of controller/scheduler/transitions.py, which need
+the whole open world.
+
+`Backoff` is a collaborator with its own state: the VM types blocked after failed
+launches and the pause in starts after the executor could not take attempts. Both
+delays start at `launch_backoff_s` and double, up to `launch_backoff_max_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from controller.config import SchedulerConfig
+from controller.executors.base import (
+    AttemptEvent,
+    AttemptSpec,
+    ExecutorError,
+    ExecutorUnavailable,
+    Outcome,
+)
+from controller.models import AttemptState, check_transition
+from controller.planner import Terminate
+from controller.runtime import VmRun
+from controller.store import WriteBatch
+from drivers.base import DriverError, LaunchRequest, PermanentError, VmState, VmStatus
+
+log = logging.getLogger("spotbag.scheduler")
+
+T = TypeVar("T")
+
+
+class Backoff:
+    """Back-off after failed actions: per VM type after failed launches, and for all
+    starts after the executor could not take attempts (Slurm down)."""
+
+    def __init__(self, settings: SchedulerConfig, executor_name: str) -> None:
+        self.settings = settings
+        self.executor_name = executor_name
+        self.types: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
+        # The executor could not take attempts: no new ones until then.
+        self.starts_blocked_until = 0.0
+        self.starts_backoff_s = 0.0
+
+    def blocked_types(self) -> dict[str, float]:
+        """Until when each backed-off VM type may not be launched (for the planner)."""
+        return {t: until for t, (until, _) in self.types.items()}
+
+    def after_starts(self, error: ExecutorUnavailable | None, now: float, started: bool) -> None:
+        """After the executor could not take attempts, start none for a while (from
+        launch_backoff_s, doubling up to launch_backoff_max_s); a pass whose starts all
+        went through clears it."""
+        if error is None:
+            if started:
+                self.starts_backoff_s = 0.0
+            return
+        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
+        self.starts_backoff_s = min(most, max(base, 2 * self.starts_backoff_s))
+        self.starts_blocked_until = now + self.starts_backoff_s
+        log.warning(
+            "the %s executor cannot take attempts (%s); no new ones for %.0f s",
+            self.executor_name,
+            error,
+            self.starts_backoff_s,
+        )
+
+    def after_launches(
+        self, launched: list[tuple[VmRun, Any, Exception | None]], now: float
+    ) -> None:
+        """Back a VM type off after a pass in which its launches failed.
+
+        The delay starts at launch_backoff_s and doubles (up to launch_backoff_max_s)
+        only when the type fails again soon after its last back-off ended; a
+        PermanentError blocks it for the maximum at once. Once per type per pass,
+        however many of its launches failed; a pass with only successes clears it.
+        """
+        errors: dict[str, Exception] = {}
+        succeeded: set[str] = set()
+        for vm, _, error in launched:
+            if error is None:
+                succeeded.add(vm.vm_type.name)
+            else:
+                errors[vm.vm_type.name] = error
+        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
+        for name, error in errors.items():
+            until, last = self.types.get(name, (0.0, 0.0))
+            again_soon = last > 0 and now - until <= last
+            delay = (
+                most
+                if isinstance(error, PermanentError)
+                else (min(most, 2 * last) if again_soon else base)
+            )
+            self.types[name] = (now + delay, delay)
+            log.warning("VM type %s backed off for %.0f s after: %s", name, delay, error)
+        for name in succeeded - errors.keys():
+            self.types.pop(name, None)
+
+
+class ActionsMixin:
+    """The acting half of a pass (part of `Scheduler`; see the module docstring)."""
+
+    async def _call(self, awaitable: Awaitable[T]) -> T | None:
+        """Await a driver/executor call; log and swallow its failure (the next pass retries)."""
+        try:
+            return await awaitable
+        except Exception:
+            log.exception("driver/executor call failed")
+            return None
+
+    async def _run_all(self, calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+        """Run driver/executor calls, at most max_concurrent_calls at a time."""
+        if self.settings.max_concurrent_calls == 1:
+            return [await call() for call in calls]
+
+        async def bounded(call: Callable[[], Awaitable[T]]) -> T:
+            async with self._call_slots:
+                return await call()
+
+        return await asyncio.gather(*(bounded(call) for call in calls))
+
+    async def _start(self, spec: AttemptSpec) -> tuple[AttemptSpec, str, Exception | None]:
+        """Hand an attempt to the executor: (spec, its reference there, the error if any)."""
+        try:
+            return spec, await self.executor.start(spec), None
+        except ExecutorError as exc:
+            return spec, "", exc
+        except Exception as exc:
+            log.exception("starting %s failed", spec.attempt_id)
+            return spec, "", ExecutorError(f"internal error: {exc}")
+
+    async def _launch(self, vm: VmRun) -> tuple[VmRun, VmStatus | None, Exception | None]:
+        request = LaunchRequest(
+            token=vm.id,
+            vm_type=vm.vm_type,
+            spot=vm.spot,
+            zone=vm.zone,
+            tags={"spotbag-controller": self.controller_id},
+            bootstrap=self.executor.bootstrap_values(vm.id, vm.vm_type, vm.pool_node),
+        )
+        try:
+            return vm, await self.driver.launch(request), None
+        except DriverError as exc:
+            return vm, None, exc
+        except Exception as exc:
+            log.exception("launching %s failed", vm.id)
+            return vm, None, exc
+
+    async def _execute(
+        self,
+        starts: list[AttemptSpec],
+        launches: list[VmRun],
+        cancels: list[str],
+        terminations: list[Terminate],
+        batch: WriteBatch,
+        signals: Sequence[tuple[str, float]] = (),
+    ) -> None:
+        """Act on a pass's decisions and record what each call returned: first the Slurm
+        jobs refused (cancelled) and the pool nodes released, then the hooks told their
+        verdicts; then starts, launches, cancels and checkpoint signals together."""
+        refusals, self._refusals = self._refusals, []
+        for job_id, why in refusals:
+            await self._call(self.executor.cancel_job(job_id, why))
+        releases, self._pool_releases = self._pool_releases, []
+        for node, why in releases:
+            await self._call(self.executor.release_pool_node(node, why))
+        verdicts, self._verdicts = self._verdicts, []
+        for future, verdict in verdicts:  # after the refused were cancelled
+            if not future.done():
+                future.set_result(verdict)
+        if not (starts or launches or cancels or terminations or signals):
+            return
+        results = await self._run_all(
+            [
+                *(lambda s=s: self._start(s) for s in starts),
+                *(lambda v=v: self._launch(v) for v in launches),
+                *(lambda a=a: self._call(self.executor.cancel(a)) for a in cancels),
+                *(
+                    lambda a=a, t=t: self._call(self.executor.signal_checkpoint(a, t))
+                    for a, t in signals
+                ),
+            ]
+        )
+        now = self.clock.now()
+        unavailable = None
+        for spec, ref, error in results[: len(starts)]:
+            attempt = self.attempts.get(spec.attempt_id)
+            if attempt is None or attempt.state is not AttemptState.STARTING:
+                continue
+            if error is None:
+                attempt.ref = ref
+                if not self.executor.queues_attempts:
+                    check_transition("attempt", attempt.state, AttemptState.RUNNING)
+                    attempt.state = AttemptState.RUNNING
+                    self.checkpoints.plan(attempt, now)
+                # else it runs once the executor says so (AttemptStarted)
+                self._write_attempt(attempt, batch)
+            elif isinstance(error, ExecutorUnavailable):
+                unavailable = error
+                self._on_attempt_end(
+                    AttemptEvent(spec.attempt_id, now, Outcome.NOT_STARTED, None, str(error)), batch
+                )
+            else:
+                self._on_attempt_end(
+                    AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, str(error)),
+                    batch,
+                )
+        self.backoff.after_starts(unavailable, now, bool(starts))
+        launched = results[len(starts) : len(starts) + len(launches)]
+        for vm, status, error in launched:
+            self._launched(vm, status, error, now, batch)
+        self.backoff.after_launches(launched, now)
+        if terminations:
+            await self._terminate([self.vms[t.vm_id] for t in terminations if t.vm_id in self.vms])
+
+    def _launched(
+        self,
+        vm: VmRun,
+        status: VmStatus | None,
+        error: Exception | None,
+        now: float,
+        batch: WriteBatch,
+    ) -> None:
+        if self.metrics is not None:
+            self.metrics.vm_launches.labels(
+                vm_type=vm.vm_type.name, result="ok" if error is None else "error"
+            ).inc()
+        if error is not None:
+            log.warning("launch of %s (%s) failed: %s", vm.id, vm.vm_type.name, error)
+            if vm.id in self.vms:
+                self._end_vm(vm, VmState.FAILED, now, f"launch failed: {error}", batch)
+            if vm.pool_node:  # Slurm should not wait ResumeTimeout for it: requeue now
+                self._spawn(self.executor.vm_lost(vm.id, vm.pool_node))
+            self._replan = True
+            return
+        if vm.id not in self.vms:
+            return
+        self._set_provider_id(vm, status.vm_id)
+        batch.vm(vm.row(self.driver.name, self.time_scale))
+        if status.state is not vm.state:
+            self._push(status)
+
+    async def _terminate(self, vms: list[VmRun]) -> None:
+        try:
+            await self.driver.terminate([vm.provider_id for vm in vms if vm.provider_id])
+        except Exception:
+            log.exception("terminating %s failed; will retry", [vm.id for vm in vms])
+            for vm in vms:
+                vm.terminating = False
+                self._refresh_vm_sets(vm)
+
+    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+        """Run a driver/executor call in the background, its failure logged (a pass
+        does not wait for it)."""
+        task = asyncio.ensure_future(self._call(coroutine))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,230 @@
+"""Events: what the driver and the executor reported since the last pass.
+
+A pass handles them oldest first (by `VmStatus.changed_at` or the event's `at`),
+before its commands, so that what happened before a command keeps its outcome (a job
+that exited 0 just before its bag was cancelled succeeded):
+
+- VM status: a VM running (it joins the executor's cluster, or takes attempts at
+  once), or gone (preempted, terminated, failed: its attempts end with it);
+- node events: a VM joined the executor's cluster, or its node broke;
+- attempt started, checkpoint written (or not), attempt ended, by outcome: success,
+  a retry, a failure, or a loss that is not counted against max_attempts;
+- callbacks of the executor's hook, recorded with the changes they caused.
+
+`EventsMixin` is a mixin of `Scheduler`: each handler moves jobs, attempts and VMs
+on through the transitions of controller/scheduler/transitions.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from controller.executors.base import (
+    AttemptEvent,
+    AttemptStarted,
+    CallbackNoted,
+    CheckpointEvent,
+    ExecutorEvent,
+    NodeEvent,
+    Outcome,
+)
+from controller.models import AttemptState, JobState, check_transition
+from controller.planner import Terminate
+from controller.store import WriteBatch
+from drivers.base import VmState, VmStatus
+
+log = logging.getLogger("spotbag.scheduler")
+
+
+class EventsMixin:
+    """The handlers of a pass's events (part of `Scheduler`; see the module docstring)."""
+
+    async def _handle_events(
+        self,
+        batch: WriteBatch,
+        events: list[VmStatus | ExecutorEvent] | None = None,
+    ) -> None:
+        """Handle events oldest first (by default, every event waiting in the inbox).
+        A callback's key is recorded with the changes its event causes (or alone)."""
+        if events is None:
+            events, self._inbox = self._inbox, []
+        events.sort(key=lambda e: e.changed_at if isinstance(e, VmStatus) else e.at)
+        for event in events:
+            if isinstance(event, VmStatus):
+                await self._on_status(event, batch)
+            elif isinstance(event, CheckpointEvent):
+                self._on_checkpoint(event, batch)
+            elif isinstance(event, AttemptEvent):
+                self._on_attempt_end(event, batch)
+                if event.key:
+                    batch.callback(event.key, event.at, f"end:{event.outcome}", event.attempt_id)
+            elif isinstance(event, AttemptStarted):
+                self._on_attempt_started(event, batch)
+                if event.key:
+                    batch.callback(event.key, event.at, "started", event.attempt_id)
+            elif isinstance(event, NodeEvent):
+                self._on_node(event, batch)
+            elif isinstance(event, CallbackNoted):
+                batch.callback(event.key, event.at, event.kind, event.subject)
+
+    async def _on_status(self, status: VmStatus, batch: WriteBatch) -> None:
+        vm = self.vms.get(status.token)
+        if vm is None:
+            if status.state in (VmState.PENDING, VmState.RUNNING):
+                # Ours (the driver reports only our VMs) but given up on, e.g. after a
+                # launch that failed ambiguously: do not leave it running unwatched.
+                log.warning("terminating VM %s: alive but not tracked", status.vm_id)
+                await self._call(self.driver.terminate([status.vm_id]))
+            return
+        if status.state is vm.state:
+            return
+        at = status.changed_at
+        if status.vm_id and not vm.provider_id:
+            self._set_provider_id(vm, status.vm_id)
+        if status.state is VmState.RUNNING and vm.state is VmState.PENDING:
+            self._vm_to(vm, VmState.RUNNING, at, "", batch)
+            vm.running_at = at
+            if self.executor.joins_vms and not vm.pool_node:
+                vm.ready = False  # it takes attempts once it has joined (a NodeEvent)
+                await self._call(self.executor.vm_started(vm.id, vm.vm_type))
+            else:
+                vm.ready_at = at
+                vm.idle_since = at
+            self._refresh_vm_sets(vm)
+            batch.vm(vm.row(self.driver.name, self.time_scale))
+            return
+        if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
+            # Whatever ran there is dead; an executor with a cluster forgets the node (a
+            # pool node is powered down by force: Slurm requeues its users' jobs), unless
+            # Slurm itself let go of it (a pool node it suspended or gave up on).
+            if not (vm.pool_node and vm.terminating):
+                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
+            # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
+            ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
+            self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
+
+    def _on_node(self, event: NodeEvent, batch: WriteBatch) -> None:
+        """The VM joined the executor's cluster (it takes attempts from now on), or its
+        node broke under it (it is terminated: its attempts end with it)."""
+        vm = self.vms.get(event.vm_id)
+        if vm is None or vm.state is not VmState.RUNNING or vm.terminating:
+            return
+        if event.ready and not vm.ready:
+            vm.ready = True
+            vm.ready_at = vm.ready_at or event.at
+            if not vm.attempts:
+                vm.idle_since = event.at
+            self._refresh_vm_sets(vm)
+            batch.vm(vm.row(self.driver.name, self.time_scale))
+            log.info("VM %s joined: %s", vm.id, event.detail or "ready")
+        elif not event.ready and vm.ready:
+            vm.ready = False
+            vm.terminating = True
+            vm.reason = f"its node broke: {event.detail}"
+            self._refresh_vm_sets(vm)
+            self._terminate_now.append(Terminate(vm.id, vm.reason))
+            log.warning("terminating VM %s: %s", vm.id, vm.reason)
+
+    def _on_attempt_started(self, event: AttemptStarted, batch: WriteBatch) -> None:
+        """A queued attempt began to run: it is RUNNING from then (its time, and its
+        checkpoint schedule, count from there)."""
+        attempt = self.attempts.get(event.attempt_id)
+        if attempt is None or attempt.state is not AttemptState.STARTING:
+            return
+        check_transition("attempt", attempt.state, AttemptState.RUNNING)
+        attempt.state = AttemptState.RUNNING
+        attempt.started_at = max(attempt.started_at, event.at)
+        attempt.mark_at = attempt.started_at
+        self._write_attempt(attempt, batch)
+        if not attempt.cancelling:
+            self.checkpoints.plan(attempt, event.at)
+
+    def _on_checkpoint(self, event: CheckpointEvent, batch: WriteBatch) -> None:
+        """A checkpoint we asked for ended. Written: the job's saved work moves on to
+        what it had done when signalled, and work from now on is at risk only back to
+        here. Either way the next one is planned."""
+        attempt = self.attempts.get(event.attempt_id)
+        if attempt is None or attempt.signalled_at is None:
+            return  # the attempt ended first: its retry resumes from the last one written
+        attempt.signalled_at = None
+        job = self.jobs.get((attempt.bag_id, attempt.idx))
+        vm = self.vms.get(attempt.vm_id)
+        age_h = (
+            max(0.0, event.requested_at - vm.requested_at) * self.time_scale / 3600.0
+            if vm is not None
+            else 0.0
+        )
+        if event.ok and job is not None:
+            attempt.missed_checkpoints = 0
+            attempt.saved_s += max(0.0, event.requested_at - attempt.mark_at)
+            attempt.mark_at = event.at
+            job.work_saved_s = attempt.saved_s
+            job.checkpoints += 1
+        else:
+            attempt.missed_checkpoints += 1
+            log.warning(
+                "attempt %s did not checkpoint (%s)%s",
+                attempt.id,
+                event.detail or "no reason given",
+                "; not asking it again" if attempt.missed_checkpoints >= 3 else "",
+            )
+        batch.checkpoint(
+            attempt.bag_id,
+            attempt.idx,
+            attempt.number,
+            requested_at=event.requested_at,
+            at=event.at,
+            ok=event.ok and job is not None,
+            work_saved_s=attempt.saved_s,
+            checkpoints=job.checkpoints if job is not None else 0,
+            vm_age_h=age_h,
+            detail=event.detail,
+        )
+        if attempt.migrating and attempt.state is AttemptState.RUNNING:
+            if event.ok and job is not None:
+                self._migration_stops.append(attempt.id)  # it resumes from here elsewhere
+                return
+            log.warning("attempt %s stays: no checkpoint to move with", attempt.id)
+            attempt.migrating = ""
+        if attempt.state is AttemptState.RUNNING:
+            self.checkpoints.plan(attempt, event.at)
+
+    def _on_attempt_end(self, event: AttemptEvent, batch: WriteBatch) -> None:
+        attempt = self.attempts.get(event.attempt_id)
+        if attempt is None:
+            return  # already finished (its VM died first, or a duplicate report)
+        job = self.jobs.get((attempt.bag_id, attempt.idx))
+        bag = self.bags[attempt.bag_id]
+        at = event.at
+        if attempt.cancelling or job is None or job.state is not JobState.RUNNING:
+            self._finish_attempt(
+                attempt, AttemptState.CANCELLED, at, event.exit_code, "cancelled", batch
+            )
+            return
+        code = event.exit_code
+        if event.outcome is Outcome.KILLED and attempt.migrating:
+            reason = f"migrated: {attempt.migrating}"
+            self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
+            return
+        if event.outcome is Outcome.NOT_STARTED:
+            reason = "not started" + (f": {event.detail}" if event.detail else "")
+            self._finish_attempt(attempt, AttemptState.LOST, at, None, reason, batch)
+            return
+        if event.outcome is Outcome.KILLED:
+            # Stopped by the controller, not by a user or the job itself.
+            reason = "stopped by the controller" + (f" ({event.detail})" if event.detail else "")
+            self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
+            return
+        if event.outcome is Outcome.EXITED and code == 0:
+            self._finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, event.detail, batch)
+            return
+        if event.outcome is Outcome.TIMED_OUT:
+            reason = event.detail or "timed out"
+            retry = False
+        elif event.outcome is Outcome.START_FAILED:
+            reason = f"could not start: {event.detail}"
+            retry = True
+        else:
+            reason = f"exited with code {code}" + (f" ({event.detail})" if event.detail else "")
+            retry = code in bag.spec.retryable_exit_codes
+        self._finish_attempt(attempt, AttemptState.FAILED, at, code, reason, batch, retry=retry)

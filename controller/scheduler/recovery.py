@@ -1,0 +1,242 @@
+"""Recovery: rebuild the scheduler's memory from the store after a restart (or after a
+failed pass) and reconcile it with what the driver and the executor still have.
+
+- Active bags, their open jobs (queued, held, running) and their runtime history are
+  loaded; jobs that never started stay compact strings until they first run.
+- The driver's VMs are matched to the stored ones by token: a VM the driver owns but
+  the store does not know is terminated; a stored VM the driver no longer has is
+  recorded TERMINATED ("not found after controller restart").
+- Live attempts are handed to the executor to re-adopt (`Executor.recover`); those it
+  cannot re-adopt are marked LOST (not counted against max_attempts) and their jobs
+  queued again, unless their end already waits in the inbox. Re-adopted running
+  attempts get their checkpoint schedule again.
+- Bags with nothing open left are finished; cancellations under way are resumed.
+
+`RecoveryMixin` is a mixin of `Scheduler`: recovery rebuilds all of its state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from typing import Any
+
+from controller.bagspec import BagSpec
+from controller.executors.base import AttemptEvent, LiveAttempt
+from controller.models import AttemptState, JobState
+from controller.runtime import AttemptRun, BagRun, JobRun, VmBilling, VmRun, capacity_of, shape_of
+from controller.scheduler.inputs import _Cancel
+from drivers.base import VmState, VmType
+
+log = logging.getLogger("spotbag.scheduler")
+
+
+class RecoveryMixin:
+    """Restart re-adoption (part of `Scheduler`; see the module docstring)."""
+
+    async def recover(self) -> None:
+        """Rebuild memory from the store (after a start, or after a failed pass) and
+        reconcile it with what the driver and executor still have."""
+        self._forget_everything()
+        now = self.clock.now()
+        self.accounts.load(await self.store.ledger_state())
+        state = await self.store.load_active()
+        batch = self.store.new_batch()
+        for row in state["bags"]:
+            spec = BagSpec.model_validate_json(row["spec"])
+            counts = row["counts"]
+            self.bags[row["id"]] = BagRun(
+                id=row["id"],
+                spec=spec,
+                shape=shape_of(spec),
+                queue=deque(),
+                fresh={},
+                open_jobs=sum(counts.get(s, 0) for s in ("queued", "held", "running")),
+                failed_jobs=counts.get("failed", 0),
+                cancelled_jobs=counts.get("cancelled", 0),
+                cancel_requested=row["cancel_requested_at"] is not None,
+            )
+            bag = self.bags[row["id"]]
+            bag.runtimes_s.extend(row["runtimes_s"])
+            bag.successes = len(row["runtimes_s"])
+            bag.refresh_estimate()
+        for row in state["jobs"]:
+            bag = self.bags[row["bag_id"]]
+            if row["state"] in (JobState.QUEUED, JobState.HELD) and row["attempts"] == 0:
+                bag.fresh[row["idx"]] = row["params"]
+                if row["state"] == JobState.QUEUED:
+                    bag.queue.append(row["idx"])
+                else:
+                    bag.held[row["idx"]] = None
+                    self.accounts.hold(bag.spec.account, bag.id, row["idx"])
+                continue
+            job = JobRun(
+                bag_id=row["bag_id"],
+                idx=row["idx"],
+                params=json.loads(row["params"]),
+                state=JobState(row["state"]),
+                attempts=row["attempts"],
+                counted=row["counted_attempts"],
+                vm_id=row["vm_id"],
+                started_at=row["started_at"],
+                work_saved_s=row["work_saved_s"],
+                checkpoints=row["checkpoints"],
+            )
+            self.jobs[(job.bag_id, job.idx)] = job
+            if job.state is JobState.QUEUED:
+                bag.queue.append(job.idx)
+            elif job.state is JobState.HELD:
+                bag.held[job.idx] = None
+                self.accounts.hold(bag.spec.account, bag.id, job.idx)
+
+        self._pool_runs = {(r["job_id"], r["job_name"]): r for r in state["slurm_runs"]}
+        owned = {s.token: s for s in await self.driver.list_owned()}
+        missing: list[VmRun] = []
+        for row in state["vms"]:
+            vm_type = self._vm_type_of_row(row)
+            vm = VmRun(
+                id=row["id"],
+                vm_type=vm_type,
+                state=VmState(row["state"]),
+                requested_at=row["requested_at"],
+                spot=bool(row["spot"]),
+                zone=row["zone"],
+                provider_id=row["provider_id"],
+                running_at=row["running_at"],
+                reason=row["reason"],
+                free=capacity_of(vm_type),
+                # A VM joins the executor's cluster anew in its eyes: it says so again. A
+                # pool VM is Slurm's to watch.
+                ready=not self.executor.joins_vms or bool(row["pool_node"]),
+                ready_at=row["ready_at"],
+                pool_node=row["pool_node"],
+            )
+            status = owned.pop(vm.id, None)
+            if status is not None and status.vm_id:
+                vm.provider_id = status.vm_id
+            self._assume_model(vm)
+            self._track_vm(vm)
+            if status is None:
+                missing.append(vm)
+            elif status.state is not vm.state:
+                self._push(status)
+        for status in owned.values():
+            log.warning(
+                "terminating VM %s (token %s): owned by this controller but not in the store",
+                status.vm_id,
+                status.token,
+            )
+            await self._call(self.driver.terminate([status.vm_id]))
+
+        # Every live attempt first (a bag with live attempts is not done), then the
+        # ones the executor does not run any more are lost.
+        attempts = []
+        ended_vm_types = {row["id"]: self._vm_type_of_row(row) for row in state["ended_vms"]}
+        for row in state["attempts"]:
+            bag = self.bags[row["bag_id"]]  # a live attempt keeps its bag active
+            vm = self.vms.get(row["vm_id"])
+            vm_type = vm.vm_type if vm is not None else ended_vm_types.get(row["vm_id"])
+            attempt = AttemptRun(
+                bag_id=row["bag_id"],
+                idx=row["idx"],
+                number=row["number"],
+                vm_id=row["vm_id"],
+                state=AttemptState(row["state"]),
+                started_at=row["started_at"],
+                log_path=row["log_path"],
+                shape=bag.shape,
+                ref=row["ref"],
+                billing=VmBilling.of(bag.shape, vm_type) if vm_type is not None else None,
+                mark_at=row["checkpointed_at"] or row["started_at"],
+            )
+            job = self.jobs.get((attempt.bag_id, attempt.idx))
+            attempt.saved_s = job.work_saved_s if job is not None else 0.0
+            self.attempts[attempt.id] = attempt
+            bag.live_attempts += 1
+            attempts.append(attempt)
+        live = [vm.id for vm in self.vms.values() if vm.id not in {m.id for m in missing}]
+        adopted = await self.executor.recover(
+            [
+                LiveAttempt(
+                    a.id, a.vm_id, a.started_at, self.bags[a.bag_id].spec.max_runtime_s, a.ref
+                )
+                for a in attempts
+            ],
+            live,
+        )
+        # An attempt whose end is waiting in the inbox is not lost, even when its VM is
+        # gone: its event (e.g. it finished while the controller was down) says how it ended.
+        ended = {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
+        missing_ids = {vm.id for vm in missing}
+        for attempt in attempts:
+            vm = self.vms.get(attempt.vm_id)
+            alive = vm is not None and vm.id not in missing_ids
+            if attempt.id in adopted and alive:
+                vm.attempts[attempt.id] = None
+                vm.free = vm.free.minus(attempt.shape)
+                if attempt.state is AttemptState.RUNNING:
+                    self.checkpoints.plan(attempt, now)
+                continue
+            if attempt.id in ended:
+                continue
+            self._finish_attempt(
+                attempt,
+                AttemptState.LOST,
+                now,
+                None,
+                "the controller restarted while it ran",
+                batch,
+            )
+        for vm in missing:
+            self._end_vm(vm, VmState.TERMINATED, now, "not found after controller restart", batch)
+        for vm in self.vms.values():
+            if vm.state is VmState.RUNNING and not vm.attempts:
+                vm.idle_since = now
+            self._refresh_vm_sets(vm)
+            if vm.state is VmState.RUNNING and not vm.ready:
+                await self._call(self.executor.vm_started(vm.id, vm.vm_type))
+        for bag in list(self.bags.values()):
+            if bag.done:
+                self._finish_bag(bag, now, batch)
+            elif bag.cancel_requested:
+                self._commands.append(_Cancel(bag.id))
+        await self.store.apply(batch)
+        log.info(
+            "recovered %d active bags, %d open jobs, %d live VMs, %d adopted attempts",
+            len(self.bags),
+            sum(b.open_jobs for b in self.bags.values()),
+            len(self.vms),
+            len(adopted),
+        )
+
+    def _vm_type_of_row(self, row: dict[str, Any]) -> VmType:
+        """A stored VM's type: the catalog's, or as the row recorded it (a type since
+        removed from the configuration)."""
+        return self.catalog.get(row["vm_type"]) or VmType(
+            row["vm_type"],
+            row["cpus"],
+            row["memory_gb"],
+            row["gpus"],
+            row["spot_price_per_hour"],
+            row["on_demand_price_per_hour"],
+            row["zone"],
+        )
+
+    def _forget_everything(self) -> None:
+        self.bags.clear()
+        self.jobs.clear()
+        self.attempts.clear()
+        self.vms.clear()
+        for index in (
+            self._pending,
+            self._roomy,
+            self._idle,
+            self._draining,
+            self._by_provider_id,
+            self._pool_vms,
+        ):
+            index.clear()
+        self._pool_runs.clear()
+        self._pool_released.clear()
+        self.checkpoints.clear()

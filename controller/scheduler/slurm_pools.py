@@ -1,0 +1,252 @@
+"""Power-saving pools: Slurm users' jobs on spot VMs (controller/slurm/pools.py
+describes the pools and holds their configuration and run keys).
+
+Slurm powers pool nodes up and down (`PoolPower`): a resume launches a VM for the node
+(its type chosen by `controller.planner.pool_vm_type`, under the hopping market if
+any), a suspend or a failed resume terminates it. The prolog and jobcomp hooks report
+each run of a user's job (`PoolRunEvent`): at its start CPU-hours are reserved in the
+ledger for its time limit (a job its account cannot pay for is cancelled); at its
+end what it used is charged and the rest released. Idle pool VMs that the reuse policy
+would not start a typical job on (policies.reuse, `unfit_from_h`; SPEC.md §3) are
+handed back to Slurm, so the next job gets a fresh VM.
+
+`PoolsMixin` is a mixin of `Scheduler`: pool VMs are VMs of the scheduler (tracked,
+recorded and ended like the others) and runs are paid from the same accounts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from controller.ledger import UnknownAccount
+from controller.planner import Terminate, pool_vm_type
+from controller.runtime import VmRun, capacity_of
+from controller.scheduler.inputs import PoolPower, PoolRunEvent
+from controller.slurm.pools import RUN_STATES, run_key
+from controller.store import WriteBatch
+from drivers.base import VmState
+from policies.ledger_rules import InsufficientCredit
+from policies.packing import Shape
+
+log = logging.getLogger("spotbag.scheduler")
+
+
+class PoolsMixin:
+    """Slurm's pool nodes and the runs on them (part of `Scheduler`; see the module
+    docstring)."""
+
+    def pool_power(self, kind: str, nodes: Sequence[str]) -> int:
+        """Slurm resumes, suspends or gave up on pool nodes; returns how many are ours."""
+        ours = [n for n in nodes if n in self.pools.by_node]
+        for node in ours:
+            self._commands.append(PoolPower(kind, node))
+        if ours:
+            self._wake.set()
+        return len(ours)
+
+    def pool_run(self, event: PoolRunEvent) -> asyncio.Future | None:
+        """A run of a Slurm user's job on a pool began or ended: a future of what was
+        decided (see PoolRunEvent.verdict); None if it is not on a pool."""
+        if event.partition not in self.pools.by_partition:
+            return None
+        verdict = asyncio.get_running_loop().create_future()
+        self._commands.append(dataclasses.replace(event, verdict=verdict))
+        self._wake.set()
+        return verdict
+
+    def _pool_vm(self, node: str) -> VmRun | None:
+        for vm_id in self._pool_vms:
+            vm = self.vms[vm_id]
+            if vm.pool_node == node and not vm.terminating:
+                return vm
+        return None
+
+    def _pool_power(self, command: PoolPower, batch: WriteBatch, now: float) -> None:
+        vm = self._pool_vm(command.node)
+        if command.kind == "resume":
+            if vm is not None:
+                return  # it is on its way already (a repeated resume)
+            pool = self.pools.by_node[command.node]
+            name = pool_vm_type(
+                self.market,
+                Shape(pool.cpus, pool.gpus, pool.memory_gb),
+                self.catalog_view,
+                pool.vm_types,
+            )
+            if name is None:
+                log.warning(
+                    "no VM type of pool %s can be launched for %s", pool.partition, command.node
+                )
+                return
+            vm_type = self.catalog[name]
+            vm = VmRun(
+                id=self.ids.new_vm_token(),
+                vm_type=vm_type,
+                state=VmState.PENDING,
+                requested_at=now,
+                zone=vm_type.zone,
+                free=capacity_of(vm_type),
+                pool_node=command.node,
+            )
+            self._assume_model(vm)
+            self._track_vm(vm)
+            batch.vm(vm.row(self.driver.name, self.time_scale))
+            batch.transition(
+                now, "vm", vm.id, "", VmState.PENDING, f"for Slurm node {command.node}"
+            )
+            self._pool_launches.append(vm)
+            return
+        if vm is None:
+            return
+        why = (
+            f"Slurm powered node {command.node} down"
+            if command.kind == "suspend"
+            else f"Slurm gave up on node {command.node} (it did not join in ResumeTimeout)"
+        )
+        if command.kind == "suspend" and vm.id in self._pool_released:
+            why += f" at spotbag's request: {self._pool_released.pop(vm.id)}"
+        vm.terminating = True
+        vm.reason = why
+        self._terminate_now.append(Terminate(vm.id, why))
+
+    def _release_unfit_pool_vms(self, now: float) -> float | None:
+        """Idle pool VMs on which the reuse policy would not start a job of the pool's
+        typical length are handed back to Slurm (powered down when idle), so that the
+        next job gets a fresh VM. Returns when the next idle one turns unfit."""
+        if not self._pool_vms:
+            return None
+        to_h = self.time_scale / 3600.0  # real seconds -> model hours
+        busy = {run["node"] for run in self._pool_runs.values()}
+        wake_at: float | None = None
+        for vm_id in self._pool_vms:
+            vm = self.vms[vm_id]
+            if (
+                vm.state is not VmState.RUNNING
+                or vm.terminating
+                or vm.table is None
+                or vm.id in self._pool_released
+                or vm.pool_node in busy
+            ):
+                continue
+            job_h = self.pools.by_node[vm.pool_node].job_hours
+            age_h = max(0.0, now - vm.requested_at) * to_h
+            unfit_h = vm.table.unfit_from_h(age_h, job_h)
+            if unfit_h is None or vm.table.unfit_from_h(0.0, job_h) == 0.0:
+                continue  # never unfit, or no better when fresh: keep it
+            if unfit_h > age_h:
+                at = vm.requested_at + unfit_h / to_h
+                wake_at = at if wake_at is None else min(wake_at, at)
+                continue
+            why = (
+                f"at {age_h:.1f} h its preemption model says a fresh VM does a "
+                f"{job_h:g} h job sooner"
+            )
+            log.info("releasing idle pool node %s (VM %s): %s", vm.pool_node, vm.id, why)
+            self._pool_released[vm.id] = why
+            self._pool_releases.append((vm.pool_node, why))
+        return wake_at
+
+    def _pool_run(self, event: PoolRunEvent, batch: WriteBatch, now: float) -> None:
+        """Reserve for a run at its start (cancelling a job its account cannot pay for),
+        charge what it used at its end and release the rest."""
+        pool = self.pools.by_partition[event.partition]
+        ident = (event.job_id, event.job_name)
+        run = self._pool_runs.get(ident)
+        account = event.account or event.user or "slurm"
+        if event.kind == "start":
+            if run is not None and run["restart"] >= event.restart:
+                self._tell(event, "repeat")  # or out of order
+                return
+            cpus = event.cpus or pool.cpus
+            reserved = cpus * (event.limit_h or pool.reserve_hours)
+            key = run_key(event.job_id, event.restart, event.job_name)
+            try:
+                opened, entries = self.accounts.reserve_run(account, key, reserved, now)
+            except (UnknownAccount, InsufficientCredit) as exc:
+                self._refusals.append((event.job_id, str(exc)))
+                self._pool_refused[ident] = str(exc)
+                self._tell(event, f"refused: {exc}")
+                log.warning("cancelling Slurm job %s on %s: %s", event.job_id, event.node, exc)
+                return
+            self._tell(event, "reserved")
+            if opened is not None:
+                batch.account(opened)
+            batch.ledger_entries(now, entries, f"Slurm job {event.job_id} started")
+            vm = self._pool_vm(event.node)
+            run = {
+                "key": key,
+                "job_id": event.job_id,
+                "job_name": event.job_name,
+                "restart": event.restart,
+                "user": event.user,
+                "account": account,
+                "partition": event.partition,
+                "node": event.node,
+                "vm_id": vm.id if vm is not None else "",
+                "cpus": cpus,
+                "reserved_cpu_h": reserved,
+                "started_at": now,
+                "ended_at": None,
+                "state": "running",
+                "exit_code": None,
+                "reason": "",
+            }
+            self._pool_runs[ident] = run
+            batch.slurm_run(run)
+            return
+        started = event.started_at if event.started_at is not None else now
+        ended = max(started, event.ended_at if event.ended_at is not None else now)
+        state = RUN_STATES.get(event.state, "failed")
+        refused = self._pool_refused.pop(ident, None)
+        if run is None and refused is not None:  # cancelled before it ran: nothing to pay
+            return
+        if run is None:  # its start was never reported: charge what it used, at once
+            cpus = event.cpus or pool.cpus
+            key = run_key(event.job_id, -int(ended), event.job_name)
+            opened, entries = self.accounts.charge_unreserved(
+                account, key, cpus, ended - started, now
+            )
+            if opened is not None:
+                batch.account(opened)
+            vm = self._pool_vm(event.node)
+            run = {
+                "key": key,
+                "job_id": event.job_id,
+                "job_name": event.job_name,
+                "restart": -1,
+                "user": event.user,
+                "account": account,
+                "partition": event.partition,
+                "node": event.node,
+                "vm_id": vm.id if vm is not None else "",
+                "cpus": cpus,
+                "reserved_cpu_h": 0.0,
+                "reason": "its start was not reported",
+            }
+        else:
+            del self._pool_runs[ident]
+            cpus = event.cpus or run["cpus"]
+            if not run["vm_id"]:  # allocated before Slurm resumed its node
+                vm = self._pool_vm(event.node)
+                run = run | {"vm_id": vm.id if vm is not None else ""}
+            entries = self.accounts.settle_run(
+                run["key"], cpus, ended - started, preempted=state == "preempted"
+            )
+        batch.ledger_entries(now, entries, f"Slurm job {event.job_id} {event.state.lower()}")
+        batch.slurm_run(
+            run
+            | {
+                "cpus": cpus,
+                "started_at": started,
+                "ended_at": ended,
+                "state": state,
+                "exit_code": event.exit_code,
+            }
+        )
+
+    def _tell(self, event: PoolRunEvent, verdict: str) -> None:
+        if event.verdict is not None:
+            self._verdicts.append((event.verdict, verdict))

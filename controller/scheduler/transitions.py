@@ -1,0 +1,330 @@
+"""Transition recording: the only places that change job, attempt and VM state.
+
+Each change is checked against the state machines of controller/models.py
+(`check_transition`), made in memory, and written to the pass's
+`WriteBatch` with its transition row and reason, so that memory and the store move
+together: an attempt's end settles its CPU-hours in the ledger (controller/ledger.py,
+SPEC.md §6) and adds its time and its share of its VM's cost to its bag's usage
+(`VmBilling`, policies.cost.vm_share); a job's end may finish its bag; a VM's end
+preempts what ran on it. The VM indexes (pending, roomy, idle, draining, pool) that
+the planner's snapshot reads are kept in step here too.
+
+`TransitionsMixin` is a mixin of `Scheduler`, not a collaborator: a transition
+touches most of the scheduler's state at once (bags, jobs, attempts, VMs, their
+indexes, the accounts, the checkpoint plans and the metrics), so splitting that state
+from the scheduler would only pass all of it back in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+
+from controller.models import AttemptState, BagState, JobState, check_transition
+from controller.runtime import AttemptRun, BagRun, JobRun, VmRun
+from controller.store import WriteBatch
+from drivers.base import VmState
+
+log = logging.getLogger("spotbag.scheduler")
+
+
+class TransitionsMixin:
+    """State changes and their records (part of `Scheduler`; see the module docstring)."""
+
+    def _held_job(self, bag: BagRun, idx: int) -> JobRun:
+        """A held job that never started (made on first use, like `_queued_job`)."""
+        job = self.jobs.get((bag.id, idx))
+        if job is None:
+            job = JobRun(bag.id, idx, json.loads(bag.fresh.pop(idx)), JobState.HELD)
+            self.jobs[(bag.id, idx)] = job
+        return job
+
+    def _requeue(self, job: JobRun, bag: BagRun, at: float, batch: WriteBatch, reason: str) -> None:
+        """Queue a job again, reserving for its next attempt; hold it (first in its
+        account's line) when the account cannot cover that."""
+        if not bag.cancel_requested:
+            entries = self.accounts.reserve_next(bag.id, job.idx, job.attempts + 1, bag.spec)
+            if entries is None:
+                needed = self.accounts.per_attempt_cpu_h(bag.spec)
+                available = max(0.0, self.accounts.ledger.balance(bag.spec.account).available)
+                why = (
+                    f"{reason}; held: its next attempt needs {needed:,.2f} CPU-hours and account "
+                    f"{bag.spec.account!r} has {available:,.2f} available"
+                )
+                self._job_to(job, JobState.HELD, at, batch, why)
+                bag.held[job.idx] = None
+                self.accounts.hold(bag.spec.account, bag.id, job.idx, first=True)
+                return
+            batch.ledger_entries(at, entries, "retry")
+        self._job_to(job, JobState.QUEUED, at, batch, reason)
+
+    def _queued_job(self, bag: BagRun, idx: int) -> JobRun:
+        """The job at `idx` of a bag's queue (made on first use: a 100,000-job bag
+        costs no 100,000 objects until its jobs start)."""
+        job = self.jobs.get((bag.id, idx))
+        if job is None:
+            job = JobRun(bag.id, idx, json.loads(bag.fresh.pop(idx)), JobState.QUEUED)
+            self.jobs[(bag.id, idx)] = job
+        return job
+
+    def _finish_attempt(
+        self,
+        attempt: AttemptRun,
+        state: AttemptState,
+        at: float,
+        exit_code: int | None,
+        reason: str,
+        batch: WriteBatch,
+        *,
+        retry: bool = True,
+    ) -> None:
+        """End an attempt and move its job on: success, retry, or failure.
+
+        PREEMPTED and (with `retry`) FAILED attempts queue the job again while it
+        has attempts left; LOST attempts always do and are not counted.
+        """
+        check_transition("attempt", attempt.state, state)
+        del self.attempts[attempt.id]
+        attempt.due_at = None
+        bag = self.bags[attempt.bag_id]
+        bag.live_attempts -= 1
+        if state is AttemptState.PREEMPTED:
+            batch.work_lost(bag.id, max(0.0, at - attempt.mark_at))
+        vm = self.vms.get(attempt.vm_id)
+        if vm is not None and attempt.id in vm.attempts:
+            del vm.attempts[attempt.id]
+            vm.free = vm.free.plus(attempt.shape)
+            if not vm.attempts and vm.state is VmState.RUNNING:
+                vm.idle_since = at
+            self._refresh_vm_sets(vm)
+        if attempt.state is AttemptState.STARTING and self.executor.queues_attempts:
+            # It never left the executor's queue: it used nothing (charged nothing, and
+            # takes no time on its VM in reports).
+            attempt.started_at = max(attempt.started_at, at)
+        attempt.state = state
+        self._write_attempt(attempt, batch, at, exit_code, reason)
+        self._record_usage(attempt, state, at, batch)
+        batch.ledger_entries(
+            at,
+            self.accounts.settle(
+                attempt.bag_id,
+                attempt.idx,
+                attempt.number,
+                bag.spec,
+                at - attempt.started_at,
+                preempted=state is AttemptState.PREEMPTED,
+            ),
+            f"attempt {attempt.number} {state}",
+        )
+        if self.metrics is not None:
+            self.metrics.attempts.labels(state=str(state)).inc()
+
+        job = self.jobs.get((attempt.bag_id, attempt.idx))
+        if job is None or job.state is not JobState.RUNNING:
+            if bag.done:  # the job was cancelled meanwhile; this was the bag's last process
+                self._finish_bag(bag, at, batch)
+            return
+        if state in AttemptState.counted():
+            job.counted += 1
+        job.exit_code = exit_code
+        if state is AttemptState.SUCCEEDED:
+            # The job's runtime: the work its checkpoints carried over from earlier
+            # attempts plus this attempt's since its last checkpoint (= the attempt's
+            # running time when it never checkpointed). Runtime estimates learn from it.
+            work_s = attempt.saved_s + max(0.0, at - attempt.mark_at)
+            self._job_to(job, JobState.SUCCEEDED, at, batch, "", runtime_s=work_s)
+        elif state is AttemptState.LOST or (
+            retry
+            and state in (AttemptState.PREEMPTED, AttemptState.FAILED)
+            and job.counted < bag.spec.max_attempts
+        ):
+            self._requeue(job, bag, at, batch, f"attempt {attempt.number} {state}: {reason}")
+        else:
+            if retry and job.counted >= bag.spec.max_attempts:
+                reason = f"{reason}; gave up after max_attempts={bag.spec.max_attempts}"
+            self._job_to(job, JobState.FAILED, at, batch, reason)
+
+    def _write_attempt(
+        self,
+        attempt: AttemptRun,
+        batch: WriteBatch,
+        ended_at: float | None = None,
+        exit_code: int | None = None,
+        reason: str = "",
+    ) -> None:
+        batch.attempt(
+            attempt.bag_id,
+            attempt.idx,
+            attempt.number,
+            attempt.vm_id,
+            attempt.state,
+            attempt.started_at,
+            ended_at,
+            exit_code,
+            reason,
+            attempt.log_path,
+            attempt.ref,
+        )
+
+    def _record_usage(
+        self, attempt: AttemptRun, state: AttemptState, at: float, batch: WriteBatch
+    ) -> None:
+        """Add the ended attempt to its bag's usage: its time, and its share of its VM's
+        time and cost (policies.cost.vm_share)."""
+        elapsed_s = max(0.0, at - attempt.started_at)
+        billing = attempt.billing
+        vm_s = elapsed_s * billing.share if billing is not None else 0.0
+        batch.usage(
+            attempt.bag_id,
+            preempted=state is AttemptState.PREEMPTED,
+            attempt_s=elapsed_s,
+            vm_s=vm_s,
+            spot_cost_usd=vm_s * billing.spot_price_per_hour / 3600.0 if billing else 0.0,
+            on_demand_cost_usd=vm_s * billing.on_demand_price_per_hour / 3600.0 if billing else 0.0,
+        )
+
+    def _job_to(
+        self,
+        job: JobRun,
+        state: JobState,
+        at: float,
+        batch: WriteBatch,
+        reason: str,
+        *,
+        runtime_s: float | None = None,
+    ) -> None:
+        bag = self.bags[job.bag_id]
+        if state is JobState.QUEUED and bag.cancel_requested:
+            state, reason = JobState.CANCELLED, "cancelled by user"
+        check_transition("job", job.state, state)
+        if job.state is JobState.QUEUED and state in (JobState.CANCELLED, JobState.FAILED):
+            # It will not run the attempt it reserved for.
+            batch.ledger_entries(
+                at, self.accounts.release(job.bag_id, job.idx, job.attempts + 1), f"job {state}"
+            )
+        batch.job_state_change(job.bag_id, job.state, state)
+        batch.transition(at, "job", job.id, job.state, state, reason)
+        job.state = state
+        job.reason = reason
+        ended_at = at if state in JobState.terminal() else None
+        batch.job(
+            job.bag_id,
+            job.idx,
+            state,
+            job.attempts,
+            job.counted,
+            job.exit_code,
+            reason,
+            job.vm_id,
+            job.started_at,
+            ended_at,
+            runtime_s,
+        )
+        if state is JobState.SUCCEEDED and runtime_s is not None:
+            bag.job_succeeded(runtime_s)
+        if state is JobState.QUEUED:
+            bag.queue.appendleft(job.idx)  # retries go first: the bag's tail finishes sooner
+        elif state in JobState.terminal():
+            del self.jobs[(job.bag_id, job.idx)]
+            bag.open_jobs -= 1
+            if state is JobState.FAILED:
+                bag.failed_jobs += 1
+            elif state is JobState.CANCELLED:
+                bag.cancelled_jobs += 1
+            if self.metrics is not None:
+                self.metrics.jobs_finished.labels(state=str(state)).inc()
+            if bag.done:
+                self._finish_bag(bag, at, batch)
+
+    def _finish_bag(self, bag: BagRun, at: float, batch: WriteBatch) -> None:
+        if bag.cancel_requested or bag.cancelled_jobs:
+            state = BagState.CANCELLED
+        elif bag.failed_jobs:
+            state = BagState.FAILED
+        else:
+            state = BagState.SUCCEEDED
+        batch.bag_finished(bag.id, state, at)
+        batch.transition(at, "bag", bag.id, BagState.ACTIVE, state, "")
+        del self.bags[bag.id]
+        log.info("bag %s finished: %s", bag.id, state)
+
+    def _vm_to(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
+        check_transition("vm", vm.state, state)
+        batch.transition(at, "vm", vm.id, vm.state, state, reason)
+        vm.state = state
+
+    def _end_vm(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
+        """A VM is gone: its attempts are preempted (retried) and it leaves memory. An
+        attempt still waiting in the executor's queue never ran: it is lost (not counted)."""
+        for attempt_id in list(vm.attempts):
+            attempt = self.attempts[attempt_id]
+            why = f"VM {vm.id} {state}" + (f": {reason}" if reason else "")
+            if attempt.cancelling:
+                ended = AttemptState.CANCELLED
+            elif attempt.state is AttemptState.STARTING and self.executor.queues_attempts:
+                ended, why = AttemptState.LOST, f"never started: {why}"
+            else:
+                ended = AttemptState.PREEMPTED
+            self._finish_attempt(attempt, ended, at, None, why, batch)
+        self._vm_to(vm, state, at, reason, batch)
+        vm.reason = reason
+        vm.ended_at = at
+        if vm.running_at is not None:
+            vm.running_at = min(vm.running_at, at)
+        batch.vm(vm.row(self.driver.name, self.time_scale))
+        self._untrack_vm(vm)
+        if self.metrics is not None and state is VmState.PREEMPTED:
+            self.metrics.preemptions.inc()
+
+    def _assume_model(self, vm: VmRun) -> None:
+        """The preemption model the scheduler assumes for a VM (from the book, at its launch)."""
+        if self.book is None:
+            return
+        launched = dt.datetime.fromtimestamp(vm.requested_at, dt.UTC)
+        vm.belief = self.book.belief(vm.vm_type, vm.zone, launched)
+        vm.table = self.book.table(vm.belief.model)
+
+    def _track_vm(self, vm: VmRun) -> None:
+        self.vms[vm.id] = vm
+        if vm.provider_id:
+            self._by_provider_id[vm.provider_id] = vm.id
+        self._refresh_vm_sets(vm)
+
+    def _untrack_vm(self, vm: VmRun) -> None:
+        self.vms.pop(vm.id, None)
+        self._by_provider_id.pop(vm.provider_id, None)
+        for index in (self._pending, self._roomy, self._idle, self._draining, self._pool_vms):
+            index.pop(vm.id, None)
+
+    def _set_provider_id(self, vm: VmRun, provider_id: str) -> None:
+        vm.provider_id = provider_id
+        self._by_provider_id[provider_id] = vm.id
+
+    def _refresh_vm_sets(self, vm: VmRun) -> None:
+        """Keep the pending / roomy / idle indexes in step with the VM (a pool VM is in
+        none of them: it is Slurm's)."""
+        live = vm.id in self.vms
+        if vm.pool_node:
+            if live:
+                self._pool_vms[vm.id] = None
+            else:
+                self._pool_vms.pop(vm.id, None)
+            return
+        # A running VM that has not joined the executor's cluster yet is capacity on its
+        # way, like a booting one.
+        booting = vm.state is VmState.PENDING or (vm.state is VmState.RUNNING and not vm.ready)
+        pending = live and booting and not vm.terminating
+        usable = live and vm.state is VmState.RUNNING and vm.ready and not vm.terminating
+        draining = usable and bool(vm.draining)
+        usable = usable and not draining
+        for index, member in (
+            (self._pending, pending),
+            (self._roomy, usable and vm.free.cpus > 0 and vm.free.memory_gb > 0),
+            (self._idle, usable and not vm.attempts),
+            (self._draining, draining),
+        ):
+            if member:
+                index[vm.id] = None
+            else:
+                index.pop(vm.id, None)
