@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tee import Tee
 
-from controller.hopping_report import replay_row, replay_trace, summarize_index
-from controller.plots import plot_hopping, plot_index
+from controller.tools.hopping_report import replay_row, replay_trace, summarize_index
+from controller.tools.plots import plot_hopping, plot_index
 from controller.price_trace import read_trace
 from policies.hopping import Fleet, Phase, replay, synthetic_prices
 from policies.index import Market, Need, Policy, decide

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from controller.checkpoint_plan import (
+from controller.tools.checkpoint_plan import (
     PlanError,
     PlanRequest,
     parse_duration_h,

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import cli
-from controller.hopping_report import index_command, parse_job, simulate_hopping_command
+from controller.tools.hopping_report import index_command, parse_job, simulate_hopping_command
 from controller.price_trace import TraceError, TraceReplay, read_trace
 from policies.hopping import Phase
 from tests.conftest import REPO

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from controller.prepaid_report import (
+from controller.tools.prepaid_report import (
     TraceError,
     analyse,
     parse_time,
@@ -387,7 +387,7 @@ def test_the_on_demand_price_must_be_a_positive_number(tmp_path, price, shown):
 
 
 def test_the_command_as_a_real_process(tmp_path):
-    command = "from controller.prepaid_report import prepaid_command; prepaid_command()"
+    command = "from controller.tools.prepaid_report import prepaid_command; prepaid_command()"
     args = ["--on-demand-price", "1", "--prepaid-price", "0.6", "--term", "1y"]
     done = subprocess.run(
         [sys.executable, "-c", command, "--csv", str(hand_csv(tmp_path)), *args, "--json"],

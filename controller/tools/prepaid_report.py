@@ -448,7 +448,7 @@ def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -
 
 
 def write_plot(report: PrepaidReport, out: str | Path, groups: int = 6) -> None:
-    from controller.plots import plot_prepaid_savings
+    from controller.tools.plots import plot_prepaid_savings
 
     shown = list(report.results.items())[:groups]
     plot_prepaid_savings(

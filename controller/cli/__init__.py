@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controller.client import Client, ClientError
+from controller.cli.client import Client, ClientError
 from controller.config import ConfigError, load_config, render_defaults
 from controller.summary import render_summary
 
@@ -588,13 +588,13 @@ def fit_command(
     registry_path: str | None,
 ) -> None:
     """Fit the bathtub, exponential, Weibull and Gompertz-Makeham models to VM lifetimes."""
-    from controller.lifetime_data import (
+    from controller.tools.lifetime_data import (
         GROUP_COLUMNS,
         LifetimeDataError,
         group_value,
         read_lifetimes,
     )
-    from controller.model_fits import fit_groups, write_registry
+    from controller.tools.model_fits import fit_groups, write_registry
 
     columns = [c.strip() for c in by.split(",") if c.strip()]
     for column in columns:
@@ -632,7 +632,7 @@ def fit_command(
     else:
         _print_fit_table(groups, skipped, method, classic_deadline)
     if plot_path:
-        from controller.plots import plot_fits
+        from controller.tools.plots import plot_fits
 
         shown = groups[:8]
         plot_fits([(g.title, g.kaplan_meier, g.fits) for g in shown], plot_path, deadline_h)
@@ -725,7 +725,7 @@ def checkpoint_plan_command(
 ) -> None:
     """When a job should checkpoint (the optimal schedule of SPEC.md §4), and the
     expected overhead of each policy, under a VM type's preemption model."""
-    from controller import checkpoint_plan as cp
+    from controller.tools import checkpoint_plan as cp
     from controller.checkpoint_tables import TableCache
 
     try:
@@ -994,10 +994,10 @@ def config_check(path: str) -> None:
 
 # Commands that live in their own modules (they need no daemon).
 def _register_offline_commands() -> None:
-    from controller.hopping_report import index_command, simulate_hopping_command
-    from controller.prepaid_report import prepaid_command
+    from controller.tools.hopping_report import index_command, simulate_hopping_command
+    from controller.tools.prepaid_report import prepaid_command
     from controller.slurm.setup import slurm_group
-    from controller.split_cost import split_cost_command
+    from controller.tools.split_cost import split_cost_command
 
     cli.add_command(slurm_group)
     cli.add_command(split_cost_command)

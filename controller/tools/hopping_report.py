@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from controller.checkpoint_plan import PlanError, parse_duration_h
+from controller.tools.checkpoint_plan import PlanError, parse_duration_h
 from controller.config import ConfigError, load_config
 from controller.price_trace import PriceTrace, TraceError, read_trace
 from controller.vm_size import VmSize, bundled_sizes, catalog_sizes, read_sizes_file
@@ -233,7 +233,7 @@ def index_command(
     except (TraceError, PlanError) as exc:
         raise click.ClickException(str(exc)) from None
     if plot_path:
-        from controller.plots import plot_index
+        from controller.tools.plots import plot_index
 
         plot_index(plot_path, times, series, normalized, trace, by)
     if as_json:
