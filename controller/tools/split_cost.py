@@ -1,10 +1,10 @@
 """`spotbag split-cost FILE.json`: split one VM's cost among the jobs that shared it
 (SPEC.md §7, `policies.allocation`), from a JSON description of the VM and its jobs.
 
-Registered on the `spotbag` group in controller/cli.py as
-`cli.add_command(split_cost_command)`; runs offline (no daemon). Exit codes: 0
-success; 2 the file is missing, not JSON, or a field is missing or wrong (the
-message names the field by its path in the file, e.g. `jobs[1].reserved.cpus`).
+The command is `controller.cli.offline.split_cost_command`; it runs offline (no
+daemon). A file that is missing, not JSON, or has a field missing or wrong is an
+`InputError` naming the field by its path in the file, e.g. `jobs[1].reserved.cpus`
+(the command prints it and exits 2).
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import click
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from policies.allocation import DEFAULT_WEIGHTS, RESOURCES, CostSplit, Weights, split_costs
-
-EXIT_REFUSED = 2  # as in controller/cli.py: the input was refused
 
 # The file's names for the resources, in `policies.allocation.RESOURCES` order.
 FIELDS = ("cpus", "memory_gb", "gpus")
@@ -264,42 +261,6 @@ def render(request: SplitCostInput, result: CostSplit, console: Console) -> None
             )
     for note in notes:
         console.print(note, highlight=False)
-
-
-@click.command("split-cost", epilog=INPUT_FORMAT)
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Output format.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-def split_cost_command(file: str, fmt: str, as_json: bool) -> None:
-    """Split a VM's cost among the jobs that shared it (SPEC.md §7).
-
-    Each resource has a weight; unit cost = VM cost / Σ weight × capacity; a
-    job's allocation is max(reserved, used); it pays its share of each
-    resource's cost (allocation / max(capacity, all allocations)), plus the
-    cost of unused capacity in proportion to its allocation. The jobs' totals
-    and the unallocated (idle) cost add up to the VM's cost."""
-    try:
-        request = load_input(file)
-    except InputError as exc:
-        Console(stderr=True).print(
-            f"[red]error:[/red] {escape(file)}: {escape(str(exc))}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        sys.exit(EXIT_REFUSED)
-    result = compute(request)
-    if as_json or fmt == "json":
-        click.echo(json.dumps(as_dict(request, result), indent=2))
-        return
-    # Piped output (files, CI logs) gets wide lines rather than truncated tables.
-    render(request, result, Console() if sys.stdout.isatty() else Console(width=200))
 
 
 # --- checking the input ------------------------------------------------------------------
