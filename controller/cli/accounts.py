@@ -34,7 +34,7 @@ def _balance_row(table: Table, view: dict[str, Any]) -> None:
     )
 
 
-def _balancetable_of() -> Table:
+def _balance_table() -> Table:
     return table_of("account", "allocation", "charged", "reserved", "available", "held jobs")
 
 
@@ -47,7 +47,7 @@ def accounts_list(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    table = _balancetable_of()
+    table = _balance_table()
     for view in data["accounts"]:
         _balance_row(table, view)
     console.print(table)
@@ -64,7 +64,7 @@ def accounts_create(
 ) -> None:
     """Create an account with an allocation of CPU-hours."""
     view = call(client_of(ctx).create_account, name, cpu_hours, unlimited, note)
-    table = _balancetable_of()
+    table = _balance_table()
     _balance_row(table, view)
     console.print(table)
 
@@ -77,7 +77,7 @@ def accounts_create(
 def accounts_credit(ctx: click.Context, name: str, cpu_hours: float, note: str) -> None:
     """Add CPU-hours to an account (held jobs may then run)."""
     view = call(client_of(ctx).credit, name, cpu_hours, note)
-    table = _balancetable_of()
+    table = _balance_table()
     _balance_row(table, view)
     console.print(table)
 
@@ -92,7 +92,7 @@ def accounts_show(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(view, indent=2))
         return
-    table = _balancetable_of()
+    table = _balance_table()
     _balance_row(table, view)
     console.print(table)
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 
 import click
+from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from controller.cli.client import ClientError
 from controller.cli.common import (
@@ -23,13 +26,15 @@ from controller.cli.common import (
 from controller.cli.render import render_summary, table_of
 from controller.config import ConfigError, load_config
 from controller.tools.split_cost import (
+    FIELDS,
     INPUT_FORMAT,
     InputError,
+    SplitCostInput,
     as_dict,
     compute,
     load_input,
-    render,
 )
+from policies.allocation import RESOURCES, CostSplit
 
 
 @click.command()
@@ -189,7 +194,7 @@ def fit_command(
             )
         )
     else:
-        _print_fittable_of(groups, skipped, method, classic_deadline)
+        _print_fit_table(groups, skipped, method, classic_deadline)
     if plot_path:
         from controller.tools.plots import plot_fits
 
@@ -209,7 +214,7 @@ def fit_command(
         err_console.print(f"registry of {count} model(s) written to {registry_path}")
 
 
-def _print_fittable_of(groups, skipped: list[str], method: str, classic_deadline: bool) -> None:
+def _print_fit_table(groups, skipped: list[str], method: str, classic_deadline: bool) -> None:
     deadline = "with" if classic_deadline else "without"
     console.print(
         f"fits by {method}; classic models {deadline} the deadline point mass; "
@@ -322,6 +327,80 @@ def checkpoint_plan_command(
         err_console.print(f"plot written to {plot_path}")
 
 
+# The table's headings and units of the resources, in FIELDS order.
+UNITS = (("vCPU", "vCPUs"), ("GB", "GB memory"), ("GPU", "GPUs"))
+LABELS = ("vCPUs", "memory GB", "GPUs")
+
+
+def render_split(request: SplitCostInput, result: CostSplit, console: Console) -> None:
+    """The report as a table: one row per job, unallocated (idle), and the total."""
+    capacity = request.capacity
+    present = [r for r in range(len(FIELDS)) if capacity[r] > 0]
+    has = ", ".join(f"{_amount(capacity[r])} {_plural(r, capacity[r])}" for r in present)
+    weights = ", ".join(f"{name} {_amount(getattr(request.weights, name))}" for name in RESOURCES)
+    console.print(
+        f"VM: {has}; ${request.cost_usd:.4f} over {_amount(request.hours)} h; weights {weights}",
+        highlight=False,
+    )
+    prices = ", ".join(f"per {UNITS[r][0]} ${result.price[r]:.4f}" for r in present)
+    console.print(
+        f"unit cost ${float(result.unit_cost):.6f}; for the period {prices}", highlight=False
+    )
+    table = Table(box=None)
+    table.add_column("job", no_wrap=True)
+    for label in (*LABELS, "split $", "unused $", "total $", "share"):
+        table.add_column(label, justify="right", min_width=len(label))
+    cost = request.cost_usd
+    job_costs = result.job_cost
+    for j, job_id in enumerate(request.job_ids):
+        table.add_row(
+            escape(job_id),
+            *(_amount(result.allocated[j, r]) for r in range(len(FIELDS))),
+            f"{result.split[j]:.4f}",
+            f"{result.unused_share[j]:.4f}",
+            f"{job_costs[j]:.4f}",
+            _percent(job_costs[j], cost),
+        )
+    unallocated = float(result.unallocated)
+    if unallocated > 0 or not request.job_ids:
+        table.add_row(
+            "unallocated (idle)",
+            *("" for _ in FIELDS),
+            "",
+            "",
+            f"{unallocated:.4f}",
+            _percent(unallocated, cost),
+        )
+    table.add_section()
+    table.add_row(
+        "total",
+        *(
+            f"{_amount(result.allocated[:, r].sum())}/{_amount(capacity[r])}"
+            for r in range(len(FIELDS))
+        ),
+        f"{result.split.sum():.4f}",
+        f"{result.unused_share.sum():.4f}",
+        f"{math.fsum([*map(float, job_costs), unallocated]):.4f}",
+        _percent(cost, cost),
+    )
+    console.print(table)
+    notes = []
+    for r, label in enumerate(LABELS):
+        held = result.allocated[:, r].sum()
+        if held > capacity[r] and capacity[r] > 0:
+            notes.append(
+                f"{label}: {_amount(held)} allocated of {_amount(capacity[r])}, no unused cost"
+            )
+        elif result.unused_cost[r] > 0:
+            whom = "shared by utilisation" if held > 0 else "no job holds any: unallocated"
+            notes.append(
+                f"{label}: {100 * result.unused_ratio[r]:.1f}% unused, "
+                f"${result.unused_cost[r]:.4f} ({whom})"
+            )
+    for note in notes:
+        console.print(note, highlight=False)
+
+
 @click.command("split-cost", epilog=INPUT_FORMAT)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
@@ -354,4 +433,16 @@ def split_cost_command(file: str, fmt: str, as_json: bool) -> None:
     if as_json or fmt == "json":
         click.echo(json.dumps(as_dict(request, result), indent=2))
         return
-    render(request, result, console)
+    render_split(request, result, console)
+
+
+def _amount(value: float) -> str:
+    return f"{float(value):g}"
+
+
+def _plural(r: int, amount: float) -> str:
+    return UNITS[r][0] if amount == 1 and r != 1 else UNITS[r][1]
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"

@@ -8,18 +8,106 @@ import math
 import sys
 
 import click
+from rich.table import Table
 
 from controller.tools.prepaid_report import (
     DEFAULT_CURVE_POINTS,
     TERMS_Y,
     PrepaidError,
+    PrepaidReport,
     analyse,
     as_dict,
+    explanation,
+    price_text,
     read_source,
     read_store,
-    render,
+    sample_indices,
+    when_text,
     write_plot,
 )
+
+
+def _money(value: float) -> str:
+    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
+
+
+def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -> None:
+    """Header, one summary row per core type, then each type's savings curve."""
+
+    def table(*columns: str) -> Table:
+        grid = Table(box=None)
+        for i, name in enumerate(columns):
+            grid.add_column(name, no_wrap=i == 0, justify="left" if i == 0 else "right")
+        return grid
+
+    intervals = report.intervals
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
+
+    say(f"{intervals.source}: {intervals.starts.size:,} intervals")
+    for note in intervals.notes:
+        say(f"  {note}")
+    if intervals.starts.size:
+        say(
+            f"period {when_text(report, report.period_start)} .. {when_text(report, report.period_end)}: "
+            f"{report.period_h:,.1f} h, the span of the history"
+        )
+    else:
+        say("period: none (no intervals)")
+    say(
+        f"on-demand ${report.on_demand_price:.4f} per core-hour; {price_text(report)}; "
+        f"break-even utilisation {100 * report.break_even:.1f}%"
+    )
+    say(
+        "each prepaid core is paid for every hour of the span; the optimum is the largest x "
+        "with at least x cores busy >= break-even of the time"
+    )
+    summary = table(
+        "core type",
+        "peak cores",
+        "core-hours",
+        "on-demand cost",
+        "prepaid cores",
+        "last core busy",
+        "prepaid cost",
+        "on-demand core-hours left",
+        "savings",
+        "savings %",
+    )
+    for name, r in report.results.items():
+        summary.add_row(
+            name,
+            f"{r.max_cores:,}",
+            f"{r.all_core_hours:,.1f}",
+            _money(r.all_on_demand_cost),
+            f"{r.optimal_cores:,}",
+            f"{100 * r.optimal_utilisation:.1f}%",
+            _money(r.prepaid_cost),
+            f"{r.residual_core_hours:,.1f}",
+            _money(r.savings),
+            f"{100 * r.savings_fraction:.1f}%",
+        )
+    console.print(summary)
+    for name, r in report.results.items():
+        why = explanation(report, r)
+        if why:
+            say(f"{name}: {why}")
+    for name, r in report.results.items():
+        say("")
+        say(f"savings curve, {name} (* the optimum):")
+        curve = table("prepaid cores", "busy ≥ this core", "savings", "of all on demand")
+        cost = r.all_on_demand_cost
+        for i in sample_indices(r, points):
+            cores = int(r.curve_cores[i])
+            value = float(r.curve_savings[i])
+            curve.add_row(
+                f"{cores:,}" + (" *" if cores == r.optimal_cores else ""),
+                f"{100 * r.curve_utilisation[i]:.1f}%" if cores else "-",
+                _money(value),
+                f"{100 * value / cost:.1f}%" if cost > 0 else "-",
+            )
+        console.print(curve)
 
 
 def _price(minimum_open: bool):

@@ -301,17 +301,15 @@ def explanation(report: PrepaidReport, result: PrepaidOptimum) -> str | None:
     )
 
 
-def _when(report: PrepaidReport, seconds: float) -> str:
+def when_text(report: PrepaidReport, seconds: float) -> str:
+    """A moment of the history: a UTC date, or seconds into a trace without one."""
     if report.intervals.absolute:
         return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"trace second {seconds:,.0f}"
 
 
-def _money(value: float) -> str:
-    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
-
-
-def _price_text(report: PrepaidReport) -> str:
+def price_text(report: PrepaidReport) -> str:
+    """The prepaid price as given (upfront or per core-hour) and its term."""
     term = f"{TERMS_Y[report.term]}-year term"
     if report.upfront is not None:
         return (
@@ -359,8 +357,8 @@ def as_dict(report: PrepaidReport, points: int = DEFAULT_CURVE_POINTS) -> dict[s
             "notes": intervals.notes,
         },
         "period": {
-            "start": _when(report, report.period_start),
-            "end": _when(report, report.period_end),
+            "start": when_text(report, report.period_start),
+            "end": when_text(report, report.period_end),
             "start_s": report.period_start,
             "end_s": report.period_end,
             "hours": report.period_h,
@@ -376,86 +374,6 @@ def as_dict(report: PrepaidReport, points: int = DEFAULT_CURVE_POINTS) -> dict[s
     }
 
 
-def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -> None:
-    """Header, one summary row per core type, then each type's savings curve."""
-    from rich.table import Table
-
-    def table(*columns: str) -> Table:
-        grid = Table(box=None)
-        for i, name in enumerate(columns):
-            grid.add_column(name, no_wrap=i == 0, justify="left" if i == 0 else "right")
-        return grid
-
-    intervals = report.intervals
-
-    def say(text: str) -> None:
-        console.print(text, highlight=False)
-
-    say(f"{intervals.source}: {intervals.starts.size:,} intervals")
-    for note in intervals.notes:
-        say(f"  {note}")
-    if intervals.starts.size:
-        say(
-            f"period {_when(report, report.period_start)} .. {_when(report, report.period_end)}: "
-            f"{report.period_h:,.1f} h, the span of the history"
-        )
-    else:
-        say("period: none (no intervals)")
-    say(
-        f"on-demand ${report.on_demand_price:.4f} per core-hour; {_price_text(report)}; "
-        f"break-even utilisation {100 * report.break_even:.1f}%"
-    )
-    say(
-        "each prepaid core is paid for every hour of the span; the optimum is the largest x "
-        "with at least x cores busy >= break-even of the time"
-    )
-    summary = table(
-        "core type",
-        "peak cores",
-        "core-hours",
-        "on-demand cost",
-        "prepaid cores",
-        "last core busy",
-        "prepaid cost",
-        "on-demand core-hours left",
-        "savings",
-        "savings %",
-    )
-    for name, r in report.results.items():
-        summary.add_row(
-            name,
-            f"{r.max_cores:,}",
-            f"{r.all_core_hours:,.1f}",
-            _money(r.all_on_demand_cost),
-            f"{r.optimal_cores:,}",
-            f"{100 * r.optimal_utilisation:.1f}%",
-            _money(r.prepaid_cost),
-            f"{r.residual_core_hours:,.1f}",
-            _money(r.savings),
-            f"{100 * r.savings_fraction:.1f}%",
-        )
-    console.print(summary)
-    for name, r in report.results.items():
-        why = explanation(report, r)
-        if why:
-            say(f"{name}: {why}")
-    for name, r in report.results.items():
-        say("")
-        say(f"savings curve, {name} (* the optimum):")
-        curve = table("prepaid cores", "busy ≥ this core", "savings", "of all on demand")
-        cost = r.all_on_demand_cost
-        for i in sample_indices(r, points):
-            cores = int(r.curve_cores[i])
-            value = float(r.curve_savings[i])
-            curve.add_row(
-                f"{cores:,}" + (" *" if cores == r.optimal_cores else ""),
-                f"{100 * r.curve_utilisation[i]:.1f}%" if cores else "-",
-                _money(value),
-                f"{100 * value / cost:.1f}%" if cost > 0 else "-",
-            )
-        console.print(curve)
-
-
 def write_plot(report: PrepaidReport, out: str | Path, groups: int = 6) -> None:
     from controller.tools.plots import plot_prepaid_savings
 
@@ -466,7 +384,7 @@ def write_plot(report: PrepaidReport, out: str | Path, groups: int = 6) -> None:
             for name, r in shown
         ],
         report.break_even,
-        f"{report.intervals.label}: {_price_text(report)}, on-demand "
+        f"{report.intervals.label}: {price_text(report)}, on-demand "
         f"${report.on_demand_price:.4f}/core-hour",
         out,
     )

@@ -16,16 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from policies.allocation import DEFAULT_WEIGHTS, RESOURCES, CostSplit, Weights, split_costs
 
 # The file's names for the resources, in `policies.allocation.RESOURCES` order.
 FIELDS = ("cpus", "memory_gb", "gpus")
-LABELS = ("vCPUs", "memory GB", "GPUs")
-UNITS = (("vCPU", "vCPUs"), ("GB", "GB memory"), ("GPU", "GPUs"))
 VM_FIELDS = (*FIELDS, "cost_usd", "hours")
 JOB_FIELDS = ("id", "reserved", "used")
 
@@ -194,75 +189,6 @@ def as_dict(request: SplitCostInput, result: CostSplit) -> dict[str, Any]:
     }
 
 
-def render(request: SplitCostInput, result: CostSplit, console: Console) -> None:
-    """The report as a table: one row per job, unallocated (idle), and the total."""
-    capacity = request.capacity
-    present = [r for r in range(len(FIELDS)) if capacity[r] > 0]
-    has = ", ".join(f"{_amount(capacity[r])} {_plural(r, capacity[r])}" for r in present)
-    weights = ", ".join(f"{name} {_amount(getattr(request.weights, name))}" for name in RESOURCES)
-    console.print(
-        f"VM: {has}; ${request.cost_usd:.4f} over {_amount(request.hours)} h; weights {weights}",
-        highlight=False,
-    )
-    prices = ", ".join(f"per {UNITS[r][0]} ${result.price[r]:.4f}" for r in present)
-    console.print(
-        f"unit cost ${float(result.unit_cost):.6f}; for the period {prices}", highlight=False
-    )
-    table = Table(box=None)
-    table.add_column("job", no_wrap=True)
-    for label in (*LABELS, "split $", "unused $", "total $", "share"):
-        table.add_column(label, justify="right", min_width=len(label))
-    cost = request.cost_usd
-    job_costs = result.job_cost
-    for j, job_id in enumerate(request.job_ids):
-        table.add_row(
-            escape(job_id),
-            *(_amount(result.allocated[j, r]) for r in range(len(FIELDS))),
-            f"{result.split[j]:.4f}",
-            f"{result.unused_share[j]:.4f}",
-            f"{job_costs[j]:.4f}",
-            _percent(job_costs[j], cost),
-        )
-    unallocated = float(result.unallocated)
-    if unallocated > 0 or not request.job_ids:
-        table.add_row(
-            "unallocated (idle)",
-            *("" for _ in FIELDS),
-            "",
-            "",
-            f"{unallocated:.4f}",
-            _percent(unallocated, cost),
-        )
-    table.add_section()
-    table.add_row(
-        "total",
-        *(
-            f"{_amount(result.allocated[:, r].sum())}/{_amount(capacity[r])}"
-            for r in range(len(FIELDS))
-        ),
-        f"{result.split.sum():.4f}",
-        f"{result.unused_share.sum():.4f}",
-        f"{math.fsum([*map(float, job_costs), unallocated]):.4f}",
-        _percent(cost, cost),
-    )
-    console.print(table)
-    notes = []
-    for r, label in enumerate(LABELS):
-        held = result.allocated[:, r].sum()
-        if held > capacity[r] and capacity[r] > 0:
-            notes.append(
-                f"{label}: {_amount(held)} allocated of {_amount(capacity[r])}, no unused cost"
-            )
-        elif result.unused_cost[r] > 0:
-            whom = "shared by utilisation" if held > 0 else "no job holds any: unallocated"
-            notes.append(
-                f"{label}: {100 * result.unused_ratio[r]:.1f}% unused, "
-                f"${result.unused_cost[r]:.4f} ({whom})"
-            )
-    for note in notes:
-        console.print(note, highlight=False)
-
-
 # --- checking the input ------------------------------------------------------------------
 
 
@@ -310,20 +236,8 @@ def _number(value: Any, path: str) -> float:
     return number
 
 
-# --- formatting ---------------------------------------------------------------------------
+# --- the JSON answer -----------------------------------------------------------------------
 
 
 def _by_field(values: np.ndarray) -> dict[str, float]:
     return {field: float(values[r]) for r, field in enumerate(FIELDS)}
-
-
-def _amount(value: float) -> str:
-    return f"{float(value):g}"
-
-
-def _plural(r: int, amount: float) -> str:
-    return UNITS[r][0] if amount == 1 and r != 1 else UNITS[r][1]
-
-
-def _percent(part: float, whole: float) -> str:
-    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
