@@ -19,8 +19,9 @@ or the daemon. The modules, by area:
 - `prepaid`: prepaid
 - `slurm`: slurm (conf, install-hooks)
 
-`client` is the HTTP client, `render` the tables and text summaries, `common` what
-every command module shares (consoles, exit codes, error reporting).
+`client` is the HTTP client, `specfile` reads bag specs (YAML or JSON) for `submit`
+and `simulate`, `render` the tables and text summaries, `common` what every command
+module shares (consoles, exit codes, error reporting).
 
 Exit codes: 0 success; 1 the daemon could not be reached or an internal error;
 2 the request or its input file was refused (bad input, not found, ...); 3 `watch`/`submit

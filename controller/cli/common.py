@@ -52,8 +52,8 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 def load_spec_file(path: str) -> Any:
     """A bag spec from a YAML or JSON file ('-' reads standard input); exit 2 when unusable."""
-    from controller.specfile import SpecFileError
-    from controller.specfile import load_spec_file as load
+    from controller.cli.specfile import SpecFileError
+    from controller.cli.specfile import load_spec_file as load
 
     try:
         return load(path, sys.stdin.read() if path == "-" else None)
