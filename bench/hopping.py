@@ -29,11 +29,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from charts import plot_hopping
 from tee import Tee
 
-from controller.hopping_report import replay_row, replay_trace, summarize_index
-from controller.plots import plot_hopping, plot_index
 from controller.price_trace import read_trace
+from controller.tools.hopping_report import (
+    compositions,
+    replay_row,
+    replay_trace,
+    summarize_index,
+)
+from controller.tools.plots import plot_index
 from policies.hopping import Fleet, Phase, replay, synthetic_prices
 from policies.index import Market, Need, Policy, decide
 
@@ -164,7 +170,10 @@ def real_trace(out) -> None:
                 file=out,
             )
         if by == "zone":
-            plot_index(RESULTS / "index_by_zone.png", times, series, normalized, trace, by)
+            members = compositions(trace, by)
+            plot_index(
+                RESULTS / "index_by_zone.png", times, series, normalized, trace.vms, members, by
+            )
 
 
 def decision_timing(out) -> None:

@@ -27,8 +27,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.lifetime_data import read_lifetimes  # noqa: E402
-from controller.plots import plot_fits, plot_reuse_evaluation  # noqa: E402
+from charts import plot_reuse_evaluation  # noqa: E402  (bench/charts.py)
+
+from controller.tools.lifetime_data import read_lifetimes  # noqa: E402
+from controller.tools.plots import plot_fits  # noqa: E402
 from policies.fitting import at_deadline, fit, fit_all, kaplan_meier  # noqa: E402
 from policies.reuse import ReuseTable, failure_probability, should_reuse  # noqa: E402
 

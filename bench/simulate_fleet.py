@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from controller.cli.render import render_summary
 from controller.config import load_config
 from controller.simulation import simulate
-from controller.summary import render_summary
 
 CONFIG = load_config(
     None,

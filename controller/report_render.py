@@ -1,4 +1,5 @@
-"""Cost reports (controller/report.py) as a terminal table, CSV or one HTML file.
+"""Cost reports (controller/report.py) as CSV or one HTML file, as the API serves them
+(the CLI's terminal tables are controller.cli.render.report_tables).
 
 The HTML report is self-contained: styles inline and the charts as inline SVG drawn
 with matplotlib (no scripts, no fonts or images fetched), so it can be mailed or
@@ -13,11 +14,9 @@ import io
 import time
 from typing import Any
 
-from rich.table import Table
-
 from controller.report import METRICS
 
-# The columns a terminal table shows (the JSON and CSV have them all).
+# The columns a table shows, in the terminal and in the HTML (the JSON and CSV have them all).
 TABLE_COLUMNS = (
     ("vms", "VMs", "{:,}"),
     ("vm_h", "VM-h", "{:,.2f}"),
@@ -45,32 +44,6 @@ def _fmt(value: Any, pattern: str) -> str:
 def title(report: dict[str, Any]) -> str:
     scope = report["scope"]
     return f"bag {scope['bag']}" if "bag" in scope else f"account {scope['account']}"
-
-
-def tables(report: dict[str, Any]) -> list[Table]:
-    """Per VM type with the total; for an account also per bag."""
-    by_type = Table(title=f"Cost report: {title(report)}", title_justify="left")
-    by_type.add_column("VM type", no_wrap=True)
-    for _, header, _ in TABLE_COLUMNS:
-        by_type.add_column(header, justify="right")
-    for row in report["by_vm_type"]:
-        by_type.add_row(row["vm_type"], *(_fmt(row.get(k), p) for k, _, p in TABLE_COLUMNS))
-    by_type.add_row(
-        "total", *(_fmt(report["totals"].get(k), p) for k, _, p in TABLE_COLUMNS), style="bold"
-    )
-    out = [by_type]
-    if "account" in report["scope"]:
-        by_bag = Table(title="per bag", title_justify="left")
-        by_bag.add_column("bag", no_wrap=True)
-        by_bag.add_column("name")
-        for _, header, _ in TABLE_COLUMNS:
-            by_bag.add_column(header, justify="right")
-        for row in report["by_bag"]:
-            by_bag.add_row(
-                row["bag_id"], row["name"], *(_fmt(row.get(k), p) for k, _, p in TABLE_COLUMNS)
-            )
-        out.append(by_bag)
-    return out
 
 
 def to_csv(report: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""Views of bags, jobs and VMs as the API shows them, and the text summary the CLI
-and `spotbag simulate` print.
+"""Views of bags, jobs and VMs as the API shows them (their text summary, which the
+CLI and `spotbag simulate` print, is `controller.cli.render.render_summary`).
 
 Bag usage = the ended attempts' totals kept in the store + the running attempts
 up to now (each attempt charged its share of its VM, policies.cost.vm_share).
@@ -139,47 +139,3 @@ def fleet_view(usage_rows: list[dict[str, Any]]) -> dict[str, Any]:
         for key in total:
             total[key] += entry[key]
     return {"total": total, "by_vm_type": by_type}
-
-
-def _money(usd: float) -> str:
-    if abs(usd) < 0.01:
-        return f"${usd:.6f}"  # the demo's costs are fractions of a cent
-    return f"${usd:,.4f}" if abs(usd) < 10 else f"${usd:,.2f}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
-
-
-def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) -> str:
-    """The end-of-run summary, as plain text."""
-    c, u = view["counts"], view["usage"]
-    saved = u["on_demand_cost_usd"] - u["spot_cost_usd"]
-    pct = 100.0 * saved / u["on_demand_cost_usd"] if u["on_demand_cost_usd"] > 0 else 0.0
-    title = f"bag {view['id']}" + (f" ({view['name']})" if view["name"] else "")
-    lines = [
-        f"{title}: {view['state']} after {_duration(view['elapsed_s'])}",
-        f"  jobs        {c['succeeded']:,} succeeded, {c['failed']:,} failed, {c['cancelled']:,} cancelled"
-        f", {c['running']:,} running, {c['queued'] + c['held']:,} waiting (of {view['job_count']:,})",
-        f"  attempts    {u['attempts']:,} ({u['interrupted_attempts']:,} interrupted by VM preemptions: "
-        f"{_duration(u['preempted_attempt_hours'] * 3600)} of their running time, "
-        f"{_duration(u['lost_hours'] * 3600)} of work lost since the last checkpoint)",
-        f"  checkpoints {u['checkpoints']:,} written, {_duration(u['checkpoint_hours'] * 3600)} spent writing them",
-        f"  VM-hours    {u['vm_hours']:.3f}: this bag's share of its VMs (its jobs ran "
-        f"{u['attempt_hours']:.3f} h in all, each on part of a VM)",
-        f"  cost        spot {_money(u['spot_cost_usd'])} vs on-demand {_money(u['on_demand_cost_usd'])}"
-        f" for the same hours: saved {_money(saved)} ({pct:.0f}%)",
-    ]
-    if fleet is not None:
-        t = fleet["total"]
-        fleet_saved = t["on_demand_cost_usd"] - t["spot_cost_usd"]
-        lines.append(
-            f"  all VMs     {t['vms']:,} VMs of every bag so far, {t['vms_preempted']:,} of them preempted: "
-            f"{t['vm_hours']:.3f} VM-hours incl. idle, spot {_money(t['spot_cost_usd'])} vs on-demand "
-            f"{_money(t['on_demand_cost_usd'])} (saved {_money(fleet_saved)})"
-        )
-    return "\n".join(lines)

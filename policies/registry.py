@@ -14,6 +14,7 @@ The registry is plain data: `to_dict` / `from_dict` convert it for storage.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -23,10 +24,20 @@ ANY = "*"
 TIME_OF_DAY = ("night", "morning", "afternoon", "evening")
 
 
+# A GCE zone is its region and a letter; an AWS availability zone is its region and a
+# letter, or a Local/Wavelength Zone's suffix (drivers/aws.py reads AWS zones the same
+# way; drivers may not import policies, tests/policies/test_registry.py keeps the two equal).
+_GCE_ZONE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+_AWS_ZONE = re.compile(r"^([a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-\d+)(?:[a-z]|-.+)$")
+
+
 def region_of(zone: str) -> str:
-    """us-central1-c -> us-central1 (a zone name minus its last dash part)."""
-    head, sep, tail = zone.rpartition("-")
-    return head if sep and len(tail) <= 2 else zone
+    """The region of a zone: us-central1-c -> us-central1 (GCE), us-east-1a -> us-east-1
+    and us-west-2-lax-1a -> us-west-2 (AWS); any other name (a region, "local") is its
+    own region. The one rule for the registry's keys, `spotbag fit --by region` and
+    `spotbag index --by region`."""
+    match = _GCE_ZONE.match(zone) or _AWS_ZONE.match(zone)
+    return match.group(1) if match else zone
 
 
 def time_of_day(moment: dt.datetime) -> str:

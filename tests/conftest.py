@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import Client
+from controller.cli.client import Client
 
 REPO = Path(__file__).resolve().parent.parent
 

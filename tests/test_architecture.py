@@ -1,10 +1,14 @@
 """The dependency direction of ARCHITECTURE.md, checked on the imports themselves:
 policies are pure (no project imports but policies, no I/O modules), drivers know
-nothing of the controller or policies, slurm_hooks use the standard library only."""
+nothing of the controller or policies, slurm_hooks use the standard library only; the
+daemon core never reaches the offline tools or the CLI, and the tools never reach the
+scheduler or the API."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,3 +76,87 @@ def test_sql_lives_only_in_the_store():
         text = path.read_text()
         for keyword in ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM"):
             assert keyword not in text, f"{path} contains SQL ({keyword.strip()})"
+
+
+# --- the daemon core, the offline tools and the CLI ----------------------------------------
+
+CORE_NEVER = ("controller.cli", "controller.tools", "click", "rich", "matplotlib")
+TOOLS_NEVER = ("controller.scheduler", "controller.api")
+# The HTML cost report the API serves draws its charts with matplotlib, imported in the
+# function that draws them (the transitive test below shows the daemon does not load it).
+LAZY_MATPLOTLIB = {REPO / "controller" / "report_render.py"}
+
+
+def module_names(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth (functions too), by its full dotted name;
+    `from a import b` counts as both a and a.b (b may be a module)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def reaches(names: set[str], forbidden: tuple[str, ...]) -> set[str]:
+    return {n for n in names for f in forbidden if n == f or n.startswith(f + ".")}
+
+
+def core_modules() -> list[Path]:
+    apart = (REPO / "controller" / "cli", REPO / "controller" / "tools")
+    return [
+        p
+        for p in sorted((REPO / "controller").rglob("*.py"))
+        if not any(p.is_relative_to(d) for d in apart)
+    ]
+
+
+def test_the_daemon_core_never_imports_the_cli_the_tools_or_their_libraries():
+    for path in core_modules():
+        found = reaches(module_names(path), CORE_NEVER)
+        if path in LAZY_MATPLOTLIB:
+            found = {n for n in found if not n.startswith("matplotlib")}
+        assert not found, f"{path} imports {sorted(found)}"
+
+
+def test_tools_never_import_the_scheduler_the_api_or_the_cli():
+    # Tools compute and raise their own errors; the CLI (click, rich) words and shows them.
+    for path in sorted((REPO / "controller" / "tools").rglob("*.py")):
+        found = reaches(module_names(path), (*TOOLS_NEVER, "controller.cli", "click", "rich"))
+        assert not found, f"{path} imports {sorted(found)}"
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `statement`."""
+    code = f"{statement}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout))
+
+
+def test_the_running_daemon_loads_neither_the_cli_nor_the_tools_nor_their_libraries():
+    # click is left out: sqlite-utils (the store's) imports it itself.
+    loaded = loaded_after("import controller.daemon")
+    found = reaches(loaded, ("controller.cli", "controller.tools", "rich", "matplotlib"))
+    assert not found, f"importing controller.daemon loads {sorted(found)}"
+
+
+def test_the_tools_load_neither_the_scheduler_nor_the_api():
+    tools = sorted((REPO / "controller" / "tools").glob("*.py"))
+    statement = "\n".join(
+        f"import controller.tools.{p.stem}" for p in tools if p.stem != "__init__"
+    )
+    found = reaches(loaded_after(statement), TOOLS_NEVER)
+    assert not found, f"importing the tools loads {sorted(found)}"
+
+
+def test_status_loads_no_analysis_library_and_no_daemon_module():
+    # What `spotbag status` imports: the group and the bag commands.
+    loaded = loaded_after("import controller.cli.bags")
+    heavy = ("scipy", "numpy", "matplotlib", "aiohttp", "pydantic", "sqlite_utils")
+    found = reaches(loaded, (*heavy, "controller.tools", "controller.store", "controller.config"))
+    assert not found, f"`spotbag status` loads {sorted(found)}"

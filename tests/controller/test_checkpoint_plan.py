@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from click.testing import CliRunner, Result
 
-from controller.checkpoint_plan import (
+from controller.cli import cli
+from controller.tools.checkpoint_plan import (
     PlanError,
     PlanRequest,
     parse_duration_h,
@@ -17,7 +17,6 @@ from controller.checkpoint_plan import (
     resolve_model,
 )
 from policies.checkpoint import expected_makespan
-from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(
@@ -81,14 +80,9 @@ def test_unknown_models_and_bad_requests_are_refused():
             plan(request)
 
 
-def spotbag(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+def spotbag(*args: str) -> Result:
+    """The command in this process (its process is tested in tests/integration/test_cli.py)."""
+    return CliRunner().invoke(cli, list(args))
 
 
 def test_the_command_prints_json_and_refuses_bad_input(tmp_path):
@@ -108,7 +102,7 @@ def test_the_command_prints_json_and_refuses_bad_input(tmp_path):
         "1h",
         "--json",
     )
-    assert out.returncode == 0, out.stderr
+    assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     optimal, young_daly = data["policies"]
     assert data["work_h"] == 4.0 and data["start_age_h"] == 12.0
@@ -118,6 +112,6 @@ def test_the_command_prints_json_and_refuses_bad_input(tmp_path):
     # The table was cached in the state directory for the next call (and the daemon).
     assert list((tmp_path / "checkpoint-tables").glob("*.npz"))
     bad = spotbag("checkpoint-plan", "--model", "gce/n1-highcpu-16", "--work", "4 hours")
-    assert bad.returncode == 2 and "--work: cannot read '4 hours'" in bad.stderr
+    assert bad.exit_code == 2 and "--work: cannot read '4 hours'" in bad.stderr
     unknown = spotbag("checkpoint-plan", "--model", "aws/m5.large", "--work", "4h")
-    assert unknown.returncode == 2 and "no model for 'aws/m5.large'" in unknown.stderr
+    assert unknown.exit_code == 2 and "no model for 'aws/m5.large'" in unknown.stderr

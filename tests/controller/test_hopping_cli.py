@@ -6,16 +6,16 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from controller.cli import cli
-from controller.hopping_report import index_command, parse_job, simulate_hopping_command
-from controller.price_trace import TraceError, TraceReplay, read_trace
+from controller.cli.hopping import index_command, simulate_hopping_command
+from controller.price_trace import TraceReplay, read_trace
+from controller.tools.hopping_report import parse_job
+from controller.trace_io import TraceError
 from policies.hopping import Phase
 from tests.conftest import REPO
 
@@ -52,6 +52,39 @@ def test_index_by_zone_is_calmer_than_its_members(tmp_path):
     assert set(rows) == {"us-east-1a", "us-east-1b"}
     assert all(row["index_cv"] < row["members_cv_mean"] for row in rows.values())
     assert plot.stat().st_size > 10_000
+
+
+def test_the_index_plot_draws_in_each_panel_the_vms_its_index_is_taken_over(tmp_path, monkeypatch):
+    """--by region: each region's panel shows that region's VMs only (the plot once kept
+    its own membership rule, which knew zones and families but not regions)."""
+    Axes = pytest.importorskip("matplotlib.axes").Axes
+    rows = [HEADER]
+    for region, zone in (("us-east-1", "us-east-1a"), ("us-west-2", "us-west-2b")):
+        for vm_type in ("r3.large", "c3.xlarge"):
+            for step in range(36):
+                stamp = f"2015-03-01 {step // 6:02d}:{step % 6 * 10:02d}:00+00:00"
+                price = 0.02 + 0.001 * (step % 5)
+                rows.append(f"{region},{zone},{vm_type},Linux,{stamp},{price},0.2")
+    trace = tmp_path / "regions.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    drawn = []
+    plot = Axes.plot
+
+    def recording(self, *args, **kwargs):
+        drawn.append((self, kwargs.get("label")))
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", recording)
+    out = tmp_path / "regions.png"
+    result = CliRunner().invoke(cli, ["index", str(trace), "--by", "region", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    panels: dict[str, set[str]] = {}
+    for axes, label in drawn:
+        panels.setdefault(axes.get_title(), set()).add(label)
+    assert panels == {
+        "region us-east-1": {"r3.large/us-east-1a", "c3.xlarge/us-east-1a", "index"},
+        "region us-west-2": {"r3.large/us-west-2b", "c3.xlarge/us-west-2b", "index"},
+    }
 
 
 def test_simulate_hopping_counts_the_revocation_and_every_policy_beats_on_demand(tmp_path):
@@ -158,14 +191,8 @@ PAPER_TYPES = [
 def test_the_papers_types_are_sized_end_to_end(tmp_path):
     trace = write_types_trace(tmp_path / "paper.csv", PAPER_TYPES)
     args = ["--job", "4:16:30m,2:8:30m", "--step", "1m", "--window", "10m", "--decide-every", "1m"]
-    done = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "simulate-hopping", str(trace), *args, "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = CliRunner().invoke(cli, ["simulate-hopping", str(trace), *args, "--json"])
+    assert done.exit_code == 0, done.output
     rows = {row["policy"]: row for row in json.loads(done.stdout)}
     assert set(rows) == {"static", "cost", "availability", "balanced"}
     assert all(row["finished"] and 1.0 <= row["work_h"] < 1.05 for row in rows.values())

@@ -15,14 +15,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from controller.prepaid_report import (
-    TraceError,
-    analyse,
-    parse_time,
-    prepaid_command,
-    read_csv,
-    read_swf,
-)
+from controller.cli.prepaid import prepaid_command
+from controller.tools.prepaid_report import analyse, read_csv, read_swf
+from controller.trace_io import TraceError, parse_time
 from policies.prepaid import optimal_prepaid_cores, usage_levels
 from tests.conftest import REPO
 
@@ -387,7 +382,7 @@ def test_the_on_demand_price_must_be_a_positive_number(tmp_path, price, shown):
 
 
 def test_the_command_as_a_real_process(tmp_path):
-    command = "from controller.prepaid_report import prepaid_command; prepaid_command()"
+    command = "from controller.cli.prepaid import prepaid_command; prepaid_command()"
     args = ["--on-demand-price", "1", "--prepaid-price", "0.6", "--term", "1y"]
     done = subprocess.run(
         [sys.executable, "-c", command, "--csv", str(hand_csv(tmp_path)), *args, "--json"],

@@ -13,6 +13,7 @@ import pytest
 
 from controller import report_render
 from controller.admission import admit
+from controller.cli.render import report_tables
 from controller.clock import SimClock
 from controller.report import ReportScopeEmpty, build_report
 from controller.simulation import simulate
@@ -142,7 +143,7 @@ async def test_bags_sharing_vms_split_their_cost_exactly_and_an_account_report_a
         assert account["totals"][name] == pytest.approx(expected, rel=1e-9)
         assert account["by_bag"][1][name] == pytest.approx(reports[2]["totals"][name], rel=1e-9)
     assert account["totals"]["attempts"] == sum(reports[i]["totals"]["attempts"] for i in (0, 2))
-    assert len(report_render.tables(account)) == 2
+    assert len(report_tables(account)) == 2
 
     with pytest.raises(ReportScopeEmpty):
         await report_of(tmp_path, account="nobody")

@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from controller.split_cost import split_cost_command
+from controller.cli.offline import split_cost_command
 
 REPO = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = REPO / "examples" / "split-cost.json"
@@ -97,7 +97,7 @@ def test_real_process_on_the_example_file():
         [
             sys.executable,
             "-c",
-            "from controller.split_cost import split_cost_command; split_cost_command()",
+            "from controller.cli.offline import split_cost_command; split_cost_command()",
             "examples/split-cost.json",
             "--format",
             "json",

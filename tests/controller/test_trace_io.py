@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import cli
-from controller.lifetime_data import LifetimeDataError, read_lifetimes
 from controller.price_trace import read_trace
+from controller.tools.lifetime_data import LifetimeDataError, read_lifetimes
 from controller.trace_io import (
     SWF_FIELDS,
     Skipped,

@@ -107,7 +107,7 @@ def test_unit_runs_the_installed_daemon_as_documented() -> None:
     settings = unit_settings(UNIT.read_text())
     assert settings["ExecStart"] == [f"{INSTALLED_EXEC} {SERVE_ARGS}"]
     # The options the unit passes exist: `spotbag serve --config PATH`.
-    serve = cli.commands["serve"]
+    serve = cli.get_command(click.Context(cli), "serve")  # loaded lazily
     assert isinstance(serve, click.Command)
     assert any("--config" in p.opts for p in serve.params)
     assert settings["User"] == ["spotbag"]

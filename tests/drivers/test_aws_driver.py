@@ -290,6 +290,13 @@ def test_regions_of_zones():
     assert region_of("us-west-2-lax-1a") == "us-west-2"
     assert region_of("us-gov-west-1b") == "us-gov-west-1"
     assert region_of("us-east-1") is None and region_of("local") is None
+    # Drivers may not import policies, so this reading of AWS zone names is kept apart
+    # from policies.registry.region_of, the one rule elsewhere; the two agree.
+    from policies.registry import region_of as region_rule
+
+    for zone in ("us-east-1a", "us-west-2-lax-1a", "us-gov-west-1b", "ap-south-1-ccu-1a"):
+        assert region_rule(zone) == region_of(zone)
+        assert region_rule(region_of(zone)) == region_of(zone)  # a region is its own
 
 
 def test_user_data_values_are_shell_quoted_and_placeholders_checked():

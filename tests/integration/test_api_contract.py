@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from controller.client import ClientError
+from controller.cli.client import ClientError
 from tests.conftest import FAST_CONFIG, Daemon, wait_for_bag
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.client import ClientError
+from controller.cli.client import ClientError
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
+from controller.cli import cli
 from tests.conftest import REPO, wait_for_bag
 
 pytestmark = pytest.mark.integration
@@ -266,19 +268,24 @@ def write_lifetimes(path, n=400, seed=3):
 def test_fit_prints_every_model_per_group_and_writes_plot_and_registry(tmp_path):
     data = tmp_path / "lifetimes.csv"
     write_lifetimes(data)
-    table = spotbag("fit", str(data), "--by", "machine_type").stdout
+
+    # In this process: the command's process is what the tests above are about.
+    def fit(*args: str, code: int = 0):
+        result = CliRunner().invoke(cli, ["fit", *args])
+        assert result.exit_code == code, result.output
+        return result
+
+    table = fit(str(data), "--by", "machine_type").stdout
     for group in ("machine_type=n1-highcpu-16", "machine_type=n1-highcpu-4"):
         assert group in table
     for model in ("bathtub", "exponential", "weibull", "gompertz_makeham"):
         assert table.count(model) == 2
-    fits = json.loads(spotbag("fit", str(data), "--json", "--method", "lsq").stdout)
+    fits = json.loads(fit(str(data), "--json", "--method", "lsq").stdout)
     assert len(fits) == 1 and fits[0]["n"] == 400
     assert set(fits[0]["fits"]) == {"bathtub", "exponential", "weibull", "gompertz_makeham"}
     assert fits[0]["fits"]["bathtub"]["method"] == "lsq"
     plot, registry = tmp_path / "fits.png", tmp_path / "registry.json"
-    spotbag(
-        "fit", str(data), "--plot", str(plot), "--registry", str(registry), "--min-samples", "100"
-    )
+    fit(str(data), "--plot", str(plot), "--registry", str(registry), "--min-samples", "100")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from controller.model_book import load_registry
 
@@ -288,5 +295,5 @@ def test_fit_prints_every_model_per_group_and_writes_plot_and_registry(tmp_path)
     bad.write_text(
         "name,machine_type,zone,insert_time,lifetime_s,event\nx,t,z,2019-01-01T00:00:00,-5,preempted\n"
     )
-    failed = spotbag("fit", str(bad), check=False)
-    assert failed.returncode == 1 and "bad.csv:2: lifetime_s must be >= 0" in failed.stderr
+    failed = fit(str(bad), code=1)
+    assert "bad.csv:2: lifetime_s must be >= 0" in failed.stderr

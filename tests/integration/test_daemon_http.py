@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.client import ClientError
+from controller.cli.client import ClientError
 from tests.conftest import wait_for_bag, wait_until
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from controller.client import ClientError
+from controller.cli.client import ClientError
 from tests.conftest import wait_for_bag
 from tests.integration.test_cli import spotbag
 

@@ -220,6 +220,6 @@ def render(request: PlanRequest, schedules: list[Schedule]) -> str:
 
 
 def write_plot(request: PlanRequest, schedules: list[Schedule], out: str | Path) -> None:
-    from controller.plots import plot_checkpoint_plan
+    from controller.tools.plots import plot_checkpoint_plan
 
     plot_checkpoint_plan(request.model, schedules, request.start_age_h, out)

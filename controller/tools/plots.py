@@ -1,4 +1,5 @@
-"""Plots (matplotlib, imported only when a plot is asked for: pip install spotbag[plot])."""
+"""The PNG charts of the offline tools (matplotlib, a dependency of spotbag, imported
+only when a plot is asked for)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import numpy as np
 from policies.fitting import FitResult, KaplanMeier
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("plotting needs matplotlib: pip install 'spotbag[plot]'") from None
+        # A dependency since the HTML report draws charts; only a broken install lacks it.
+        raise RuntimeError("plotting needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -27,7 +30,7 @@ def plot_fits(
     L: float = 24.0,
 ) -> None:
     """Per group: the Kaplan–Meier CDF with every fitted CDF, and the fitted hazards."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(len(groups), 2, figsize=(12, 3.6 * len(groups)), squeeze=False)
     t = np.linspace(0.0, L, 600)
     for row, (title, km, fits) in enumerate(groups):
@@ -64,97 +67,12 @@ def plot_fits(
     plt.close(figure)
 
 
-def plot_reuse_evaluation(
-    ages_h: np.ndarray,
-    always: np.ndarray,
-    model_policy: np.ndarray,
-    fresh: float,
-    lengths_h: np.ndarray,
-    mean_always: np.ndarray,
-    mean_model: np.ndarray,
-    job_h: float,
-    title: str,
-    out: str | Path,
-) -> None:
-    """Job failure probability by VM age (one job length), and averaged over ages by job length."""
-    plt = _pyplot()
-    figure, (by_age, by_length) = plt.subplots(1, 2, figsize=(12, 4))
-    by_age.plot(ages_h, always, "o-", label="always reuse (memoryless)")
-    by_age.plot(ages_h, model_policy, "s-", label="model policy")
-    by_age.axhline(fresh, color="gray", linestyle=":", label=f"fresh VM ({fresh:.2f})")
-    by_age.set(
-        title=f"{title}: {job_h:g}-hour jobs",
-        xlabel="VM age when the job starts (hours)",
-        ylabel="job failure probability",
-        ylim=(0, 1.05),
-    )
-    by_age.legend()
-    by_length.plot(lengths_h, mean_always, "o-", label="always reuse (memoryless)")
-    by_length.plot(lengths_h, mean_model, "s-", label="model policy")
-    by_length.set(
-        title=f"{title}: mean over start ages",
-        xlabel="job length (hours)",
-        ylabel="mean job failure probability",
-        ylim=(0, 1.05),
-    )
-    by_length.legend()
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
-
-
-def plot_checkpoint_evaluation(
-    ages_h: np.ndarray,
-    by_age: Mapping[str, np.ndarray],
-    lengths_h: np.ndarray,
-    by_length: Mapping[str, np.ndarray],
-    job_h: float,
-    title: str,
-    out: str | Path,
-    target: float = 0.05,
-) -> None:
-    """Expected checkpointing overhead (expected makespan / work - 1) of each policy: for a
-    `job_h` job by the VM age it starts at, and for jobs of each length on a fresh VM
-    (the paper's figure 8). `by_age` / `by_length` map a policy label to overheads
-    (fractions); the first policy is drawn solid, the others dashed."""
-    plt = _pyplot()
-    figure, (age_axis, length_axis) = plt.subplots(1, 2, figsize=(12, 4.2))
-    markers = "os^vDx"
-    for axis, x, curves in ((age_axis, ages_h, by_age), (length_axis, lengths_h, by_length)):
-        for k, (label, overhead) in enumerate(curves.items()):
-            axis.plot(
-                x,
-                100.0 * np.asarray(overhead, dtype=float),
-                marker=markers[k % len(markers)],
-                linestyle="-" if k == 0 else "--",
-                markersize=4,
-                label=label,
-            )
-        axis.axhline(100.0 * target, color="gray", linestyle=":", label=f"{100 * target:g}%")
-        axis.set_ylim(bottom=0.0)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    age_axis.set(
-        title=f"{title}: {job_h:g}-hour job by VM age at start",
-        xlabel="VM age when the job starts (hours)",
-        ylabel="expected increase in running time (%)",
-    )
-    length_axis.set(
-        title=f"{title}: jobs started on a fresh VM",
-        xlabel="job length (hours of work)",
-        ylabel="expected increase in running time (%)",
-    )
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
-
-
 def plot_checkpoint_plan(model, schedules, start_age_h: float, out: str | Path) -> None:
     """The checkpoint times of one or more schedules (policies.checkpoint.Schedule), one
     row per policy labelled with its expected overhead, on the time since the job
     started (if nothing fails), over the model's hazard rate at the VM's age then
     (start age + elapsed; the deadline mass is not drawn)."""
-    plt = _pyplot()
+    plt = pyplot()
     schedules = list(schedules)
     figure, rows_axis = plt.subplots(figsize=(12, 2.4 + 0.7 * max(1, len(schedules))))
     spans = [sum(s.intervals_h) + s.delta_h * s.checkpoints for s in schedules]
@@ -233,7 +151,7 @@ def plot_prepaid_savings(
     (label, prepaid core counts x, savings(x), T(≥x)/period, optimal x): the savings
     curve with its optimum marked, and how busy the x-th core would be against the
     break-even utilisation (the optimum is the last x at or above it)."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(
         max(1, len(groups)), 2, figsize=(12, 3.8 * max(1, len(groups))), squeeze=False
     )
@@ -283,48 +201,32 @@ def plot_prepaid_savings(
     plt.close(figure)
 
 
-def plot_index(out: str | Path, times_s, series: Mapping[str, np.ndarray], normalized, trace, by):
-    """The index of each composition over its members' normalised prices (log scale)."""
+def plot_index(
+    out: str | Path,
+    times_s,
+    series: Mapping[str, np.ndarray],
+    normalized,
+    vms: Sequence[tuple[str, str]],
+    members: Mapping[str, np.ndarray],
+    by: str,
+):
+    """The index of each composition over its members' normalised prices (log scale).
+    `vms` are the trace's (type, zone) pairs, `members` each composition's mask over
+    them (controller.tools.hopping_report.compositions: the rule the index itself used)."""
     import datetime as dt
 
-    plt = _pyplot()
+    plt = pyplot()
     dates = [dt.datetime.fromtimestamp(t, dt.UTC) for t in times_s]
     fig, axes = plt.subplots(len(series), 1, figsize=(11, 2.6 * len(series)), squeeze=False)
     for ax, (name, index) in zip(axes[:, 0], series.items(), strict=True):
-        for i, (vm_type, zone) in enumerate(trace.vms):
-            member = (
-                (zone == name)
-                if by == "zone"
-                else (vm_type.split(".")[0] == name if by == "family" else True)
-            )
-            if member:
-                ax.plot(dates, normalized[:, i], lw=0.4, alpha=0.55, label=f"{vm_type}/{zone}")
+        for i in np.flatnonzero(members[name]):
+            vm_type, zone = vms[i]
+            ax.plot(dates, normalized[:, i], lw=0.4, alpha=0.55, label=f"{vm_type}/{zone}")
         ax.plot(dates, index, color="black", lw=1.2, label="index")
         ax.set_yscale("log")
         ax.set_ylabel("$/h per √(vCPU·GB)")
         ax.set_title(f"{by} {name}", fontsize=9)
         ax.legend(fontsize=6, ncol=4, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def plot_hopping(out: str | Path, rows: Sequence[Mapping], title: str) -> None:
-    """Cost (normalised to on-demand) against availability, one point per policy."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for row in rows:
-        ax.scatter(row["normalized_cost"], row["availability"], s=40)
-        ax.annotate(
-            f"{row['policy']} ({row['migrations']} moves)",
-            (row["normalized_cost"], row["availability"]),
-            fontsize=8,
-            xytext=(4, 4),
-            textcoords="offset points",
-        )
-    ax.set_xlabel("cost / cheapest fitting on-demand")
-    ax.set_ylabel("availability")
-    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

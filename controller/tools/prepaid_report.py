@@ -1,5 +1,6 @@
-"""`spotbag prepaid`: how many cores of a type to prepay (reserve) for a term, and
-what that saves against buying every core-hour on demand (SPEC.md §7).
+"""What `spotbag prepaid` computes (the command is controller/cli/prepaid.py): how many
+cores of a type to prepay (reserve) for a term, and what that saves against buying
+every core-hour on demand (SPEC.md §7).
 
 The usage comes from a history of (start, end, cores) intervals:
 
@@ -26,21 +27,19 @@ span at the prepaid price per core-hour; the term (1y/3y) only converts
 (upfront / (8760·years)). A span shorter than the term stands for the whole term:
 the optimum assumes the rest of the term looks like it.
 
-The math is policies.prepaid; this module reads the inputs and reports.
+The math is policies.prepaid; this module reads the inputs and reports. Problems with
+an input are `PrepaidError`s naming the option at fault (TraceError from the readers).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 
 from controller import trace_io
@@ -57,6 +56,16 @@ TERMS_Y = {"1y": 1, "3y": 3}
 SWF_CORE_TYPES = {"partition": 16, "queue": 15}
 CSV_COLUMNS = ("start", "end", "cores")
 DEFAULT_CURVE_POINTS = 15
+
+
+class PrepaidError(ValueError):
+    """A usage source that cannot be analysed; `option` names the command-line option
+    it came from (the CLI reports it as a bad value of that option, exit 2)."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+        self.message = message
 
 
 class CoreTypeError(TraceError):
@@ -292,17 +301,15 @@ def explanation(report: PrepaidReport, result: PrepaidOptimum) -> str | None:
     )
 
 
-def _when(report: PrepaidReport, seconds: float) -> str:
+def when_text(report: PrepaidReport, seconds: float) -> str:
+    """A moment of the history: a UTC date, or seconds into a trace without one."""
     if report.intervals.absolute:
         return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"trace second {seconds:,.0f}"
 
 
-def _money(value: float) -> str:
-    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
-
-
-def _price_text(report: PrepaidReport) -> str:
+def price_text(report: PrepaidReport) -> str:
+    """The prepaid price as given (upfront or per core-hour) and its term."""
     term = f"{TERMS_Y[report.term]}-year term"
     if report.upfront is not None:
         return (
@@ -350,8 +357,8 @@ def as_dict(report: PrepaidReport, points: int = DEFAULT_CURVE_POINTS) -> dict[s
             "notes": intervals.notes,
         },
         "period": {
-            "start": _when(report, report.period_start),
-            "end": _when(report, report.period_end),
+            "start": when_text(report, report.period_start),
+            "end": when_text(report, report.period_end),
             "start_s": report.period_start,
             "end_s": report.period_end,
             "hours": report.period_h,
@@ -367,88 +374,8 @@ def as_dict(report: PrepaidReport, points: int = DEFAULT_CURVE_POINTS) -> dict[s
     }
 
 
-def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -> None:
-    """Header, one summary row per core type, then each type's savings curve."""
-    from rich.table import Table
-
-    def table(*columns: str) -> Table:
-        grid = Table(box=None)
-        for i, name in enumerate(columns):
-            grid.add_column(name, no_wrap=i == 0, justify="left" if i == 0 else "right")
-        return grid
-
-    intervals = report.intervals
-
-    def say(text: str) -> None:
-        console.print(text, highlight=False)
-
-    say(f"{intervals.source}: {intervals.starts.size:,} intervals")
-    for note in intervals.notes:
-        say(f"  {note}")
-    if intervals.starts.size:
-        say(
-            f"period {_when(report, report.period_start)} .. {_when(report, report.period_end)}: "
-            f"{report.period_h:,.1f} h, the span of the history"
-        )
-    else:
-        say("period: none (no intervals)")
-    say(
-        f"on-demand ${report.on_demand_price:.4f} per core-hour; {_price_text(report)}; "
-        f"break-even utilisation {100 * report.break_even:.1f}%"
-    )
-    say(
-        "each prepaid core is paid for every hour of the span; the optimum is the largest x "
-        "with at least x cores busy >= break-even of the time"
-    )
-    summary = table(
-        "core type",
-        "peak cores",
-        "core-hours",
-        "on-demand cost",
-        "prepaid cores",
-        "last core busy",
-        "prepaid cost",
-        "on-demand core-hours left",
-        "savings",
-        "savings %",
-    )
-    for name, r in report.results.items():
-        summary.add_row(
-            name,
-            f"{r.max_cores:,}",
-            f"{r.all_core_hours:,.1f}",
-            _money(r.all_on_demand_cost),
-            f"{r.optimal_cores:,}",
-            f"{100 * r.optimal_utilisation:.1f}%",
-            _money(r.prepaid_cost),
-            f"{r.residual_core_hours:,.1f}",
-            _money(r.savings),
-            f"{100 * r.savings_fraction:.1f}%",
-        )
-    console.print(summary)
-    for name, r in report.results.items():
-        why = explanation(report, r)
-        if why:
-            say(f"{name}: {why}")
-    for name, r in report.results.items():
-        say("")
-        say(f"savings curve, {name} (* the optimum):")
-        curve = table("prepaid cores", "busy ≥ this core", "savings", "of all on demand")
-        cost = r.all_on_demand_cost
-        for i in sample_indices(r, points):
-            cores = int(r.curve_cores[i])
-            value = float(r.curve_savings[i])
-            curve.add_row(
-                f"{cores:,}" + (" *" if cores == r.optimal_cores else ""),
-                f"{100 * r.curve_utilisation[i]:.1f}%" if cores else "-",
-                _money(value),
-                f"{100 * value / cost:.1f}%" if cost > 0 else "-",
-            )
-        console.print(curve)
-
-
 def write_plot(report: PrepaidReport, out: str | Path, groups: int = 6) -> None:
-    from controller.plots import plot_prepaid_savings
+    from controller.tools.plots import plot_prepaid_savings
 
     shown = list(report.results.items())[:groups]
     plot_prepaid_savings(
@@ -457,7 +384,7 @@ def write_plot(report: PrepaidReport, out: str | Path, groups: int = 6) -> None:
             for name, r in shown
         ],
         report.break_even,
-        f"{report.intervals.label}: {_price_text(report)}, on-demand "
+        f"{report.intervals.label}: {price_text(report)}, on-demand "
         f"${report.on_demand_price:.4f}/core-hour",
         out,
     )
@@ -471,8 +398,8 @@ def read_store(state_dir: str | None, core_type: str | None) -> Intervals:
     root = Path(state_dir) if state_dir else load_config(None).resolved_state_dir()
     path = root / "spotbag.db"
     if not path.exists():
-        raise click.BadParameter(
-            f"no store at {path} (give --state-dir or SPOTBAG_STATE_DIR)", param_hint="--from-store"
+        raise PrepaidError(
+            "--from-store", f"no store at {path} (give --state-dir or SPOTBAG_STATE_DIR)"
         )
 
     async def load() -> list[tuple[float, float, int, str]]:
@@ -485,15 +412,13 @@ def read_store(state_dir: str | None, core_type: str | None) -> Intervals:
 
     rows = asyncio.run(load())
     if not rows:
-        raise click.BadParameter(
-            f"{path}: no VM has run and ended yet; nothing to size", param_hint="--from-store"
-        )
+        raise PrepaidError("--from-store", f"{path}: no VM has run and ended yet; nothing to size")
     starts, ends, cores, types = zip(*rows, strict=True)
     if core_type not in (None, "vm_type"):
-        raise click.BadParameter(
+        raise PrepaidError(
+            "--core-type",
             f"--from-store groups by VM type: --core-type vm_type (or leave it out), not "
             f"{core_type!r}",
-            param_hint="--core-type",
         )
     return Intervals(
         np.array(starts, dtype=float),
@@ -506,150 +431,11 @@ def read_store(state_dir: str | None, core_type: str | None) -> Intervals:
 
 
 def read_source(swf: str | None, csv_path: str | None, core_type: str | None) -> Intervals:
-    """The intervals of the one source given; TraceError names the option."""
+    """The intervals of the one source given; a PrepaidError names the option at fault."""
     option, path, reader = ("--swf", swf, read_swf) if swf else ("--csv", csv_path, read_csv)
     try:
         return reader(path, core_type)
     except CoreTypeError as exc:
-        raise click.BadParameter(str(exc), param_hint="--core-type") from None
+        raise PrepaidError("--core-type", str(exc)) from None
     except TraceError as exc:  # names the file and the line
-        raise click.BadParameter(str(exc), param_hint=option) from None
-
-
-def _price(minimum_open: bool):
-    def check(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-        if value is None:
-            return None
-        if not math.isfinite(value) or value < 0 or (minimum_open and value == 0):
-            need = "a positive" if minimum_open else "a non-negative"
-            raise click.BadParameter(f"{value:g}: must be {need} number")
-        return value
-
-    return check
-
-
-@click.command("prepaid")
-@click.option(
-    "--swf",
-    type=click.Path(exists=True, dir_okay=False),
-    help="A Standard Workload Format trace: jobs run from submit + wait for their run time "
-    "on their allocated processors.",
-)
-@click.option(
-    "--csv",
-    "csv_path",
-    type=click.Path(exists=True, dir_okay=False),
-    help="A CSV with a header row and columns start, end (epoch seconds or ISO 8601; no zone: "
-    "UTC) and cores (whole numbers).",
-)
-@click.option(
-    "--from-store",
-    is_flag=True,
-    help="The VMs this host's daemon ran (its --state-dir / SPOTBAG_STATE_DIR): each VM's "
-    "vCPUs from running to ended, per VM type.",
-)
-@click.option(
-    "--on-demand-price",
-    type=float,
-    required=True,
-    callback=_price(True),
-    help="On-demand price per core-hour, e.g. 0.0475.",
-)
-@click.option(
-    "--prepaid-price",
-    type=float,
-    callback=_price(False),
-    help="Prepaid price per core-hour of commitment (the effective hourly price).",
-)
-@click.option(
-    "--prepaid-upfront",
-    type=float,
-    callback=_price(False),
-    help="Or: the upfront amount per core for the whole term (divided by 8760 h per year).",
-)
-@click.option(
-    "--term",
-    type=click.Choice(list(TERMS_Y)),
-    required=True,
-    help="The prepaid term (converts --prepaid-upfront to a price per core-hour).",
-)
-@click.option(
-    "--core-type",
-    help="Analyse each core type separately: a CSV column, or for SWF 'partition' or 'queue'.",
-)
-@click.option(
-    "--curve-points",
-    type=click.IntRange(min=2),
-    default=DEFAULT_CURVE_POINTS,
-    show_default=True,
-    help="Points of the savings curve shown (the optimum is always among them).",
-)
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False),
-    help="Save the savings curve and utilisation by prepaid core count to this PNG.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def prepaid_command(
-    swf: str | None,
-    csv_path: str | None,
-    from_store: bool,
-    on_demand_price: float,
-    prepaid_price: float | None,
-    prepaid_upfront: float | None,
-    term: str,
-    core_type: str | None,
-    curve_points: int,
-    plot_path: str | None,
-    as_json: bool,
-) -> None:
-    """How many cores to prepay (reserve) for a term rather than buy on demand, per
-    core type, from a usage history (SPEC.md §7).
-
-    The period is the span of the history (first start to last end). Every prepaid
-    core is paid for each hour of it at the prepaid price per core-hour; --term only
-    converts --prepaid-upfront to that price (upfront / (8760 h × years)), and a span
-    shorter than the term is taken to stand for the whole term. The optimum is the
-    largest x such that at least x cores are busy for at least the break-even
-    utilisation (prepaid / on-demand price) of the period; it is exact. Prepaid at or
-    above the on-demand price gives 0 prepaid cores, with the reason.
-    """
-    from rich.console import Console
-
-    sources = [name for name, given in (("--swf", swf), ("--csv", csv_path)) if given]
-    if from_store:
-        sources.append("--from-store")
-    if len(sources) != 1:
-        raise click.UsageError(
-            "give exactly one of --swf, --csv or --from-store"
-            + (f" (got {', '.join(sources)})" if sources else "")
-        )
-    if (prepaid_price is None) == (prepaid_upfront is None):
-        raise click.UsageError("give exactly one of --prepaid-price or --prepaid-upfront")
-    if from_store:
-        state_dir = click.get_current_context().find_root().obj or {}
-        intervals = read_store(state_dir.get("state_dir"), core_type)
-    else:
-        intervals = read_source(swf, csv_path, core_type)
-    report = analyse(
-        intervals, on_demand_price, prepaid_price=prepaid_price, upfront=prepaid_upfront, term=term
-    )
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    if as_json:
-        for note in intervals.notes:  # the table shows them; JSON readers see them here too
-            click.echo(f"{intervals.source}: {note}", err=True)
-        click.echo(json.dumps(as_dict(report, curve_points), indent=2))
-    else:
-        render(report, console, curve_points)
-    sys.stdout.flush()
-    if plot_path:
-        try:
-            write_plot(report, plot_path)
-        except OSError as exc:
-            raise click.BadParameter(
-                f"cannot write {plot_path}: {exc}", param_hint="--plot"
-            ) from None
-        except RuntimeError as exc:  # no matplotlib
-            raise click.ClickException(f"--plot: {exc}") from None
-        Console(stderr=True).print(f"plot written to {plot_path}", highlight=False)
+        raise PrepaidError(option, str(exc)) from None

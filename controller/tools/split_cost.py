@@ -1,10 +1,10 @@
 """`spotbag split-cost FILE.json`: split one VM's cost among the jobs that shared it
 (SPEC.md §7, `policies.allocation`), from a JSON description of the VM and its jobs.
 
-Registered on the `spotbag` group in controller/cli.py as
-`cli.add_command(split_cost_command)`; runs offline (no daemon). Exit codes: 0
-success; 2 the file is missing, not JSON, or a field is missing or wrong (the
-message names the field by its path in the file, e.g. `jobs[1].reserved.cpus`).
+The command is `controller.cli.offline.split_cost_command`; it runs offline (no
+daemon). A file that is missing, not JSON, or has a field missing or wrong is an
+`InputError` naming the field by its path in the file, e.g. `jobs[1].reserved.cpus`
+(the command prints it and exits 2).
 """
 
 from __future__ import annotations
@@ -15,20 +15,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import click
 import numpy as np
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from policies.allocation import DEFAULT_WEIGHTS, RESOURCES, CostSplit, Weights, split_costs
 
-EXIT_REFUSED = 2  # as in controller/cli.py: the input was refused
-
 # The file's names for the resources, in `policies.allocation.RESOURCES` order.
 FIELDS = ("cpus", "memory_gb", "gpus")
-LABELS = ("vCPUs", "memory GB", "GPUs")
-UNITS = (("vCPU", "vCPUs"), ("GB", "GB memory"), ("GPU", "GPUs"))
 VM_FIELDS = (*FIELDS, "cost_usd", "hours")
 JOB_FIELDS = ("id", "reserved", "used")
 
@@ -197,111 +189,6 @@ def as_dict(request: SplitCostInput, result: CostSplit) -> dict[str, Any]:
     }
 
 
-def render(request: SplitCostInput, result: CostSplit, console: Console) -> None:
-    """The report as a table: one row per job, unallocated (idle), and the total."""
-    capacity = request.capacity
-    present = [r for r in range(len(FIELDS)) if capacity[r] > 0]
-    has = ", ".join(f"{_amount(capacity[r])} {_plural(r, capacity[r])}" for r in present)
-    weights = ", ".join(f"{name} {_amount(getattr(request.weights, name))}" for name in RESOURCES)
-    console.print(
-        f"VM: {has}; ${request.cost_usd:.4f} over {_amount(request.hours)} h; weights {weights}",
-        highlight=False,
-    )
-    prices = ", ".join(f"per {UNITS[r][0]} ${result.price[r]:.4f}" for r in present)
-    console.print(
-        f"unit cost ${float(result.unit_cost):.6f}; for the period {prices}", highlight=False
-    )
-    table = Table(box=None)
-    table.add_column("job", no_wrap=True)
-    for label in (*LABELS, "split $", "unused $", "total $", "share"):
-        table.add_column(label, justify="right", min_width=len(label))
-    cost = request.cost_usd
-    job_costs = result.job_cost
-    for j, job_id in enumerate(request.job_ids):
-        table.add_row(
-            escape(job_id),
-            *(_amount(result.allocated[j, r]) for r in range(len(FIELDS))),
-            f"{result.split[j]:.4f}",
-            f"{result.unused_share[j]:.4f}",
-            f"{job_costs[j]:.4f}",
-            _percent(job_costs[j], cost),
-        )
-    unallocated = float(result.unallocated)
-    if unallocated > 0 or not request.job_ids:
-        table.add_row(
-            "unallocated (idle)",
-            *("" for _ in FIELDS),
-            "",
-            "",
-            f"{unallocated:.4f}",
-            _percent(unallocated, cost),
-        )
-    table.add_section()
-    table.add_row(
-        "total",
-        *(
-            f"{_amount(result.allocated[:, r].sum())}/{_amount(capacity[r])}"
-            for r in range(len(FIELDS))
-        ),
-        f"{result.split.sum():.4f}",
-        f"{result.unused_share.sum():.4f}",
-        f"{math.fsum([*map(float, job_costs), unallocated]):.4f}",
-        _percent(cost, cost),
-    )
-    console.print(table)
-    notes = []
-    for r, label in enumerate(LABELS):
-        held = result.allocated[:, r].sum()
-        if held > capacity[r] and capacity[r] > 0:
-            notes.append(
-                f"{label}: {_amount(held)} allocated of {_amount(capacity[r])}, no unused cost"
-            )
-        elif result.unused_cost[r] > 0:
-            whom = "shared by utilisation" if held > 0 else "no job holds any: unallocated"
-            notes.append(
-                f"{label}: {100 * result.unused_ratio[r]:.1f}% unused, "
-                f"${result.unused_cost[r]:.4f} ({whom})"
-            )
-    for note in notes:
-        console.print(note, highlight=False)
-
-
-@click.command("split-cost", epilog=INPUT_FORMAT)
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Output format.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-def split_cost_command(file: str, fmt: str, as_json: bool) -> None:
-    """Split a VM's cost among the jobs that shared it (SPEC.md §7).
-
-    Each resource has a weight; unit cost = VM cost / Σ weight × capacity; a
-    job's allocation is max(reserved, used); it pays its share of each
-    resource's cost (allocation / max(capacity, all allocations)), plus the
-    cost of unused capacity in proportion to its allocation. The jobs' totals
-    and the unallocated (idle) cost add up to the VM's cost."""
-    try:
-        request = load_input(file)
-    except InputError as exc:
-        Console(stderr=True).print(
-            f"[red]error:[/red] {escape(file)}: {escape(str(exc))}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        sys.exit(EXIT_REFUSED)
-    result = compute(request)
-    if as_json or fmt == "json":
-        click.echo(json.dumps(as_dict(request, result), indent=2))
-        return
-    # Piped output (files, CI logs) gets wide lines rather than truncated tables.
-    render(request, result, Console() if sys.stdout.isatty() else Console(width=200))
-
-
 # --- checking the input ------------------------------------------------------------------
 
 
@@ -349,20 +236,8 @@ def _number(value: Any, path: str) -> float:
     return number
 
 
-# --- formatting ---------------------------------------------------------------------------
+# --- the JSON answer -----------------------------------------------------------------------
 
 
 def _by_field(values: np.ndarray) -> dict[str, float]:
     return {field: float(values[r]) for r, field in enumerate(FIELDS)}
-
-
-def _amount(value: float) -> str:
-    return f"{float(value):g}"
-
-
-def _plural(r: int, amount: float) -> str:
-    return UNITS[r][0] if amount == 1 and r != 1 else UNITS[r][1]
-
-
-def _percent(part: float, whole: float) -> str:
-    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"

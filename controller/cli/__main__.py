@@ -1,0 +1,5 @@
+"""`python -m controller.cli`: the `spotbag` command."""
+
+from controller.cli import main
+
+main()

@@ -1,0 +1,356 @@
+"""The commands that talk to a daemon about its work: submit, status, watch, cancel,
+jobs, logs, vms, hopping, preempt and report."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from controller.cli.common import (
+    EXIT_BAG_FAILED,
+    TERMINAL_BAG_STATES,
+    call,
+    client_of,
+    console,
+    err_console,
+    load_spec_file,
+)
+from controller.cli.render import bag_table, render_summary, report_tables, table_of
+
+
+@click.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--watch", "watch_after", is_flag=True, help="Show live progress until the bag finishes."
+)
+@click.option("--idempotency-key", help="Submitting again with the same key returns the first bag.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the bag id.")
+@click.pass_context
+def submit(
+    ctx: click.Context, spec_file: str, watch_after: bool, idempotency_key: str | None, quiet: bool
+) -> None:
+    """Submit the bag in SPEC_FILE (YAML or JSON).
+
+    Jobs run in the current directory unless the spec sets workdir.
+    """
+    spec = load_spec_file(spec_file)
+    if isinstance(spec, dict) and "workdir" not in spec:
+        spec["workdir"] = os.getcwd()
+    bag = call(client_of(ctx).submit, spec, idempotency_key)
+    if quiet:
+        click.echo(bag["id"])
+    else:
+        console.print(
+            f"submitted bag [bold]{bag['id']}[/bold] ({bag['job_count']:,} jobs)", highlight=False
+        )
+    if watch_after:
+        ctx.invoke(watch, bag_id=bag["id"])
+
+
+@click.command()
+@click.argument("bag_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.option("--state", help="Without BAG_ID: only bags in this state.")
+@click.option(
+    "--limit", default=50, show_default=True, help="Without BAG_ID: at most this many bags."
+)
+@click.pass_context
+def status(
+    ctx: click.Context, bag_id: str | None, as_json: bool, state: str | None, limit: int
+) -> None:
+    """Show one bag (counts, progress, usage, cost) or list recent bags."""
+    client = client_of(ctx)
+    if bag_id is None:
+        bags = call(client.bags, state, limit)
+        if as_json:
+            click.echo(json.dumps(bags, indent=2))
+        elif not bags:
+            console.print("no bags")
+        else:
+            console.print(bag_table(bags))
+            if len(bags) == limit:
+                console.print(f"(the {limit} most recent; --limit shows more)", highlight=False)
+        return
+    bag = call(client.bag, bag_id)
+    if as_json:
+        click.echo(json.dumps(bag, indent=2))
+    else:
+        click.echo(render_summary(bag))
+
+
+@click.command()
+@click.argument("bag_id")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between updates.")
+@click.pass_context
+def watch(ctx: click.Context, bag_id: str, interval: float) -> None:
+    """Show a live progress bar until BAG_ID finishes, then its summary."""
+    client = client_of(ctx)
+    bag = call(client.bag, bag_id)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[detail]}"),
+    )
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task(bag_id, total=bag["job_count"], detail="")
+            while True:
+                c, u = bag["counts"], bag["usage"]
+                done = c["succeeded"] + c["failed"] + c["cancelled"]
+                detail = (
+                    f"running {c['running']}  queued {c['queued'] + c['held']}  "
+                    f"failed {c['failed']}  interrupted {u['interrupted_attempts']}"
+                )
+                progress.update(task, completed=done, detail=detail)
+                if bag["state"] in TERMINAL_BAG_STATES:
+                    break
+                time.sleep(interval)
+                bag = call(client.bag, bag_id)
+    except KeyboardInterrupt:
+        err_console.print(f"stopped watching; the bag goes on (spotbag watch {bag_id})")
+        sys.exit(130)
+    vms = call(client.vms, True)
+    click.echo(render_summary(bag, vms["usage"]))
+    if bag["state"] != "succeeded":
+        sys.exit(EXIT_BAG_FAILED)
+
+
+@click.command()
+@click.argument("bag_id")
+@click.pass_context
+def cancel(ctx: click.Context, bag_id: str) -> None:
+    """Cancel BAG_ID: queued jobs are cancelled and running ones stopped."""
+    bag = call(client_of(ctx).cancel, bag_id)
+    console.print(
+        f"cancelling bag {bag['id']}: {bag['counts']['running']} running jobs are being stopped",
+        highlight=False,
+    )
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("bag_id")
+@click.option("--state", help="Only jobs in this state (queued, running, succeeded, failed, ...).")
+@click.option("--limit", default=50, show_default=True, help="At most this many jobs (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.pass_context
+def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json: bool) -> None:
+    """List the jobs of BAG_ID."""
+    client = client_of(ctx)
+    rows: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page_size = 1000 if limit == 0 else min(1000, limit - len(rows))
+        page = call(client.jobs, bag_id, state, after, page_size)
+        rows += page["jobs"]
+        after = page["next_after"]
+        if after is None or (limit and len(rows) >= limit):
+            break
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = table_of("job", "state", "attempts", "exit", "runtime", "params", "reason")
+    for job in rows:
+        runtime = f"{job['runtime_s']:.1f} s" if job["runtime_s"] is not None else ""
+        exit_code = "" if job["exit_code"] is None else str(job["exit_code"])
+        table.add_row(
+            job["id"],
+            job["state"],
+            str(job["attempts"]),
+            exit_code,
+            runtime,
+            json.dumps(job["params"], ensure_ascii=False),
+            job["reason"],
+        )
+    console.print(table)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--attempt", type=int, help="Attempt number (default: the latest).")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing as the job runs, through its retries, until it finishes.",
+)
+@click.pass_context
+def logs(ctx: click.Context, job_id: str, attempt: int | None, follow: bool) -> None:
+    """Print the output of JOB_ID's latest (or given) attempt."""
+    client = client_of(ctx)
+    if not follow:
+        data, _ = call(client.log, job_id, attempt, 0)
+        sys.stdout.buffer.write(data)
+        return
+    shown, offset, said_waiting = None, 0, False
+    while True:
+        job = call(client.job, job_id)
+        number = attempt or job["attempts"]
+        if number == 0:  # queued, not started yet
+            if not said_waiting:
+                err_console.print(
+                    f"{job_id} is {job['state']}; waiting for it to start", highlight=False
+                )
+                said_waiting = True
+            time.sleep(1.0)
+            continue
+        if number != shown:
+            if shown is not None:
+                err_console.print(f"--- attempt {number} ---", highlight=False)
+            shown, offset = number, 0
+        data, headers = call(client.log, job_id, number, offset)
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        offset = int(headers.get("X-Spotbag-Next-Offset", offset + len(data)))
+        if data:
+            continue
+        attempt_live = headers.get("X-Spotbag-Attempt-State") in ("starting", "running")
+        finished = job["state"] in ("succeeded", "failed", "cancelled")
+        if not attempt_live and (attempt is not None or finished):
+            return
+        time.sleep(0.5)
+
+
+# --- VMs ----------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--all", "include_ended", is_flag=True, help="Include VMs that have ended.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.pass_context
+def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
+    """List VMs and the fleet's VM-hours and cost."""
+    data = call(client_of(ctx).vms, include_ended)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = table_of("vm", "type", "state", "jobs", "launched", "hours", "cost $", "reason", keep=2)
+    for vm in data["vms"]:
+        launched = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(vm["requested_at"]))
+        table.add_row(
+            vm["id"],
+            vm["vm_type"],
+            vm["state"] + (" (terminating)" if vm["terminating"] else ""),
+            f"Slurm node {vm['pool_node']}" if vm.get("pool_node") else str(vm["jobs"]),
+            launched,
+            f"{vm['billed_hours']:.3f}",
+            f"{vm['cost_usd']:.4f}",
+            vm["reason"],
+        )
+    console.print(table)
+    total = data["usage"]["total"]
+    console.print(
+        f"all VMs so far: {total['vms']}, {total['vms_preempted']} preempted, {total['vm_hours']:.3f} VM-hours: "
+        f"spot ${total['spot_cost_usd']:.4f} vs on-demand ${total['on_demand_cost_usd']:.4f}",
+        highlight=False,
+    )
+
+
+@click.command()
+@click.option("--limit", default=20, show_default=True, help="Migrations to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON answer.")
+@click.pass_context
+def hopping(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Spot hopping: the live market per VM type and the latest migrations."""
+    data = call(client_of(ctx).hopping, limit)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    configured = data["configured"]
+    console.print(
+        f"policy {configured['policy']}, every {configured['interval_s']:g} model s over "
+        f"{configured['window_s']:g} s windows; migrate: {configured['migrate']}",
+        highlight=False,
+    )
+    table = Table(title="market")
+    for column in ("VM type", "now $/h", "mean $/h", "std $/h", "on-demand $/h"):
+        table.add_column(column, justify="left" if column == "VM type" else "right")
+    fmt = "{:.4f}"
+    for row in data["market"]:
+        table.add_row(
+            row["vm_type"],
+            *(
+                "–" if row[k] is None else fmt.format(row[k])
+                for k in ("price_now", "price_mean", "price_std", "on_demand")
+            ),
+        )
+    console.print(table)
+    moves = Table(title="migrations (newest first)")
+    for column in ("when", "VM", "from", "to", "$/h", "reason"):
+        moves.add_column(column)
+    for move in data["migrations"]:
+        moves.add_row(
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(move["at"])),
+            move["vm_id"],
+            move["from_type"],
+            move["to_type"],
+            f"{move['price_from']:.4f} -> {move['price_to']:.4f}",
+            move["reason"],
+        )
+    console.print(moves)
+
+
+@click.command()
+@click.argument("vm_id")
+@click.pass_context
+def preempt(ctx: click.Context, vm_id: str) -> None:
+    """Preempt VM_ID now (fault injection; local driver only)."""
+    call(client_of(ctx).preempt, vm_id)
+    console.print(f"preempted {vm_id}")
+
+
+@click.command("report")
+@click.option("--bag", "bag_id", help="Report on this bag.")
+@click.option("--account", help="Report on this account (all its bags).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv", "html"]),
+    default="table",
+    show_default=True,
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file.")
+@click.pass_context
+def report(
+    ctx: click.Context, bag_id: str | None, account: str | None, fmt: str, output: str | None
+) -> None:
+    """Where the money went: VM-hours, cost, on-demand cost, savings, idle and spare time,
+    preemptions, hours lost and spent checkpointing, per VM type (and per bag).
+
+    The HTML report is one self-contained file with charts."""
+    if (bag_id is None) == (account is None):
+        raise click.UsageError("give one of --bag or --account")
+    client = client_of(ctx)
+    if fmt == "table":
+        data = call(client.report, bag_id, account, "json")
+        for table in report_tables(data):
+            console.print(table)
+        return
+    if fmt == "json":
+        text = json.dumps(call(client.report, bag_id, account, "json"), indent=2) + "\n"
+    else:
+        text = call(client.report, bag_id, account, fmt)[0].decode()
+    if output:
+        Path(output).write_text(text)
+        err_console.print(f"report written to {output}", highlight=False)
+    else:
+        sys.stdout.write(text)
