@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document, built from the API's route table.
 
-Paths, methods, parameters and responses come from `controller.api.ROUTES`
+Paths, methods, parameters and responses come from `controller.api.app.ROUTES`
 (the same table that builds the router); the request schema of a bag is
 pydantic's JSON schema of `BagSpec`, i.e. exactly what the validator accepts
 (likewise a Slurm hook's `SlurmEvent`). Integer query parameters carry the bounds
