@@ -26,9 +26,17 @@ import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
 
 PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -70,6 +78,20 @@ class BagSpecError(ValueError):
     @classmethod
     def one(cls, field: str, message: str) -> BagSpecError:
         return cls([FieldProblem(field, message)])
+
+
+def _exit_code(code: int) -> int:
+    # A validator rather than Field(ge=1, le=255): the message says what exit codes are.
+    if not 1 <= code <= 255:
+        raise ValueError("exit codes are 1..255")
+    return code
+
+
+ExitCode = Annotated[
+    int,
+    AfterValidator(_exit_code),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 255}),
+]
 
 
 class _Strict(BaseModel):
@@ -149,7 +171,7 @@ class BagSpec(_Strict):
     max_attempts: int = Field(
         5, ge=1, le=100, description="Attempts per job, preemptions included."
     )
-    retryable_exit_codes: list[int] = Field(
+    retryable_exit_codes: list[ExitCode] = Field(
         default_factory=list, description="Non-zero exit codes that mean 'try again'."
     )
     env: dict[str, str] = Field(
@@ -651,9 +673,6 @@ def _check_limits(spec: BagSpec, problems: list[FieldProblem]) -> None:
                 f"{spec.estimated_runtime_s} exceeds max_runtime_s {spec.max_runtime_s}",
             )
         )
-    for i, code in enumerate(spec.retryable_exit_codes):
-        if not 1 <= code <= 255:
-            problems.append(FieldProblem(f"retryable_exit_codes[{i}]", "exit codes are 1..255"))
 
 
 def _has_format_specs(command: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controller.api.accounts import account_in_path, note_of
+from controller.api.accounts import account_in_path
 from controller.api.base import (
     ACCOUNT_PATH,
     ERR,
@@ -15,6 +15,7 @@ from controller.api.base import (
     json_body,
     json_response,
 )
+from controller.api.schemas import IssuedToken, RevokedToken, TokenCreate, TokenList, parse_body
 from controller.errors import Conflict, NotFound
 from controller.tokens import token_view
 
@@ -23,7 +24,8 @@ async def create_token(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
     data = await json_body(request) if request.can_read_body else {}
-    row, token = c.tokens.issue(name, c.clock.now(), note_of(data))
+    body = parse_body(TokenCreate, data)
+    row, token = c.tokens.issue(name, c.clock.now(), body.note)
     await c.store.create_token(row)
     c.tokens.added(row)
     view = token_view({**row, "revoked_at": None})
@@ -56,10 +58,10 @@ ROUTES: tuple[Route, ...] = (
         create_token,
         "Issue a token that can only see and spend this account: {note}. The token is shown once.",
         admin_only=True,
-        body="TokenCreate",
+        body=TokenCreate,
         body_required=False,
         params=(ACCOUNT_PATH,),
-        responses={201: ("The token.", None), 404: ("No such account.", ERR)},
+        responses={201: ("The token.", IssuedToken), 404: ("No such account.", ERR)},
     ),
     Route(
         "GET",
@@ -67,7 +69,7 @@ ROUTES: tuple[Route, ...] = (
         list_tokens,
         "The account's tokens (ids, notes, revocation; never the secrets).",
         params=(ACCOUNT_PATH,),
-        responses={200: ("Tokens.", None), 404: ("No such account.", ERR)},
+        responses={200: ("Tokens.", TokenList), 404: ("No such account.", ERR)},
     ),
     Route(
         "DELETE",
@@ -77,7 +79,7 @@ ROUTES: tuple[Route, ...] = (
         admin_only=True,
         params=(ACCOUNT_PATH, Param("token_id", "path", "Token id.", required=True)),
         responses={
-            200: ("Revoked.", None),
+            200: ("Revoked.", RevokedToken),
             404: ("No such token.", ERR),
             409: ("Revoked already.", ERR),
         },

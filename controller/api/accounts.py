@@ -5,7 +5,6 @@ account route (account_in_path), tokens included."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from aiohttp import web
 
@@ -23,9 +22,17 @@ from controller.api.base import (
     principal_of,
     require_account,
 )
-from controller.errors import ApiError, Conflict, NotFound
+from controller.api.schemas import (
+    ACCOUNT_NAME_PATTERN,
+    Account,
+    AccountCreate,
+    AccountList,
+    Credit,
+    parse_body,
+)
+from controller.errors import Conflict, NotFound
 
-ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ACCOUNT_NAME = re.compile(ACCOUNT_NAME_PATTERN)
 LEDGER_AFTER = bounded("after", "Entries after this id (paging).", 0, 10**15, 0)
 LEDGER_LIMIT = bounded("limit", "At most this many entries.", 1, 100_000, 1000)
 
@@ -42,24 +49,6 @@ def account_in_path(request: web.Request) -> str:
     return name
 
 
-def _cpu_hours(data: dict[str, Any], name: str, default: float | None = None) -> float:
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e15:
-        raise ApiError(
-            f"{name}: must be a number of CPU-hours, 0 or more, not {value!r}",
-            code="invalid_body",
-            detail={"errors": [{"field": name, "message": "a non-negative number"}]},
-        )
-    return float(value)
-
-
-def note_of(data: dict[str, Any]) -> str:
-    note = data.get("note", "")
-    if not isinstance(note, str) or len(note) > 1000:
-        raise ApiError("note: must be text of at most 1000 characters", code="invalid_body")
-    return note
-
-
 async def list_accounts(request: web.Request) -> web.Response:
     c = controller_of(request)
     principal = principal_of(request)
@@ -69,22 +58,13 @@ async def list_accounts(request: web.Request) -> web.Response:
 
 async def create_account(request: web.Request) -> web.Response:
     c = controller_of(request)
-    data = await json_body(request)
-    name = data.get("name")
-    if not isinstance(name, str) or not ACCOUNT_NAME.match(name):
-        raise ApiError(
-            f"name: must be 1-64 letters, digits, '_', '.' or '-', not {name!r}",
-            code="invalid_body",
-        )
-    unlimited = data.get("unlimited", False)
-    if not isinstance(unlimited, bool):
-        raise ApiError("unlimited: must be true or false", code="invalid_body")
-    cpu_h = _cpu_hours(data, "cpu_hours", 0.0)
+    body = parse_body(AccountCreate, await json_body(request))
+    name = body.name
     accounts = c.scheduler.accounts
     if name in accounts.unlimited:
         raise Conflict(f"account {name!r} exists already", code="account_exists")
     now = c.clock.now()
-    row, entries = accounts.create(name, unlimited, cpu_h, now, note_of(data))
+    row, entries = accounts.create(name, body.unlimited, body.cpu_hours, now, body.note)
     rows = [(now, e.account, e.kind, e.cpu_h, e.key, "account created") for e in entries]
     try:
         created = await c.store.create_account(row, rows)
@@ -101,11 +81,11 @@ async def credit_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
     accounts = c.scheduler.accounts
-    data = await json_body(request)
-    cpu_h = _cpu_hours(data, "cpu_hours")
+    body = parse_body(Credit, await json_body(request))
+    cpu_h = body.cpu_hours
     entry = accounts.credit(name, cpu_h)
     try:
-        await c.store.append_ledger([(c.clock.now(), name, "credit", cpu_h, "", note_of(data))])
+        await c.store.append_ledger([(c.clock.now(), name, "credit", cpu_h, "", body.note)])
     except BaseException:
         accounts.uncredit(entry)
         raise
@@ -145,7 +125,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/accounts",
         list_accounts,
         "Accounts and their CPU-hour balances.",
-        responses={200: ("Accounts.", None)},
+        responses={200: ("Accounts.", AccountList)},
     ),
     Route(
         "POST",
@@ -153,9 +133,9 @@ ROUTES: tuple[Route, ...] = (
         create_account,
         "Create an account: {name, cpu_hours (its first credit), unlimited, note}.",
         admin_only=True,
-        body="AccountCreate",
+        body=AccountCreate,
         responses={
-            201: ("The account, with its balance.", None),
+            201: ("The account, with its balance.", Account),
             400: ("A bad field; the message names it.", ERR),
             409: ("The account exists already.", ERR),
         },
@@ -166,7 +146,7 @@ ROUTES: tuple[Route, ...] = (
         get_account,
         "An account's balance: allocation, charged, reserved and available CPU-hours.",
         params=(ACCOUNT_PATH,),
-        responses={200: ("The balance.", None), 404: ("No such account.", ERR)},
+        responses={200: ("The balance.", Account), 404: ("No such account.", ERR)},
     ),
     Route(
         "POST",
@@ -174,10 +154,10 @@ ROUTES: tuple[Route, ...] = (
         credit_account,
         "Add CPU-hours to an account's allocation: {cpu_hours, note}. Held jobs may run.",
         admin_only=True,
-        body="Credit",
+        body=Credit,
         params=(ACCOUNT_PATH,),
         responses={
-            200: ("The new balance.", None),
+            200: ("The new balance.", Account),
             400: ("A bad field.", ERR),
             404: ("No such account.", ERR),
         },

@@ -29,6 +29,8 @@ from controller.api.base import (
     require_account,
     visible_bag,
 )
+from controller.api.schemas import Bag, BagList
+from controller.bagspec import BagSpec
 from controller.errors import ApiError, Conflict, InvalidBag
 from controller.models import BagState
 from controller.summary import bag_view
@@ -129,7 +131,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/bags",
         create_bag,
         "Submit a bag of jobs.",
-        body="BagSpec",
+        body=BagSpec,
         params=(
             Param(
                 "Idempotency-Key",
@@ -141,8 +143,8 @@ ROUTES: tuple[Route, ...] = (
             ),
         ),
         responses={
-            201: ("The bag was admitted; all its jobs are queued.", "Bag"),
-            200: ("This account's bag with this Idempotency-Key exists already.", "Bag"),
+            201: ("The bag was admitted; all its jobs are queued.", Bag),
+            200: ("This account's bag with this Idempotency-Key exists already.", Bag),
             400: ("The spec or the Idempotency-Key is malformed; the message names it.", ERR),
             402: ("The account cannot reserve the CPU-hours; says needed and available.", ERR),
             403: ("An account token may not submit for another account.", ERR),
@@ -170,7 +172,7 @@ ROUTES: tuple[Route, ...] = (
             BAGS_OFFSET,
         ),
         responses={
-            200: ("Bags.", "BagList"),
+            200: ("Bags.", BagList),
             403: ("An account token may not list another account's bags.", ERR),
         },
     ),
@@ -180,7 +182,7 @@ ROUTES: tuple[Route, ...] = (
         get_bag,
         "A bag: job counts per state, progress, usage and cost.",
         params=(BAG_PATH,),
-        responses={200: ("The bag.", "Bag"), 404: ("No such bag.", ERR)},
+        responses={200: ("The bag.", Bag), 404: ("No such bag.", ERR)},
     ),
     Route(
         "POST",
@@ -189,7 +191,7 @@ ROUTES: tuple[Route, ...] = (
         "Cancel a bag: queued jobs are cancelled, running ones stopped.",
         params=(BAG_PATH,),
         responses={
-            202: ("Cancellation under way.", "Bag"),
+            202: ("Cancellation under way.", Bag),
             404: ("No such bag.", ERR),
             409: ("The bag already finished.", ERR),
         },

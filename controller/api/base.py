@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from pydantic import BaseModel
 
+from controller.api.schemas import Error
 from controller.errors import ApiError, Forbidden, NotFound
 from controller.ids import BAG_ID, JOB_ID
 from controller.tokens import ADMIN, Principal
@@ -46,14 +48,13 @@ class Route:
     auth: bool = True
     admin_only: bool = False  # account tokens get 403
     params: tuple[Param, ...] = ()
-    body: str | None = None  # component schema name of the JSON request body
+    body: type[BaseModel] | None = None  # the model of the JSON request body
     body_required: bool = True  # False: the body may be left out
-    responses: dict[int, tuple[str, str | None]] = field(
-        default_factory=dict
-    )  # status -> (text, schema)
+    # status -> (text, the model of its JSON body; None: no JSON body documented)
+    responses: dict[int, tuple[str, type[BaseModel] | None]] = field(default_factory=dict)
 
 
-ERR = "Error"  # the component schema of every error answer
+ERR = Error  # the body of every error answer
 
 
 def controller_of(request: web.Request) -> Controller:

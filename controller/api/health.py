@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from controller.api.base import Route, controller_of, json_response
+from controller.api.schemas import Health
 from controller.metrics import CONTENT_TYPE
 
 # The app's route table, for /openapi.json (app.py sets it; it is built from this module).
@@ -49,8 +50,8 @@ ROUTES: tuple[Route, ...] = (
         "Liveness check (no token needed).",
         auth=False,
         responses={
-            200: ("The daemon works.", "Health"),
-            503: ("It cannot work now (its database cannot be written, ...): problems.", "Health"),
+            200: ("The daemon works.", Health),
+            503: ("It cannot work now (its database cannot be written, ...): problems.", Health),
         },
     ),
     Route(

@@ -24,6 +24,7 @@ from controller.api.base import (
     json_response,
     visible_bag,
 )
+from controller.api.schemas import Job, JobList
 from controller.errors import NotFound
 from controller.models import JobState
 from controller.summary import job_view
@@ -110,7 +111,7 @@ ROUTES: tuple[Route, ...] = (
             JOBS_LIMIT,
         ),
         responses={
-            200: ("Jobs; next_after is the cursor for the next page.", "JobList"),
+            200: ("Jobs; next_after is the cursor for the next page.", JobList),
             404: ("No such bag.", ERR),
         },
     ),
@@ -120,7 +121,7 @@ ROUTES: tuple[Route, ...] = (
         get_job,
         "A job with its attempts, VMs, exit codes and log paths.",
         params=(JOB_PATH,),
-        responses={200: ("The job.", "Job"), 404: ("No such job.", ERR)},
+        responses={200: ("The job.", Job), 404: ("No such job.", ERR)},
     ),
     Route(
         "GET",

@@ -8,6 +8,7 @@ import math
 from aiohttp import web
 
 from controller.api.base import Route, bounded, controller_of, int_param, json_response
+from controller.api.schemas import Hopping
 
 HOPPING_LIMIT = bounded("limit", "At most this many migrations.", 1, 10_000, 200)
 
@@ -52,6 +53,6 @@ ROUTES: tuple[Route, ...] = (
         "Spot hopping: the policy, the live market per VM type, and every migration with its reason.",
         admin_only=True,
         params=(HOPPING_LIMIT,),
-        responses={200: ("Market and migrations.", "Hopping")},
+        responses={200: ("Market and migrations.", Hopping)},
     ),
 )

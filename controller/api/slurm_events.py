@@ -7,6 +7,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from controller.api.base import ERR, Param, Route, controller_of, json_response
+from controller.api.schemas import SlurmEventTaken
 from controller.errors import ApiError, Conflict, Unauthorized
 from controller.slurm import callbacks
 
@@ -58,7 +59,7 @@ ROUTES: tuple[Route, ...] = (
         "A callback from slurmctld's hooks (slurm_hooks/): HMAC-signed with the hook secret "
         "(X-Spotbag-Timestamp, X-Spotbag-Signature), no bearer token; a repeat changes nothing.",
         auth=False,
-        body="SlurmEvent",
+        body=callbacks.SlurmEvent,
         params=(
             Param(
                 "X-Spotbag-Timestamp",
@@ -76,7 +77,7 @@ ROUTES: tuple[Route, ...] = (
             ),
         ),
         responses={
-            200: ("Taken (or a duplicate: duplicate = true).", None),
+            200: ("Taken (or a duplicate: duplicate = true).", SlurmEventTaken),
             400: ("A malformed event.", ERR),
             401: ("A bad signature or a timestamp outside the window.", ERR),
             409: ("The daemon does not run the Slurm executor.", ERR),

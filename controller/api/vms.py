@@ -20,6 +20,7 @@ from controller.api.base import (
     int_param,
     json_response,
 )
+from controller.api.schemas import Models, Preempted, VmList
 from controller.errors import Conflict, NotFound
 from controller.summary import fleet_view
 from drivers.base import VmState
@@ -123,7 +124,7 @@ ROUTES: tuple[Route, ...] = (
             Param("all", "query", "true: include ended VMs (default false).", BOOLEAN),
             VMS_LIMIT,
         ),
-        responses={200: ("VMs and usage totals.", "VmList")},
+        responses={200: ("VMs and usage totals.", VmList)},
     ),
     Route(
         "GET",
@@ -132,7 +133,7 @@ ROUTES: tuple[Route, ...] = (
         "Preemption models: configured, learned (sample counts and fit quality) and in use per VM.",
         admin_only=True,
         params=(Param("history", "query", "Present: also the learned models since replaced."),),
-        responses={200: ("Models.", "Models")},
+        responses={200: ("Models.", Models)},
     ),
     Route(
         "POST",
@@ -142,7 +143,7 @@ ROUTES: tuple[Route, ...] = (
         admin_only=True,
         params=(Param("vm_id", "path", "VM id (vm-...).", required=True),),
         responses={
-            202: ("The VM was preempted.", None),
+            202: ("The VM was preempted.", Preempted),
             404: ("No such live VM.", ERR),
             409: ("The driver cannot inject preemptions.", ERR),
         },
