@@ -25,9 +25,7 @@ async def create_token(request: web.Request) -> web.Response:
     name = account_in_path(request)
     data = await json_body(request) if request.can_read_body else {}
     body = parse_body(TokenCreate, data)
-    row, token = c.tokens.issue(name, c.clock.now(), body.note)
-    await c.store.create_token(row)
-    c.tokens.added(row)
+    row, token = await c.tokens.create(c.store, name, c.clock.now(), body.note)
     view = token_view({**row, "revoked_at": None})
     return json_response({**view, "token": token}, status=201)
 
@@ -45,9 +43,8 @@ async def revoke_token(request: web.Request) -> web.Response:
     token_id = request.match_info["token_id"]
     if c.tokens.account_of(token_id) != name:
         raise NotFound(f"account {name!r} has no token {token_id!r}")
-    if not await c.store.revoke_token(token_id, c.clock.now()):
+    if not await c.tokens.revoke(c.store, token_id, c.clock.now()):
         raise Conflict(f"token {token_id} was revoked already")
-    c.tokens.revoked(token_id)
     return json_response({"id": token_id, "account": name, "revoked": True})
 
 

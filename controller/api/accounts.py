@@ -59,36 +59,22 @@ async def list_accounts(request: web.Request) -> web.Response:
 async def create_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     body = parse_body(AccountCreate, await json_body(request))
-    name = body.name
     accounts = c.scheduler.accounts
-    if name in accounts.unlimited:
-        raise Conflict(f"account {name!r} exists already", code="account_exists")
-    now = c.clock.now()
-    row, entries = accounts.create(name, body.unlimited, body.cpu_hours, now, body.note)
-    rows = [(now, e.account, e.kind, e.cpu_h, e.key, "account created") for e in entries]
-    try:
-        created = await c.store.create_account(row, rows)
-    except BaseException:
-        accounts.forget(name)
-        raise
-    if not created:
-        raise Conflict(f"account {name!r} exists already", code="account_exists")
+    # Written first, then taken into memory by the ledger: a failed write changes nothing.
+    if not await accounts.open_account(
+        c.store, body.name, body.unlimited, body.cpu_hours, c.clock.now(), body.note
+    ):
+        raise Conflict(f"account {body.name!r} exists already", code="account_exists")
     c.scheduler.credited()
-    return json_response(accounts.view(name), status=201)
+    return json_response(accounts.view(body.name), status=201)
 
 
 async def credit_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
-    accounts = c.scheduler.accounts
     body = parse_body(Credit, await json_body(request))
-    cpu_h = body.cpu_hours
-    entry = accounts.credit(name, cpu_h)
-    try:
-        await c.store.append_ledger([(c.clock.now(), name, "credit", cpu_h, "", body.note)])
-    except BaseException:
-        accounts.uncredit(entry)
-        raise
+    accounts = c.scheduler.accounts
+    await accounts.add_credit(c.store, name, body.cpu_hours, c.clock.now(), body.note)
     c.scheduler.credited()
     return json_response(accounts.view(name))
 
