@@ -1,4 +1,4 @@
-"""Bag specs (SPEC.md §1): validation, expansion into jobs, and each job's command and environment.
+"""Bag specs (SPEC.md §1): the model, its validation, and its expansion into jobs.
 
 A bag is one command template run over a parameter space:
 
@@ -10,46 +10,55 @@ A bag is one command template run over a parameter space:
 
 `{name}` placeholders in the command are filled per job, shell-quoted (an
 optional format spec such as `{r:.3f}` is applied first); every value is also
-exported as `SPOTBAG_PARAM_<NAME>`. Errors name the field they are about
-(`parameters.r`, `resources.cpus`, ...).
+exported as `SPOTBAG_PARAM_<NAME>` (controller/job_command.py, whose names this module
+also offers: render_command, job_environment, ParamValue). Errors name the field they
+are about (`parameters.r`, `resources.cpus`, ...).
+
+The spec's structure, types and bounds are the pydantic model's (BagSpec, whose JSON
+schema /openapi.json shows); what a schema cannot say, or would take seconds to check
+value by value for a million jobs (parameter axes and points, placeholders, sizes),
+is plain code over the whole bag at once.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import math
 import re
-import shlex
 import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
+
+from controller.job_command import ParamValue as ParamValue
+from controller.job_command import job_environment as job_environment
+from controller.job_command import (
+    param_env_name,
+    size_problem,
+)
+from controller.job_command import render_command as render_command
 
 PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ACCOUNT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_RUNTIME_S = 30 * 86_400.0
-# One job's command goes to /bin/sh -c as a single argument, and each value into the
-# environment: Linux refuses any single one above 128 KiB (MAX_ARG_STRLEN).
-MAX_COMMAND_CHARS = 100_000
+# Each value goes into the environment: Linux refuses any single one above 128 KiB
+# (MAX_ARG_STRLEN). The limits of a whole job are controller/job_command.py's.
 MAX_VALUE_CHARS = 100_000
 MAX_FORMAT_WIDTH = 1000
-# All of them together must also fit: Linux refuses an exec (E2BIG) whose arguments and
-# environment pass ARG_MAX (a quarter of the stack limit, 2 MiB by default, at least
-# 128 KiB). A job's own part, its command and the environment spotbag adds (env, the
-# SPOTBAG_PARAM_* values, the SPOTBAG_* ids), is held to 128 KiB in UTF-8 bytes, which
-# leaves the rest of ARG_MAX to the environment the daemon passes on.
-MAX_EXEC_BYTES = 128 * 1024
-# The SPOTBAG_* ids and the checkpoint directory, counted generously.
-_SPOTBAG_VARS_BYTES = 4096
 MIN_MEMORY_GB = 0.001  # 1 MB: smaller is a mistake, and a tiny divisor overflows packing
-
-ParamValue = bool | int | float | str
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,20 @@ class BagSpecError(ValueError):
     @classmethod
     def one(cls, field: str, message: str) -> BagSpecError:
         return cls([FieldProblem(field, message)])
+
+
+def _exit_code(code: int) -> int:
+    # A validator rather than Field(ge=1, le=255): the message says what exit codes are.
+    if not 1 <= code <= 255:
+        raise ValueError("exit codes are 1..255")
+    return code
+
+
+ExitCode = Annotated[
+    int,
+    AfterValidator(_exit_code),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 255}),
+]
 
 
 class _Strict(BaseModel):
@@ -149,7 +172,7 @@ class BagSpec(_Strict):
     max_attempts: int = Field(
         5, ge=1, le=100, description="Attempts per job, preemptions included."
     )
-    retryable_exit_codes: list[int] = Field(
+    retryable_exit_codes: list[ExitCode] = Field(
         default_factory=list, description="Non-zero exit codes that mean 'try again'."
     )
     env: dict[str, str] = Field(
@@ -543,90 +566,13 @@ def _values_by_name(spec: BagSpec, axes: dict[str, list] | None) -> dict[str, li
     return values
 
 
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def _longest_utf8(texts: list[str]) -> int:
-    if "".join(texts).isascii():  # the usual case, without encoding each one
-        return max(map(len, texts), default=0)
-    return max(len(text.encode("utf-8", "surrogatepass")) for text in texts)
-
-
-@dataclass(frozen=True)
-class _JobSizes:
-    """The largest job's sizes, from each parameter's longest value (no need to render
-    every job): an upper bound on any one job's."""
-
-    command_chars: int
-    command_bytes: int
-    param_bytes: int  # the SPOTBAG_PARAM_* variables, each with its NUL and pointer
-
-
-def _job_sizes(spec: BagSpec, values: dict[str, list]) -> _JobSizes:
-    """ValueError/TypeError when a format spec does not suit a value (reported by
-    _check_rendering)."""
-    parsed = _parsed(spec.command)
-    used = {(name, fmt or "") for _, name, fmt in parsed if name is not None and name in values}
-    shown: dict[tuple[str, str], tuple[int, int]] = {}  # placeholder -> (chars, bytes)
-    param_bytes = 0
-    for name, taken in values.items():
-        if not taken:
-            continue
-        texts = [param_text(value) for value in taken]
-        param_bytes += len(param_env_name(name)) + 1 + _longest_utf8(texts) + 1 + 8
-        for used_name, fmt in used:
-            if used_name == name:
-                rendered = [format(value, fmt) for value in taken] if fmt else texts
-                quoted = [shlex.quote(text) for text in rendered]
-                shown[name, fmt] = (max(map(len, quoted)), _longest_utf8(quoted))
-    command_chars = command_bytes = 0
-    for literal, name, fmt in parsed:
-        command_chars += len(literal)
-        command_bytes += _utf8_len(literal)
-        if name is not None and name in values:
-            chars, size = shown.get((name, fmt or ""), (0, 0))
-            command_chars += chars
-            command_bytes += size
-    return _JobSizes(command_chars, command_bytes, param_bytes)
-
-
 def _check_sizes(spec: BagSpec, axes: dict[str, list] | None, problems: list[FieldProblem]) -> None:
-    """The longest command any job can get (MAX_COMMAND_CHARS), and its command and the
-    environment spotbag gives it in the bytes an exec counts (each string, its NUL and
-    its pointer), at most MAX_EXEC_BYTES: past ARG_MAX every attempt would fail to start
-    (E2BIG)."""
-    try:
-        sizes = _job_sizes(spec, _values_by_name(spec, axes))
-    except (ValueError, TypeError):
-        return  # a format spec that does not suit a value: reported by _check_rendering
-    if sizes.command_chars > MAX_COMMAND_CHARS:
-        problems.append(
-            FieldProblem(
-                "command",
-                f"a job's command would be {sizes.command_chars:,} characters long; "
-                f"at most {MAX_COMMAND_CHARS:,} (pass large values through files)",
-            )
-        )
-        return
-    # /bin/sh -c COMMAND: three strings, each with its NUL and its pointer.
-    command = sizes.command_bytes + len("/bin/sh-c") + 3 * (1 + 8)
-    env = sum(_utf8_len(key) + _utf8_len(value) + 2 + 8 for key, value in spec.env.items())
-    params = sizes.param_bytes
-    total = command + env + params + _SPOTBAG_VARS_BYTES
-    if total <= MAX_EXEC_BYTES:
-        return
-    parts = {"command": command, "env": env, "parameters" if axes is not None else "points": params}
-    largest = max(parts, key=parts.__getitem__)
-    problems.append(
-        FieldProblem(
-            largest,
-            f"a job's command and environment would take {total:,} bytes (command {command:,}, "
-            f"env {env:,}, parameter values {params:,}, spotbag's own {_SPOTBAG_VARS_BYTES:,}); "
-            f"at most {MAX_EXEC_BYTES:,} (128 KiB) fit in what Linux lets a process start "
-            "with (pass large values through files)",
-        )
-    )
+    """The largest job's command and environment must fit what Linux lets a process
+    start with (controller/job_command.py)."""
+    values_field = "parameters" if axes is not None else "points"
+    problem = size_problem(spec.command, spec.env, _values_by_name(spec, axes), values_field)
+    if problem is not None:
+        problems.append(FieldProblem(*problem))
 
 
 def _check_env(spec: BagSpec, names: list[str], problems: list[FieldProblem]) -> None:
@@ -651,9 +597,6 @@ def _check_limits(spec: BagSpec, problems: list[FieldProblem]) -> None:
                 f"{spec.estimated_runtime_s} exceeds max_runtime_s {spec.max_runtime_s}",
             )
         )
-    for i, code in enumerate(spec.retryable_exit_codes):
-        if not 1 <= code <= 255:
-            problems.append(FieldProblem(f"retryable_exit_codes[{i}]", "exit codes are 1..255"))
 
 
 def _has_format_specs(command: str) -> bool:
@@ -666,57 +609,3 @@ def _check_rendering(bag: Bag) -> None:
             render_command(bag.spec.command, point)
         except (ValueError, TypeError) as exc:
             raise BagSpecError.one("command", f"cannot format job {i} ({point}): {exc}") from None
-
-
-# --- per-job command and environment -----------------------------------------
-
-
-def param_env_name(name: str) -> str:
-    return f"SPOTBAG_PARAM_{name.upper()}"
-
-
-def param_text(value: ParamValue) -> str:
-    """How a value is written into commands and the environment."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed(template: str) -> tuple[tuple[str, str | None, str | None], ...]:
-    return tuple((lit, name, spec) for lit, name, spec, _ in string.Formatter().parse(template))
-
-
-def render_command(template: str, params: Mapping[str, ParamValue]) -> str:
-    """Fill `{name}` / `{name:spec}` placeholders with shell-quoted values."""
-    out = []
-    for literal, name, spec in _parsed(template):
-        out.append(literal)
-        if name is not None:
-            value = params[name]
-            text = format(value, spec) if spec else param_text(value)
-            out.append(shlex.quote(text))
-    return "".join(out)
-
-
-def job_environment(
-    *,
-    bag_id: str,
-    job_id: str,
-    attempt: int,
-    checkpoint_dir: str,
-    params: Mapping[str, ParamValue],
-    extra: Mapping[str, str],
-) -> dict[str, str]:
-    env = dict(extra)
-    env.update(
-        SPOTBAG_BAG_ID=bag_id,
-        SPOTBAG_JOB_ID=job_id,
-        SPOTBAG_ATTEMPT=str(attempt),
-        SPOTBAG_CHECKPOINT_DIR=checkpoint_dir,
-    )
-    for name, value in params.items():
-        env[param_env_name(name)] = param_text(value)
-    return env

@@ -3,10 +3,13 @@
 The rules are policies.ledger_rules; this module applies them to bags and jobs:
 which account pays, how much a job reserves (rate × max_runtime per attempt), what
 happens to an account that does not exist yet (`[ledger] new_accounts`), and which
-jobs wait, held, for credit. The scheduler (and, for admissions and credits, the
-API, on the same event loop) changes it; every entry it returns is written by the
-caller in the same transaction as the state change that caused it. After a restart
-it is rebuilt from the stored entries (`load`).
+jobs wait, held, for credit. The scheduler (and, for admissions, the API, on the
+same event loop) changes it; every entry it returns is written by the caller in the
+same transaction as the state change that caused it. An admin's changes (a new
+account, a credit) are written by the ledger itself, and taken into memory only once
+written (`open_account`, `add_credit`): a write that fails changes nothing, so no
+caller has anything to undo. After a restart it is rebuilt from the stored entries
+(`load`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from controller.bagspec import BagSpec
 from controller.config import LedgerConfig
@@ -31,10 +34,26 @@ from policies.ledger_rules import (
 )
 
 
+def _check_credit(cpu_h: float) -> None:
+    """What Ledger.credit would refuse, refused before anything is written."""
+    if not cpu_h >= 0 or math.isnan(cpu_h):
+        raise ValueError(f"a credit must be a non-negative number of CPU-hours, not {cpu_h}")
+
+
 def first_attempt_keys(bag_id: str, job_count: int) -> list[str]:
     """The reservation keys of the first attempts of a bag's jobs (reservation_key)."""
     prefix = f"{bag_id}:"
     return [f"{prefix}{idx}:1" for idx in range(job_count)]
+
+
+class LedgerStore(Protocol):
+    """The writes an admin's changes need (controller.store.Store has them)."""
+
+    async def create_account(
+        self, account: dict[str, Any], ledger_rows: Sequence[tuple]
+    ) -> bool: ...
+
+    async def append_ledger(self, ledger_rows: Sequence[tuple]) -> None: ...
 
 
 class UnknownAccount(Exception):
@@ -75,6 +94,9 @@ class Accounts:
     ledger: Ledger = field(default_factory=Ledger)
     unlimited: dict[str, bool] = field(default_factory=dict)  # the accounts that exist
     held: dict[str, deque[tuple[str, int]]] = field(default_factory=dict)  # FIFO per account
+    # Accounts an admin is creating, whose write is under way: they exist for every
+    # other change (that write comes first to the store's one writer).
+    creating: set[str] = field(default_factory=set)
 
     # --- amounts ----------------------------------------------------------------------------
 
@@ -130,7 +152,7 @@ class Accounts:
         self._forget_new(admission.account, admission.new_account)
 
     def _open_account(self, account: str, now: float) -> tuple[dict[str, Any] | None, list[Entry]]:
-        if account in self.unlimited:
+        if account in self.unlimited or account in self.creating:
             return None, []
         mode = self.settings.new_accounts
         if mode == "refuse":
@@ -148,6 +170,45 @@ class Accounts:
         entries = [self.ledger.credit(account, cpu_h)] if cpu_h > 0 else []
         row = {"name": account, "unlimited": unlimited, "created_at": now, "note": note}
         return row, entries
+
+    def exists(self, account: str) -> bool:
+        """Whether the account exists (or an admin's creation of it is being written)."""
+        return account in self.unlimited or account in self.creating
+
+    async def open_account(
+        self,
+        store: LedgerStore,
+        account: str,
+        unlimited: bool,
+        cpu_h: float,
+        now: float,
+        note: str = "",
+    ) -> bool:
+        """An admin creates an account with its first credit: written first, then taken
+        into memory. False (nothing changed) when it exists already; a failed write
+        raises, changing nothing."""
+        if self.exists(account):
+            return False
+        _check_credit(cpu_h)
+        row = {"name": account, "unlimited": unlimited, "created_at": now, "note": note}
+        rows = [(now, account, "credit", cpu_h, "", "account created")] if cpu_h > 0 else []
+        self.creating.add(account)
+        try:
+            created = await store.create_account(row, rows)
+        finally:
+            self.creating.discard(account)
+        if created:
+            self.create(account, unlimited, cpu_h, now, note)
+        return created
+
+    async def add_credit(
+        self, store: LedgerStore, account: str, cpu_h: float, now: float, note: str = ""
+    ) -> None:
+        """An admin credits an account: the entry is written first, then the balance
+        grows (a failed write raises, changing nothing)."""
+        _check_credit(cpu_h)
+        await store.append_ledger([(now, account, "credit", cpu_h, "", note)])
+        self.ledger.credit(account, cpu_h)
 
     def _forget_new(self, account: str, new_account: dict[str, Any] | None) -> None:
         if new_account is not None:
@@ -201,7 +262,7 @@ class Accounts:
         used is reserved and charged at once, whatever the balance, since it happened.
         An account that does not exist is opened as if new_accounts were "unlimited"
         unless it says "credit"."""
-        if account in self.unlimited:
+        if self.exists(account):
             new_account, entries = None, []
         else:
             mode = self.settings.new_accounts

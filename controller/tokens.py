@@ -7,7 +7,8 @@ account: submit bags charged to it, see and cancel its bags and their jobs, read
 balance, ledger and reports. Only a SHA-256 of the secret is stored (it is random
 and long, so a slow password hash would add nothing); the whole token is shown once,
 when it is issued. Tokens are kept in memory (the API is the only writer) and
-checked in constant time.
+checked in constant time; a new token or a revocation is written first and only then
+taken into memory (`create`, `revoke`), so a failed write changes nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 TOKEN_FORMAT = re.compile(r"^sbt_([a-f0-9]{12})_([A-Za-z0-9_-]{20,100})$")
 
@@ -68,6 +69,14 @@ def bearer_credentials(authorization: str) -> str | None:
     return token
 
 
+class TokenStore(Protocol):
+    """The writes tokens need (controller.store.Store has them)."""
+
+    async def create_token(self, row: dict[str, Any]) -> None: ...
+
+    async def revoke_token(self, token_id: str, at: float) -> bool: ...
+
+
 class Tokens:
     def __init__(self, admin_token: str, rows: Sequence[dict[str, Any]] = ()) -> None:
         self._admin = admin_token.encode()
@@ -107,6 +116,24 @@ class Tokens:
             "note": note,
         }
         return row, f"sbt_{token_id}_{secret}"
+
+    async def create(
+        self, store: TokenStore, account: str, now: float, note: str = ""
+    ) -> tuple[dict[str, Any], str]:
+        """Issue a token for `account`, write it, then accept it: (its row, the token
+        to show once)."""
+        row, token = self.issue(account, now, note)
+        await store.create_token(row)
+        self.added(row)
+        return row, token
+
+    async def revoke(self, store: TokenStore, token_id: str, now: float) -> bool:
+        """Revoke a token: written first, then refused from then on. False when it was
+        revoked already (or does not exist)."""
+        if not await store.revoke_token(token_id, now):
+            return False
+        self.revoked(token_id)
+        return True
 
     def added(self, row: dict[str, Any]) -> None:
         self._known[row["id"]] = _Known(row["account"], row["secret_sha256"], False)

@@ -1,0 +1,173 @@
+"""Accounts and their CPU-hour ledger: create and credit (admin), balances, and the
+ledger's entries as JSON or CSV. Account names in paths are checked here for every
+account route (account_in_path), tokens included."""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from controller.api.base import (
+    ACCOUNT_PATH,
+    ERR,
+    Param,
+    Route,
+    bounded,
+    controller_of,
+    enum_query,
+    int_param,
+    json_body,
+    json_response,
+    principal_of,
+    require_account,
+)
+from controller.api.schemas import (
+    ACCOUNT_NAME_PATTERN,
+    Account,
+    AccountCreate,
+    AccountList,
+    Credit,
+    parse_body,
+)
+from controller.errors import Conflict, NotFound
+
+ACCOUNT_NAME = re.compile(ACCOUNT_NAME_PATTERN)
+LEDGER_AFTER = bounded("after", "Entries after this id (paging).", 0, 10**15, 0)
+LEDGER_LIMIT = bounded("limit", "At most this many entries.", 1, 100_000, 1000)
+
+
+def account_in_path(request: web.Request) -> str:
+    """The path's account, which must exist and be the caller's to use."""
+    name = request.match_info["account"]
+    require_account(request, name)
+    if (
+        not ACCOUNT_NAME.match(name)
+        or name not in controller_of(request).scheduler.accounts.unlimited
+    ):
+        raise NotFound(f"account {name!r} does not exist", code="unknown_account")
+    return name
+
+
+async def list_accounts(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    principal = principal_of(request)
+    names = [a["name"] for a in await c.store.list_accounts() if principal.may_use(a["name"])]
+    return json_response({"accounts": [c.scheduler.accounts.view(name) for name in names]})
+
+
+async def create_account(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    body = parse_body(AccountCreate, await json_body(request))
+    accounts = c.scheduler.accounts
+    # Written first, then taken into memory by the ledger: a failed write changes nothing.
+    if not await accounts.open_account(
+        c.store, body.name, body.unlimited, body.cpu_hours, c.clock.now(), body.note
+    ):
+        raise Conflict(f"account {body.name!r} exists already", code="account_exists")
+    c.scheduler.credited()
+    return json_response(accounts.view(body.name), status=201)
+
+
+async def credit_account(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    name = account_in_path(request)
+    body = parse_body(Credit, await json_body(request))
+    accounts = c.scheduler.accounts
+    await accounts.add_credit(c.store, name, body.cpu_hours, c.clock.now(), body.note)
+    c.scheduler.credited()
+    return json_response(accounts.view(name))
+
+
+async def get_account(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    name = account_in_path(request)
+    return json_response(c.scheduler.accounts.view(name))
+
+
+async def account_ledger(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    name = account_in_path(request)
+    after = int_param(request, LEDGER_AFTER)
+    limit = int_param(request, LEDGER_LIMIT)
+    fmt = enum_query(request, "format", ["json", "csv"]) or "json"
+    entries = await c.store.ledger_entries(name, after, limit)
+    next_after = entries[-1]["id"] if len(entries) == limit else None
+    if fmt == "csv":
+        lines = ["id,at,account,kind,cpu_hours,reservation,note"]
+        for e in entries:
+            note = '"' + e["note"].replace('"', '""') + '"'
+            lines.append(
+                f"{e['id']},{e['at']:.3f},{e['account']},{e['kind']},{e['cpu_h']!r},{e['key']},{note}"
+            )
+        headers = {"X-Spotbag-Next-After": str(next_after)} if next_after is not None else {}
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/csv", headers=headers)
+    return json_response({"entries": entries, "next_after": next_after})
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET",
+        "/v1/accounts",
+        list_accounts,
+        "Accounts and their CPU-hour balances.",
+        responses={200: ("Accounts.", AccountList)},
+    ),
+    Route(
+        "POST",
+        "/v1/accounts",
+        create_account,
+        "Create an account: {name, cpu_hours (its first credit), unlimited, note}.",
+        admin_only=True,
+        body=AccountCreate,
+        responses={
+            201: ("The account, with its balance.", Account),
+            400: ("A bad field; the message names it.", ERR),
+            409: ("The account exists already.", ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/accounts/{account}",
+        get_account,
+        "An account's balance: allocation, charged, reserved and available CPU-hours.",
+        params=(ACCOUNT_PATH,),
+        responses={200: ("The balance.", Account), 404: ("No such account.", ERR)},
+    ),
+    Route(
+        "POST",
+        "/v1/accounts/{account}/credit",
+        credit_account,
+        "Add CPU-hours to an account's allocation: {cpu_hours, note}. Held jobs may run.",
+        admin_only=True,
+        body=Credit,
+        params=(ACCOUNT_PATH,),
+        responses={
+            200: ("The new balance.", Account),
+            400: ("A bad field.", ERR),
+            404: ("No such account.", ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/accounts/{account}/ledger",
+        account_ledger,
+        "The account's ledger entries, oldest first (JSON, or CSV with format=csv).",
+        params=(
+            ACCOUNT_PATH,
+            LEDGER_AFTER,
+            LEDGER_LIMIT,
+            Param(
+                "format",
+                "query",
+                "json (default) or csv.",
+                {"type": "string", "enum": ["json", "csv"], "default": "json"},
+            ),
+        ),
+        responses={
+            200: ("Entries.", None),
+            403: ("An account token may not read another account.", ERR),
+            404: ("No such account.", ERR),
+        },
+    ),
+)

@@ -1,0 +1,199 @@
+"""Bags: submit (POST /v1/bags), list, show and cancel.
+
+A submission is decoded here and handed to admission (controller/admission.py), which
+validates the spec (controller/bagspec.py), reserves CPU-hours and writes the bag and
+its jobs; what it raises (InvalidBag, InsufficientBalance, ...) is already an ApiError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from aiohttp import web
+
+from controller.admission import admit
+from controller.api.base import (
+    BAG_PATH,
+    ERR,
+    Param,
+    Route,
+    bag_id_of,
+    bounded,
+    controller_of,
+    decode_json,
+    enum_query,
+    int_param,
+    json_response,
+    principal_of,
+    require_account,
+    visible_bag,
+)
+from controller.api.schemas import Bag, BagList
+from controller.bagspec import BagSpec
+from controller.errors import ApiError, Conflict, InvalidBag
+from controller.models import BagState
+from controller.summary import bag_view
+
+# RFC 8941 sf-string-like: printable ASCII, no spaces at either end (HTTP trims them).
+IDEMPOTENCY_KEY = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")
+IDEMPOTENCY_KEY_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "pattern": r"^[!-~]([ -~]{0,198}[!-~])?$",
+}
+BAGS_LIMIT = bounded("limit", "At most this many bags.", 1, 1000, 50)
+BAGS_OFFSET = bounded("offset", "Skip this many bags.", 0, 10**9, 0)
+
+
+async def create_bag(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    body = await request.read()
+    try:
+        # Parsing megabytes of JSON takes long enough to stall the event loop.
+        data = await asyncio.to_thread(decode_json, body)
+    except ValueError as exc:
+        raise InvalidBag(
+            f"(body): not valid JSON ({exc})",
+            detail={"errors": [{"field": "(body)", "message": str(exc)}]},
+        ) from None
+    principal = principal_of(request)
+    if not principal.is_admin and isinstance(data, dict):
+        # An account token's bags are charged to its account, which may go unsaid.
+        account = data.setdefault("account", principal.account)
+        if isinstance(account, str):
+            require_account(request, account)
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+        raise ApiError(
+            "header Idempotency-Key: must be 1 to 200 printable ASCII characters "
+            "(letters, digits, punctuation and inner spaces)",
+            code="invalid_header",
+            detail={"errors": [{"field": "Idempotency-Key", "message": "1-200 printable ASCII"}]},
+        )
+    bag, created = await admit(
+        data,
+        store=c.store,
+        scheduler=c.scheduler,
+        catalog=c.catalog,
+        bag_id=c.ids.new_bag_id(),
+        now=c.clock.now(),
+        max_jobs=c.config.api.max_jobs_per_bag,
+        idempotency_key=key,
+        workdir_problem=getattr(c.executor, "workdir_problem", None),
+    )
+    view = bag_view(await c.store.get_bag(bag["id"]), c.clock.now())
+    return json_response(view, status=201 if created else 200)
+
+
+async def list_bags(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    state = enum_query(request, "state", [s.value for s in BagState])
+    limit = int_param(request, BAGS_LIMIT)
+    offset = int_param(request, BAGS_OFFSET)
+    account = request.query.get("account")
+    principal = principal_of(request)
+    if account is not None:
+        require_account(request, account)
+    elif not principal.is_admin:
+        account = principal.account
+    bags = await c.store.list_bags(state=state, account=account, limit=limit, offset=offset)
+    now = c.clock.now()
+    views = [bag_view(b, now) for b in bags]
+    for view in views:
+        del view["spec"]
+    return json_response({"bags": views, "limit": limit, "offset": offset})
+
+
+async def get_bag(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    bag = await visible_bag(request, bag_id_of(request))
+    return json_response(bag_view(bag, c.clock.now()))
+
+
+async def cancel_bag(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    bag_id = bag_id_of(request)
+    bag = await visible_bag(request, bag_id)
+    if bag["state"] != BagState.ACTIVE:
+        raise Conflict(
+            f"bag {bag_id} already finished ({bag['state']})", detail={"state": bag["state"]}
+        )
+    await c.store.request_cancel(bag_id, c.clock.now())
+    c.scheduler.cancel_requested(bag_id)
+    return json_response(bag_view(await c.store.get_bag(bag_id), c.clock.now()), status=202)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/v1/bags",
+        create_bag,
+        "Submit a bag of jobs.",
+        body=BagSpec,
+        params=(
+            Param(
+                "Idempotency-Key",
+                "header",
+                "Repeat a submission safely: the same key, from the same account, returns "
+                "the bag created the first time. Keys are the account's own (another account "
+                "may use the same key for its own bag). 1-200 printable ASCII characters.",
+                IDEMPOTENCY_KEY_SCHEMA,
+            ),
+        ),
+        responses={
+            201: ("The bag was admitted; all its jobs are queued.", Bag),
+            200: ("This account's bag with this Idempotency-Key exists already.", Bag),
+            400: ("The spec or the Idempotency-Key is malformed; the message names it.", ERR),
+            402: ("The account cannot reserve the CPU-hours; says needed and available.", ERR),
+            403: ("An account token may not submit for another account.", ERR),
+            404: ("The account does not exist (with [ledger] new_accounts = refuse).", ERR),
+            409: (
+                "The account used this Idempotency-Key for a different bag "
+                "(code idempotency_key_reused; detail.bag_id is that bag).",
+                ERR,
+            ),
+            413: ("The request body is too large.", ERR),
+            422: ("No allowed VM type can run one job of the bag.", ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/bags",
+        list_bags,
+        "List bags, newest first.",
+        params=(
+            Param(
+                "state", "query", "Only bags in this state.", {"enum": [s.value for s in BagState]}
+            ),
+            Param("account", "query", "Only bags of this account."),
+            BAGS_LIMIT,
+            BAGS_OFFSET,
+        ),
+        responses={
+            200: ("Bags.", BagList),
+            403: ("An account token may not list another account's bags.", ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/bags/{bag_id}",
+        get_bag,
+        "A bag: job counts per state, progress, usage and cost.",
+        params=(BAG_PATH,),
+        responses={200: ("The bag.", Bag), 404: ("No such bag.", ERR)},
+    ),
+    Route(
+        "POST",
+        "/v1/bags/{bag_id}/cancel",
+        cancel_bag,
+        "Cancel a bag: queued jobs are cancelled, running ones stopped.",
+        params=(BAG_PATH,),
+        responses={
+            202: ("Cancellation under way.", Bag),
+            404: ("No such bag.", ERR),
+            409: ("The bag already finished.", ERR),
+        },
+    ),
+)

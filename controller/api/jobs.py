@@ -1,0 +1,142 @@
+"""Jobs and their logs: a bag's jobs page by page, one job with its attempts, and the
+output of an attempt (read from the executor's log file, in byte ranges)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from aiohttp import web
+
+from controller.api.base import (
+    BAG_PATH,
+    ERR,
+    JOB_PATH,
+    Param,
+    Route,
+    bag_id_of,
+    bounded,
+    check_bag_visible,
+    controller_of,
+    enum_query,
+    int_param,
+    job_key_of,
+    json_response,
+    visible_bag,
+)
+from controller.api.schemas import Job, JobList
+from controller.errors import NotFound
+from controller.models import JobState
+from controller.summary import job_view
+
+JOBS_LIMIT = bounded("limit", "At most this many jobs.", 1, 1000, 100)
+JOBS_AFTER = bounded("after", "Only jobs with a larger index (pagination).", -1, 10**12, -1)
+LOG_ATTEMPT = bounded("attempt", "Attempt number (default: the latest).", 1, 10**6, None)
+LOG_OFFSET = bounded("offset", "Start at this byte (to follow a growing log).", 0, 10**15, 0)
+LOG_LIMIT = bounded("limit", "At most this many bytes (default 1 MiB).", 1, 16 << 20, 1 << 20)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    bag_id = bag_id_of(request)
+    state = enum_query(request, "state", [s.value for s in JobState])
+    limit = int_param(request, JOBS_LIMIT)
+    after = int_param(request, JOBS_AFTER)
+    await visible_bag(request, bag_id)
+    jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit)
+    views = [job_view(j) for j in jobs]
+    next_after = jobs[-1]["idx"] if len(jobs) == limit else None
+    return json_response({"jobs": views, "next_after": next_after})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    bag_id, idx = job_key_of(request)
+    await check_bag_visible(request, bag_id)
+    job = await c.store.get_job(bag_id, idx)
+    if job is None:
+        raise NotFound(f"job {bag_id}-{idx} does not exist")
+    return json_response(job_view(job))
+
+
+async def get_job_log(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    bag_id, idx = job_key_of(request)
+    await check_bag_visible(request, bag_id)
+    attempt_number = int_param(request, LOG_ATTEMPT)
+    offset = int_param(request, LOG_OFFSET)
+    limit = int_param(request, LOG_LIMIT)
+    attempt = await c.store.get_attempt(bag_id, idx, attempt_number)
+    if attempt is None:
+        which = f"attempt {attempt_number}" if attempt_number else "any attempt"
+        raise NotFound(f"job {bag_id}-{idx} has no {which} (it may not have started yet)")
+    if not attempt["log_path"]:
+        raise NotFound(f"the {c.executor.name} executor keeps no log for job {bag_id}-{idx}")
+    data, size = await asyncio.to_thread(_read_log, Path(attempt["log_path"]), offset, limit)
+    return web.Response(
+        body=data,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={
+            "X-Spotbag-Attempt": str(attempt["number"]),
+            "X-Spotbag-Attempt-State": attempt["state"],
+            "X-Spotbag-Log-Size": str(size),
+            "X-Spotbag-Next-Offset": str(offset + len(data)),
+        },
+    )
+
+
+def _read_log(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(min(offset, size))
+            return f.read(limit), size
+    except FileNotFoundError:
+        return b"", 0
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET",
+        "/v1/bags/{bag_id}/jobs",
+        list_jobs,
+        "A bag's jobs in index order, optionally by state.",
+        params=(
+            BAG_PATH,
+            Param(
+                "state", "query", "Only jobs in this state.", {"enum": [s.value for s in JobState]}
+            ),
+            JOBS_AFTER,
+            JOBS_LIMIT,
+        ),
+        responses={
+            200: ("Jobs; next_after is the cursor for the next page.", JobList),
+            404: ("No such bag.", ERR),
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job_id}",
+        get_job,
+        "A job with its attempts, VMs, exit codes and log paths.",
+        params=(JOB_PATH,),
+        responses={200: ("The job.", Job), 404: ("No such job.", ERR)},
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job_id}/log",
+        get_job_log,
+        "The output of a job's attempt (latest by default).",
+        params=(
+            JOB_PATH,
+            LOG_ATTEMPT,
+            LOG_OFFSET,
+            LOG_LIMIT,
+        ),
+        responses={
+            200: ("Log text; X-Spotbag-Next-Offset gives the next offset.", None),
+            404: ("No such job, attempt or log.", ERR),
+        },
+    ),
+)

@@ -1,0 +1,310 @@
+"""The API's request and response bodies as pydantic models: /openapi.json is their
+JSON schema (openapi.py), and request bodies are validated by them.
+
+Request models (AccountCreate, Credit, TokenCreate) check the small JSON bodies of
+the account routes; `parse_body` turns the first problem into the 400 these routes
+have always answered (`invalid_body`, a message that starts with the field). A bag's
+spec is controller/bagspec.py's BagSpec, and a Slurm hook's event
+controller/slurm/callbacks.py's SlurmEvent.
+
+Response models are documentation only: the handlers build plain dicts (a page of a
+thousand jobs is not worth a model per row), and the fuzz test
+(tests/integration/test_openapi_fuzz.py) holds every answer to these schemas. A field
+is required when every answer has it; one that some answers leave out defaults to
+`ABSENT` (no default shown in the schema).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from controller.bagspec import ACCOUNT_NAME, BagSpec
+from controller.errors import ApiError
+from controller.models import BagState, JobState
+
+ACCOUNT_NAME_PATTERN = ACCOUNT_NAME  # as a bag names it
+MAX_CPU_HOURS = 1e15
+MAX_NOTE_CHARS = 1000
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """Drop the `"default": null` of fields that some answers leave out."""
+    for prop in schema.get("properties", {}).values():
+        if "default" in prop and prop["default"] is None:
+            del prop["default"]
+
+
+# The default of a field that some answers leave out (missing, not null); the schema
+# shows no default for it (_no_default).
+ABSENT: Any = None
+
+# --- requests ------------------------------------------------------------------------------
+
+
+class _Request(BaseModel):
+    """A request body: unknown fields are ignored (as they always were); values are
+    strictly typed (no "1" for 1, no 1 for true). The regex engine is Python's, which
+    the handlers always used. `messages`: per field, the 400's message, formatted with
+    the value given (`{value!r}`), and the `detail.errors` entry's message if any."""
+
+    model_config = ConfigDict(strict=True, regex_engine="python-re")
+    messages: ClassVar[dict[str, tuple[str, str | None]]] = {}
+
+
+M = TypeVar("M", bound=_Request)
+
+_NOTE = Field("", max_length=MAX_NOTE_CHARS, description="Free text kept with the entry.")
+_NOTE_MESSAGE = (f"must be text of at most {MAX_NOTE_CHARS} characters", None)
+_CPU_HOURS_MESSAGE = (
+    "must be a number of CPU-hours, 0 or more, not {value!r}",
+    "a non-negative number",
+)
+
+
+class AccountCreate(_Request):
+    # Fields in the order they are checked: the first problem is the one reported.
+    name: str = Field(pattern=ACCOUNT_NAME_PATTERN, description="The account's name.")
+    unlimited: bool = Field(False, description="No allocation: never runs out of CPU-hours.")
+    cpu_hours: float = Field(
+        0.0, ge=0, lt=MAX_CPU_HOURS, description="Its first credit, CPU-hours."
+    )
+    note: str = _NOTE
+
+    messages: ClassVar[dict[str, tuple[str, str | None]]] = {
+        "name": ("must be 1-64 letters, digits, '_', '.' or '-', not {value!r}", None),
+        "unlimited": ("must be true or false", None),
+        "cpu_hours": _CPU_HOURS_MESSAGE,
+        "note": _NOTE_MESSAGE,
+    }
+
+
+class Credit(_Request):
+    cpu_hours: float = Field(ge=0, lt=MAX_CPU_HOURS, description="CPU-hours to add.")
+    note: str = _NOTE
+
+    messages: ClassVar[dict[str, tuple[str, str | None]]] = {
+        "cpu_hours": _CPU_HOURS_MESSAGE,
+        "note": _NOTE_MESSAGE,
+    }
+
+
+class TokenCreate(_Request):
+    note: str = _NOTE
+
+    messages: ClassVar[dict[str, tuple[str, str | None]]] = {"note": _NOTE_MESSAGE}
+
+
+def parse_body(model: type[M], data: dict[str, Any]) -> M:
+    """`data` (a decoded JSON object) as `model`, or the 400 naming the first field at
+    fault, with the value given (None when it is missing)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0])
+        message, short = model.messages[name]
+        text = f"{name}: {message.format(value=data.get(name))}"
+        detail = {"errors": [{"field": name, "message": short}]} if short else None
+        raise ApiError(text, code="invalid_body", detail=detail) from None
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(json_schema_extra=_no_default)
+
+
+class ErrorBody(_Response):
+    code: str = Field(description="Machine-readable, e.g. invalid_bag.")
+    message: str = Field(description="What is wrong; names the field when one is.")
+    detail: dict[str, Any] = Field(ABSENT, description="e.g. errors: [{field, message}].")
+
+
+class Error(_Response):
+    error: ErrorBody
+
+
+class Health(_Response):
+    ok: bool
+    driver: str
+    schema_version: int
+    problems: list[str] = Field(ABSENT, description="Why it cannot work (503 only).")
+
+
+class Usage(_Response):
+    attempts: int
+    interrupted_attempts: int = Field(description="Attempts cut short by a VM preemption.")
+    attempt_hours: float
+    preempted_attempt_hours: float = Field(
+        description="Running time of the attempts a preemption cut short."
+    )
+    lost_hours: float = Field(
+        description="Work those preemptions lost: the time since each one's last checkpoint."
+    )
+    checkpoints: int = Field(description="Checkpoints the bag's jobs wrote.")
+    checkpoint_hours: float = Field(description="Time spent writing them.")
+    vm_hours: float = Field(description="The bag's share of its VMs' time.")
+    spot_cost_usd: float
+    on_demand_cost_usd: float = Field(description="The same VM-hours at on-demand prices.")
+    savings_usd: float
+
+
+class Bag(_Response):
+    id: str
+    name: str
+    account: str
+    state: BagState
+    cancel_requested: bool
+    created_at: float
+    finished_at: float | None
+    elapsed_s: float
+    job_count: int
+    counts: dict[JobState, int] = Field(description="Jobs per state.")
+    progress: float = Field(description="Finished jobs / all jobs.")
+    usage: Usage
+    spec: BagSpec = Field(ABSENT, description="The spec as submitted (not in lists).")
+
+
+class BagList(_Response):
+    bags: list[Bag]
+    limit: int
+    offset: int
+
+
+class Attempt(_Response):
+    number: int = ABSENT
+    vm_id: str = ABSENT
+    vm_type: str
+    state: str = ABSENT
+    started_at: float = ABSENT
+    ended_at: float | None = ABSENT
+    exit_code: int | None = ABSENT
+    reason: str = ABSENT
+    log_path: str = ABSENT
+    executor_ref: str = Field(
+        description="The executor's id for it: the Slurm job id (slurm), else empty."
+    )
+
+
+class Checkpoint(_Response):
+    attempt: int = ABSENT
+    requested_at: float = Field(ABSENT, description="When the job was signalled.")
+    at: float = Field(ABSENT, description="When the checkpoint was seen complete.")
+    ok: int = Field(ABSENT, description="1: written; 0: not within the time allowed.")
+    work_s: float = Field(ABSENT, description="Work saved by it, seconds of runtime.")
+    vm_age_h: float = Field(ABSENT, description="VM age when signalled, model hours.")
+    detail: str = ABSENT
+
+
+class Job(_Response):
+    id: str
+    bag_id: str
+    index: int
+    params: dict[str, Any]
+    state: JobState
+    attempts: int
+    exit_code: int | None
+    reason: str
+    vm_id: str | None
+    started_at: float | None
+    ended_at: float | None
+    runtime_s: float | None = Field(
+        description="Work it took: its last attempt plus what earlier ones checkpointed."
+    )
+    work_saved_s: float = Field(
+        description="Runtime its last checkpoint holds; a retry resumes there."
+    )
+    checkpoints: int
+    checkpoint_list: list[Checkpoint]
+    log_path: str | None
+    attempt_list: list[Attempt]
+    transitions: list[dict[str, Any]]
+
+
+class JobList(_Response):
+    jobs: list[Job]
+    next_after: int | None
+
+
+class LearnedModel(_Response):
+    key: str = ABSENT
+    model: str = ABSENT
+    parameters: dict[str, Any] = ABSENT
+    n: int = ABSENT
+    censored: int = ABSENT
+    stats: dict[str, Any] = Field(ABSENT, description="r2, ks, aic, log_likelihood")
+    fitted_at: float = ABSENT
+    reason: str = ABSENT
+    active: int = ABSENT
+
+
+class Models(_Response):
+    configured: dict[str, Any]
+    learned: list[LearnedModel]
+    in_use: list[dict[str, Any]]
+
+
+class Hopping(_Response):
+    configured: dict[str, Any]
+    market: list[dict[str, Any]] = Field(
+        description="Per VM type: price now, window mean and deviation (USD/h), "
+        "on-demand price, normalised price now."
+    )
+    migrations: list[dict[str, Any]] = Field(
+        description="The hopper's moves, newest first, with reason, prices and index."
+    )
+
+
+class VmList(_Response):
+    vms: list[dict[str, Any]]
+    usage: dict[str, Any]
+
+
+class Account(_Response):
+    account: str
+    unlimited: bool
+    allocation_cpu_h: float | None = Field(description="null when unlimited.")
+    charged_cpu_h: float
+    reserved_cpu_h: float
+    available_cpu_h: float | None = Field(description="null when unlimited.")
+    held_jobs: int = Field(description="Jobs waiting, held, for credit.")
+
+
+class AccountList(_Response):
+    accounts: list[Account]
+
+
+class Token(_Response):
+    id: str
+    account: str
+    created_at: float
+    revoked_at: float | None
+    note: str
+
+
+class IssuedToken(Token):
+    token: str = Field(description="The token itself (sbt_...), shown this once.")
+
+
+class TokenList(_Response):
+    tokens: list[Token]
+
+
+class RevokedToken(_Response):
+    id: str
+    account: str
+    revoked: Literal[True]
+
+
+class Preempted(_Response):
+    id: str
+    preempted: Literal[True]
+
+
+class SlurmEventTaken(_Response):
+    key: str = Field(description="The event's idempotency key.")
+    duplicate: bool
+    applied: bool

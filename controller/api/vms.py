@@ -1,0 +1,151 @@
+"""VMs: the fleet with what each VM has cost so far, the preemption models the
+scheduler assumes (configured, learned, in use per live VM), and fault injection
+(preempt a VM now, on drivers that can)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from controller.api.base import (
+    BOOLEAN,
+    ERR,
+    Param,
+    Route,
+    bool_query,
+    bounded,
+    controller_of,
+    enum_query,
+    int_param,
+    json_response,
+)
+from controller.api.schemas import Models, Preempted, VmList
+from controller.errors import Conflict, NotFound
+from controller.summary import fleet_view
+from drivers.base import VmState
+
+VMS_LIMIT = bounded("limit", "At most this many VMs.", 1, 10_000, 200)
+
+
+async def list_vms(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    state = enum_query(request, "state", [s.value for s in VmState])
+    limit = int_param(request, VMS_LIMIT)
+    include_ended = bool_query(request, "all")
+    states = [state] if state else None
+    if state is None and not include_ended:
+        states = [VmState.PENDING.value, VmState.RUNNING.value]
+    vms = await c.store.list_vms(states=states, limit=limit)
+    live = c.scheduler.vms
+    now = c.clock.now()
+    for vm in vms:
+        # What the VM has cost so far: its price over its billed life (running → ended).
+        billed_h = max(0.0, (vm["ended_at"] or now) - (vm["running_at"] or now)) / 3600.0
+        paid = vm["spot_price_per_hour"] if vm["spot"] else vm["on_demand_price_per_hour"]
+        vm["billed_hours"] = billed_h
+        vm["cost_usd"] = billed_h * paid
+        vm["on_demand_cost_usd"] = billed_h * vm["on_demand_price_per_hour"]
+        run = live.get(vm["id"])
+        vm["jobs"] = len(run.attempts) if run is not None else 0
+        # Its Slurm node: a pool node it serves, or the node named after it.
+        node_of = getattr(c.executor, "node_of", None)
+        vm["slurm_node"] = vm["pool_node"] or (node_of(vm["id"]) if node_of else "")
+        vm["terminating"] = bool(run and run.terminating)
+    fleet = fleet_view(await c.store.vm_usage(c.clock.now()))
+    return json_response({"vms": vms, "usage": fleet})
+
+
+def _vm_model_view(vm: Any, now: float, time_scale: float) -> dict[str, Any]:
+    """The preemption model the scheduler assumes for a live VM, at its current age."""
+    age_h = max(0.0, now - vm.requested_at) * time_scale / 3600.0
+    belief = vm.belief
+    return {
+        "vm_id": vm.id,
+        "vm_type": vm.vm_type.name,
+        "zone": vm.zone,
+        "age_h": age_h,
+        "model": belief.model.name if belief else None,
+        "parameters": belief.model.parameters if belief else None,
+        "key": belief.key if belief else None,
+        "source": belief.source if belief else None,
+        "stable": vm.table.is_stable(age_h) if vm.table else None,
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    settings = c.config.preemption
+    now = c.clock.now()
+    learned = await c.store.models(active_only=request.query.get("history") is None)
+    return json_response(
+        {
+            "configured": {
+                "model": settings.model,
+                "reuse_policy": settings.reuse_policy,
+                "min_samples": settings.min_samples,
+                "learn": settings.learn,
+                "shipped_models": len(c.book.defaults.entries),
+            },
+            "learned": learned,
+            "in_use": [
+                _vm_model_view(vm, now, c.config.driver.time_scale)
+                for vm in c.scheduler.vms.values()
+            ],
+        }
+    )
+
+
+async def preempt_vm(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    vm_id = request.match_info["vm_id"]
+    inject = getattr(c.driver, "inject_preemption", None)
+    if inject is None:
+        raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
+    vm = c.scheduler.vms.get(vm_id)
+    if vm is None or not vm.provider_id:
+        raise NotFound(f"VM {vm_id} is not alive")
+    if not inject(vm.provider_id, "preempted: injected through the API"):
+        raise Conflict(f"VM {vm_id} is not alive")
+    return json_response({"id": vm_id, "preempted": True}, status=202)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET",
+        "/v1/vms",
+        list_vms,
+        "VMs (live ones unless state or all=true) and fleet usage.",
+        admin_only=True,
+        params=(
+            Param(
+                "state", "query", "Only VMs in this state.", {"enum": [s.value for s in VmState]}
+            ),
+            Param("all", "query", "true: include ended VMs (default false).", BOOLEAN),
+            VMS_LIMIT,
+        ),
+        responses={200: ("VMs and usage totals.", VmList)},
+    ),
+    Route(
+        "GET",
+        "/v1/models",
+        list_models,
+        "Preemption models: configured, learned (sample counts and fit quality) and in use per VM.",
+        admin_only=True,
+        params=(Param("history", "query", "Present: also the learned models since replaced."),),
+        responses={200: ("Models.", Models)},
+    ),
+    Route(
+        "POST",
+        "/v1/vms/{vm_id}/preempt",
+        preempt_vm,
+        "Preempt a VM now (fault injection; local driver only).",
+        admin_only=True,
+        params=(Param("vm_id", "path", "VM id (vm-...).", required=True),),
+        responses={
+            202: ("The VM was preempted.", Preempted),
+            404: ("No such live VM.", ERR),
+            409: ("The driver cannot inject preemptions.", ERR),
+        },
+    ),
+)
