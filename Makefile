@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean venv fuzz
+.PHONY: demo test test-fast lint bench clean venv fuzz
 
 venv: $(STAMP)
 
@@ -20,6 +20,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# Unit and policy tests: no daemon, no Slurm, no processes (tests/conftest.py enforces it).
+test-fast: $(STAMP)
+	SPOTBAG_FAST_TIER=1 $(BIN)/python -m pytest -q -n 2 -m "not integration and not slurm and not processes" \
+		tests/policies tests/controller tests/drivers tests/slurm_hooks tests/deploy tests/test_architecture.py
 
 # A long schemathesis run against a live daemon's /openapi.json (make test runs a short one).
 FUZZ_EXAMPLES ?= 500

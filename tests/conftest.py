@@ -267,3 +267,21 @@ def make_slurm_daemon(make_daemon, slurm_cluster, tmp_path):
         return daemon
 
     return make
+
+
+# --- the fast tier (`make test-fast`) ----------------------------------------------------
+# Unit and policy tests only: no daemon, no Slurm, no process of any kind. Tests that
+# start processes carry the `processes` marker (whole modules by pytestmark); in the
+# fast tier an unmarked test that starts one fails, so the tier stays what it says.
+FAST_TIER = os.environ.get("SPOTBAG_FAST_TIER") == "1"
+
+
+@pytest.fixture(autouse=FAST_TIER)
+def _no_processes_in_the_fast_tier(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            "this test starts a process: mark it @pytest.mark.processes (the fast tier "
+            "runs no processes)"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = {"controller", "drivers", "policies", "slurm_hooks"}
 
@@ -138,6 +140,7 @@ def loaded_after(statement: str) -> set[str]:
     return set(json.loads(done.stdout))
 
 
+@pytest.mark.processes
 def test_the_running_daemon_loads_neither_the_cli_nor_the_tools_nor_their_libraries():
     # click is left out: sqlite-utils (the store's) imports it itself.
     loaded = loaded_after("import controller.daemon")
@@ -145,6 +148,7 @@ def test_the_running_daemon_loads_neither_the_cli_nor_the_tools_nor_their_librar
     assert not found, f"importing controller.daemon loads {sorted(found)}"
 
 
+@pytest.mark.processes
 def test_the_tools_load_neither_the_scheduler_nor_the_api():
     tools = sorted((REPO / "controller" / "tools").glob("*.py"))
     statement = "\n".join(
@@ -154,6 +158,7 @@ def test_the_tools_load_neither_the_scheduler_nor_the_api():
     assert not found, f"importing the tools loads {sorted(found)}"
 
 
+@pytest.mark.processes
 def test_status_loads_no_analysis_library_and_no_daemon_module():
     # What `spotbag status` imports: the group and the bag commands.
     loaded = loaded_after("import controller.cli.bags")

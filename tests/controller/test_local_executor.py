@@ -21,6 +21,8 @@ from controller.executors.base import (
 )
 from controller.executors.local import LocalExecutor, kill_orphans
 
+pytestmark = pytest.mark.processes  # real processes: left out of make test-fast
+
 
 def spec(
     command: str,

@@ -381,6 +381,7 @@ def test_the_on_demand_price_must_be_a_positive_number(tmp_path, price, shown):
     assert "'--on-demand-price'" in result.output and shown in result.output
 
 
+@pytest.mark.processes
 def test_the_command_as_a_real_process(tmp_path):
     command = "from controller.cli.prepaid import prepaid_command; prepaid_command()"
     args = ["--on-demand-price", "1", "--prepaid-price", "0.6", "--term", "1y"]

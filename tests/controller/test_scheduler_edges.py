@@ -244,6 +244,7 @@ async def test_backoff_is_counted_once_per_pass_and_decays(tmp_path):
     await scheduler.store.close()
 
 
+@pytest.mark.processes
 async def test_an_attempt_killed_by_an_unknown_signal_still_ends(tmp_path):
     import time
 

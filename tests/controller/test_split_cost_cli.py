@@ -92,6 +92,7 @@ def test_standard_input():
     check_example_report(json.loads(result.stdout))
 
 
+@pytest.mark.processes
 def test_real_process_on_the_example_file():
     completed = subprocess.run(
         [

@@ -24,6 +24,8 @@ from tests.deploy.test_systemd_unit import (
     verify_problems,
 )
 
+pytestmark = pytest.mark.processes  # real processes: left out of make test-fast
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 

@@ -30,6 +30,8 @@ import pytest
 from controller.cli import cli
 from controller.config import ExecutorConfig
 
+pytestmark = pytest.mark.processes  # real processes: left out of make test-fast
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "spotbag.service"
 INSTALLED_EXEC = "/opt/spotbag/venv/bin/spotbag"

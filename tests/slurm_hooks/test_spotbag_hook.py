@@ -25,6 +25,8 @@ import pytest
 from controller.slurm import callbacks
 from controller.slurm.hooks_install import HookInstall, install_hooks
 
+pytestmark = pytest.mark.processes  # real processes: left out of make test-fast
+
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
