@@ -236,7 +236,7 @@ LEDGER_COLUMNS = _columns(LedgerRow)
 CALLBACK_COLUMNS = _columns(CallbackRecord)
 
 # Columns a VM row may leave out (added by later migrations).
-_VM_DEFAULTS = {"time_scale": 1.0, "ready_at": None, "pool_node": ""}
+_VM_DEFAULTS: dict[str, Any] = {"time_scale": 1.0, "ready_at": None, "pool_node": ""}
 
 
 def _params_in_order(columns: tuple[str, ...]) -> Any:
@@ -305,8 +305,8 @@ class WriteBatch:
         self.vms.update(later.vms)
         self.bags.update(later.bags)
         self.transitions.extend(later.transitions)
-        for key, n in later.count_deltas.items():
-            self.count_deltas[key] += n
+        for bag_state, n in later.count_deltas.items():
+            self.count_deltas[bag_state] += n
         for bag_id, usage in later.usage_deltas.items():
             self.usage_deltas.setdefault(bag_id, Usage()).add(usage)
         self.progress.update(later.progress)

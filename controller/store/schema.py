@@ -391,7 +391,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     db = sqlite_utils.Database(conn)
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if "migrations" not in db.table_names():
-        db["migrations"].create(
+        db.table("migrations").create(
             {"version": int, "description": str, "applied_at": float}, pk="version"
         )
     for number, (description, ddl) in enumerate(MIGRATIONS, start=1):
@@ -399,7 +399,7 @@ def migrate(conn: sqlite3.Connection) -> int:
             continue
         for statement in _statements(ddl):
             conn.execute(statement)
-        db["migrations"].insert(
+        db.table("migrations").insert(
             {"version": number, "description": description, "applied_at": time.time()}
         )
         conn.execute(f"PRAGMA user_version = {number}")
