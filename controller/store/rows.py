@@ -39,7 +39,7 @@ class BagRow(TypedDict):
     lost_s: float
 
 
-class LiveAttempt(TypedDict):
+class LiveAttemptCost(TypedDict):
     """A running attempt of a bag, with what its VM costs (for the bag's running cost)."""
 
     started_at: float
@@ -59,7 +59,7 @@ class BagWithCounts(BagRow):
 class BagDetail(BagWithCounts):
     """A bag with its job counts and its live attempts (`get_bag`)."""
 
-    live_attempts: list[LiveAttempt]
+    live_attempts: list[LiveAttemptCost]
 
 
 class JobRow(TypedDict):
