@@ -72,8 +72,9 @@ def test_slurm_hooks_use_the_standard_library_only():
 
 
 def test_sql_lives_only_in_the_store():
+    store = REPO / "controller" / "store"
     for path in sorted((REPO / "controller").rglob("*.py")):
-        if path.name == "store.py":
+        if path.is_relative_to(store):
             continue
         text = path.read_text()
         for keyword in ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM"):

@@ -296,3 +296,86 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             )
         )
     assert sums == pytest.approx(full)
+
+
+async def test_a_batch_writes_each_kind_of_row_to_its_columns(tmp_path):
+    """Every WriteBatch method, through apply: each value lands in its own column (the
+    batch's rows are named fields; the statements take them in column order)."""
+    store = Store(tmp_path / "db.sqlite")
+    await store.open()
+    await store.create_bag(bag_row(n=2), ["{}", "{}"], None)
+    batch = WriteBatch()
+    batch.job("b0000000001", 0, "running", 2, 1, None, "retried", "vm-1", 10.0, None, None)
+    batch.job_state_change("b0000000001", "queued", "running")
+    batch.attempt("b0000000001", 0, 2, "vm-1", "running", 10.0, None, None, "", "/l", ref="77")
+    vm = {
+        "id": "vm-1",
+        "provider_id": "i-1",
+        "driver": "sim",
+        "vm_type": "m5.large",
+        "zone": "z1",
+        "spot": 1,
+        "state": "running",
+        "reason": "",
+        "cpus": 2,
+        "gpus": 0,
+        "memory_gb": 8.0,
+        "spot_price_per_hour": 0.03,
+        "on_demand_price_per_hour": 0.1,
+        "requested_at": 1.0,
+        "running_at": 5.0,
+        "ended_at": None,
+    }
+    batch.vm(vm)  # without the columns later migrations added: their defaults
+    batch.vm({**vm, "id": "vm-2", "time_scale": 60.0, "ready_at": 6.0, "pool_node": "n1"})
+    batch.checkpoint(
+        "b0000000001", 0, 2, requested_at=20.0, at=22.5, ok=True, work_saved_s=8.0,
+        checkpoints=1, vm_age_h=0.25,
+    )  # fmt: skip
+    batch.work_lost("b0000000001", 3.5)
+    batch.transition(10.0, "job", "b0000000001-0", "queued", "running", "placed")
+    batch.callback("cb-1", 9.0, "started", "b0000000001-0.2")
+    batch.account({"name": "u", "unlimited": False, "created_at": 1.0})
+    entry = type("Entry", (), {"account": "u", "kind": "credit", "cpu_h": 4.0, "key": ""})
+    batch.ledger_entries(5.0, [entry], "opened")
+    batch.slurm_run(
+        {"key": "slurm:1:0:x", "job_id": "1", "job_name": "x", "restart": 0, "user": "u",
+         "account": "u", "partition": "p", "node": "n1", "vm_id": "vm-2", "cpus": 2.0,
+         "reserved_cpu_h": 1.0, "started_at": 3.0, "ended_at": None, "state": "running",
+         "exit_code": None, "reason": ""}
+    )  # fmt: skip
+    await store.apply(batch)
+
+    job = await store.get_job("b0000000001", 0)
+    assert (job["state"], job["attempts"], job["counted_attempts"], job["reason"]) == (
+        "running",
+        2,
+        1,
+        "retried",
+    )
+    assert (job["work_saved_s"], job["checkpoints"]) == (8.0, 1)
+    [attempt] = job["attempt_list"]
+    assert (attempt["number"], attempt["log_path"], attempt["ref"], attempt["vm_type"]) == (
+        2,
+        "/l",
+        "77",
+        "m5.large",
+    )
+    assert [c["work_s"] for c in job["checkpoint_list"]] == [8.0]
+    assert [t["reason"] for t in job["transitions"]] == ["placed"]
+    bag = await store.get_bag("b0000000001")
+    assert bag["counts"] == {"queued": 1, "running": 1}
+    assert (bag["checkpoints"], bag["checkpoint_s"], bag["lost_s"]) == (1, 2.5, 3.5)
+    vms = {v["id"]: v for v in await store.list_vms(states=None, limit=10)}
+    assert (vms["vm-1"]["time_scale"], vms["vm-1"]["ready_at"], vms["vm-1"]["pool_node"]) == (
+        1.0,
+        None,
+        "",
+    )
+    assert (vms["vm-2"]["time_scale"], vms["vm-2"]["pool_node"]) == (60.0, "n1")
+    assert await store.callback_seen("cb-1")
+    account = await store.account("u")
+    assert account["sums"] == {"credit": 4.0}
+    [run] = (await store.load_active())["slurm_runs"]
+    assert (run["user"], run["vm_id"], run["reserved_cpu_h"]) == ("u", "vm-2", 1.0)
+    await store.close()

@@ -1,0 +1,559 @@
+"""The write batch: the rows the scheduler changed in one pass, and the SQL that
+writes them in one transaction (`apply_batch`, run by the engine's writer).
+
+Each kind of change is a small dataclass with named fields (JobChange,
+AttemptChange, VmChange, ...); `WriteBatch`'s methods (`batch.job(...)`,
+`batch.attempt(...)`, ...) build them, so callers never see the rows' order. Rows
+are keyed where an object may change twice in a pass, so it is written once; the
+running totals of bags (usage, checkpoints) and the job counts per state are
+deltas that add up. Each row class's `params` gives the values in the order of its
+statement's placeholders.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any
+
+
+@dataclass(slots=True)
+class JobChange:
+    """A job's state and outcome as the scheduler left it (UPDATE jobs)."""
+
+    bag_id: str
+    idx: int
+    state: str
+    attempts: int
+    counted_attempts: int
+    exit_code: int | None
+    reason: str
+    vm_id: str | None
+    started_at: float | None
+    ended_at: float | None
+    runtime_s: float | None
+
+
+# The SET columns, then the key (the WHERE clause).
+_JOB_PARAMS = attrgetter(
+    "state",
+    "attempts",
+    "counted_attempts",
+    "exit_code",
+    "reason",
+    "vm_id",
+    "started_at",
+    "ended_at",
+    "runtime_s",
+    "bag_id",
+    "idx",
+)
+
+
+@dataclass(slots=True)
+class AttemptChange:
+    """An attempt, new or changed (INSERT OR REPLACE INTO attempts)."""
+
+    bag_id: str
+    idx: int
+    number: int
+    vm_id: str
+    state: str
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+    reason: str
+    log_path: str
+    ref: str = ""
+
+
+@dataclass(slots=True)
+class VmChange:
+    """A VM, new or changed (INSERT OR REPLACE INTO vms)."""
+
+    id: str
+    provider_id: str
+    driver: str
+    vm_type: str
+    zone: str
+    spot: int | bool
+    state: str
+    reason: str
+    cpus: int
+    gpus: int
+    memory_gb: float
+    spot_price_per_hour: float
+    on_demand_price_per_hour: float
+    requested_at: float
+    running_at: float | None
+    ended_at: float | None
+    time_scale: float = 1.0
+    ready_at: float | None = None
+    pool_node: str = ""
+
+
+@dataclass(slots=True)
+class BagEnd:
+    """A bag that finished (UPDATE bags)."""
+
+    bag_id: str
+    state: str
+    finished_at: float
+
+
+@dataclass(slots=True)
+class Transition:
+    """A state change of a bag, job, attempt or VM (INSERT INTO transitions)."""
+
+    at: float
+    entity: str
+    entity_id: str
+    from_state: str
+    to_state: str
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Usage:
+    """What ended attempts add to their bag's running totals (UPDATE bags)."""
+
+    attempts_ended: int = 0
+    preemptions: int = 0
+    attempt_s: float = 0.0
+    preempted_s: float = 0.0
+    vm_s: float = 0.0
+    spot_cost_usd: float = 0.0
+    on_demand_cost_usd: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        self.attempts_ended += other.attempts_ended
+        self.preemptions += other.preemptions
+        self.attempt_s += other.attempt_s
+        self.preempted_s += other.preempted_s
+        self.vm_s += other.vm_s
+        self.spot_cost_usd += other.spot_cost_usd
+        self.on_demand_cost_usd += other.on_demand_cost_usd
+
+
+@dataclass(slots=True)
+class CheckpointTotals:
+    """What checkpoints and preemptions add to their bag's totals (UPDATE bags)."""
+
+    checkpoints: int = 0
+    checkpoint_s: float = 0.0  # time the written checkpoints took
+    lost_s: float = 0.0  # work preemptions threw away
+
+    def add(self, other: CheckpointTotals) -> None:
+        self.checkpoints += other.checkpoints
+        self.checkpoint_s += other.checkpoint_s
+        self.lost_s += other.lost_s
+
+
+@dataclass(slots=True)
+class Progress:
+    """The work a job has saved, after its latest written checkpoint (UPDATE jobs)."""
+
+    bag_id: str
+    idx: int
+    work_saved_s: float
+    checkpoints: int
+
+
+@dataclass(slots=True)
+class CheckpointRecord:
+    """One checkpoint of an attempt, written or given up on (INSERT INTO checkpoints)."""
+
+    bag_id: str
+    idx: int
+    number: int  # the attempt
+    requested_at: float
+    at: float
+    ok: int
+    work_s: float
+    vm_age_h: float
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class LedgerRow:
+    """One ledger entry (INSERT INTO ledger); the same order as the tuples that
+    create_bag, create_account and append_ledger take."""
+
+    at: float
+    account: str
+    kind: str
+    cpu_h: float
+    key: str
+    note: str = ""
+
+
+@dataclass(slots=True)
+class CallbackRecord:
+    """A Slurm callback handled (INSERT OR IGNORE INTO callbacks)."""
+
+    key: str
+    at: float
+    kind: str
+    subject: str
+
+
+@dataclass(slots=True)
+class SlurmRunChange:
+    """A run of a Slurm user's job on a power-saving pool (INSERT OR REPLACE INTO
+    slurm_runs)."""
+
+    key: str
+    job_id: str
+    job_name: str
+    restart: int
+    user: str
+    account: str
+    partition: str
+    node: str
+    vm_id: str
+    cpus: float
+    reserved_cpu_h: float
+    started_at: float
+    ended_at: float | None
+    state: str
+    exit_code: int | None
+    reason: str
+
+
+def _columns(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+ATTEMPT_COLUMNS = _columns(AttemptChange)
+VM_COLUMNS = _columns(VmChange)
+SLURM_RUN_COLUMNS = _columns(SlurmRunChange)
+TRANSITION_COLUMNS = _columns(Transition)
+CHECKPOINT_COLUMNS = _columns(CheckpointRecord)
+LEDGER_COLUMNS = _columns(LedgerRow)
+CALLBACK_COLUMNS = _columns(CallbackRecord)
+
+# Columns a VM row may leave out (added by later migrations).
+_VM_DEFAULTS: dict[str, Any] = {"time_scale": 1.0, "ready_at": None, "pool_node": ""}
+
+
+def _params_in_order(columns: tuple[str, ...]) -> Any:
+    """The values of a row in the order of `columns`, as a tuple (columns: two or more)."""
+    return attrgetter(*columns)
+
+
+_ATTEMPT_PARAMS = _params_in_order(ATTEMPT_COLUMNS)
+_VM_PARAMS = _params_in_order(VM_COLUMNS)
+_SLURM_RUN_PARAMS = _params_in_order(SLURM_RUN_COLUMNS)
+_TRANSITION_PARAMS = _params_in_order(TRANSITION_COLUMNS)
+_CHECKPOINT_PARAMS = _params_in_order(CHECKPOINT_COLUMNS)
+_LEDGER_PARAMS = _params_in_order(LEDGER_COLUMNS)
+_CALLBACK_PARAMS = _params_in_order(CALLBACK_COLUMNS)
+_USAGE_PARAMS = _params_in_order(_columns(Usage))
+_CHECKPOINT_TOTAL_PARAMS = _params_in_order(_columns(CheckpointTotals))
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """Rows the scheduler changed in one pass, written in one transaction.
+
+    Rows are keyed, so an object changed twice in a pass is written once.
+    """
+
+    jobs: dict[tuple[str, int], JobChange] = field(default_factory=dict)
+    attempts: dict[tuple[str, int, int], AttemptChange] = field(default_factory=dict)
+    vms: dict[str, VmChange] = field(default_factory=dict)
+    bags: dict[str, BagEnd] = field(default_factory=dict)
+    transitions: list[Transition] = field(default_factory=list)
+    count_deltas: defaultdict[tuple[str, str], int] = field(
+        default_factory=lambda: defaultdict(int)
+    )  # (bag id, job state) -> change in the number of jobs in that state
+    usage_deltas: dict[str, Usage] = field(default_factory=dict)
+    progress: dict[tuple[str, int], Progress] = field(default_factory=dict)
+    checkpoints: list[CheckpointRecord] = field(default_factory=list)
+    checkpoint_deltas: dict[str, CheckpointTotals] = field(default_factory=dict)
+    ledger: list[LedgerRow] = field(default_factory=list)
+    callbacks: dict[str, CallbackRecord] = field(default_factory=dict)
+    accounts: list[dict[str, Any]] = field(default_factory=list)  # opened by this batch
+    slurm_runs: dict[str, SlurmRunChange] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.jobs
+            or self.attempts
+            or self.vms
+            or self.bags
+            or self.transitions
+            or self.progress
+            or self.checkpoints
+            or self.checkpoint_deltas
+            or self.ledger
+            or self.callbacks
+            or self.accounts
+            or self.slurm_runs
+        )
+
+    def size(self) -> int:
+        return len(self.jobs) + len(self.attempts) + len(self.vms) + len(self.transitions)
+
+    def merge(self, later: WriteBatch) -> None:
+        """Fold a later batch into this one (later rows win; deltas add up)."""
+        self.jobs.update(later.jobs)
+        self.attempts.update(later.attempts)
+        self.vms.update(later.vms)
+        self.bags.update(later.bags)
+        self.transitions.extend(later.transitions)
+        for bag_state, n in later.count_deltas.items():
+            self.count_deltas[bag_state] += n
+        for bag_id, usage in later.usage_deltas.items():
+            self.usage_deltas.setdefault(bag_id, Usage()).add(usage)
+        self.progress.update(later.progress)
+        self.ledger.extend(later.ledger)
+        for key, row in later.callbacks.items():
+            self.callbacks.setdefault(key, row)
+        self.accounts.extend(later.accounts)
+        self.slurm_runs.update(later.slurm_runs)
+        self.checkpoints.extend(later.checkpoints)
+        for bag_id, totals in later.checkpoint_deltas.items():
+            self.checkpoint_deltas.setdefault(bag_id, CheckpointTotals()).add(totals)
+
+    def job(
+        self,
+        bag_id: str,
+        idx: int,
+        state: str,
+        attempts: int,
+        counted: int,
+        exit_code: int | None,
+        reason: str,
+        vm_id: str | None,
+        started_at: float | None,
+        ended_at: float | None,
+        runtime_s: float | None,
+    ) -> None:
+        self.jobs[(bag_id, idx)] = JobChange(
+            bag_id,
+            idx,
+            state,
+            attempts,
+            counted,
+            exit_code,
+            reason,
+            vm_id,
+            started_at,
+            ended_at,
+            runtime_s,
+        )
+
+    def job_state_change(self, bag_id: str, from_state: str, to_state: str) -> None:
+        self.count_deltas[(bag_id, from_state)] -= 1
+        self.count_deltas[(bag_id, to_state)] += 1
+
+    def attempt(
+        self,
+        bag_id: str,
+        idx: int,
+        number: int,
+        vm_id: str,
+        state: str,
+        started_at: float,
+        ended_at: float | None,
+        exit_code: int | None,
+        reason: str,
+        log_path: str,
+        ref: str = "",
+    ) -> None:
+        self.attempts[(bag_id, idx, number)] = AttemptChange(
+            bag_id,
+            idx,
+            number,
+            vm_id,
+            state,
+            started_at,
+            ended_at,
+            exit_code,
+            reason,
+            log_path,
+            ref,
+        )
+
+    def vm(self, row: dict[str, Any]) -> None:
+        """A VM's row (every column of VM_COLUMNS, or its default for the later ones)."""
+        self.vms[row["id"]] = VmChange(
+            *(row[c] if c in row else _VM_DEFAULTS[c] for c in VM_COLUMNS)
+        )
+
+    def bag_finished(self, bag_id: str, state: str, finished_at: float) -> None:
+        self.bags[bag_id] = BagEnd(bag_id, state, finished_at)
+
+    def transition(
+        self,
+        at: float,
+        entity: str,
+        entity_id: str,
+        from_state: str,
+        to_state: str,
+        reason: str = "",
+    ) -> None:
+        self.transitions.append(Transition(at, entity, entity_id, from_state, to_state, reason))
+
+    def usage(
+        self,
+        bag_id: str,
+        *,
+        preempted: bool,
+        attempt_s: float,
+        vm_s: float,
+        spot_cost_usd: float,
+        on_demand_cost_usd: float,
+    ) -> None:
+        """Add one ended attempt to its bag's running totals."""
+        totals = self.usage_deltas.get(bag_id)
+        if totals is None:
+            totals = self.usage_deltas[bag_id] = Usage()
+        totals.attempts_ended += 1
+        totals.preemptions += int(preempted)
+        totals.attempt_s += attempt_s
+        totals.preempted_s += attempt_s if preempted else 0.0
+        totals.vm_s += vm_s
+        totals.spot_cost_usd += spot_cost_usd
+        totals.on_demand_cost_usd += on_demand_cost_usd
+
+    def checkpoint(
+        self,
+        bag_id: str,
+        idx: int,
+        number: int,
+        *,
+        requested_at: float,
+        at: float,
+        ok: bool,
+        work_saved_s: float,
+        checkpoints: int,
+        vm_age_h: float,
+        detail: str = "",
+    ) -> None:
+        """One checkpoint of an attempt ended (`ok`: the job wrote it); a written one
+        moves the job's saved work on and adds its duration to the bag's total."""
+        self.checkpoints.append(
+            CheckpointRecord(
+                bag_id, idx, number, requested_at, at, int(ok), work_saved_s, vm_age_h, detail
+            )
+        )
+        if ok:
+            self.progress[(bag_id, idx)] = Progress(bag_id, idx, work_saved_s, checkpoints)
+            totals = self.checkpoint_deltas.setdefault(bag_id, CheckpointTotals())
+            totals.checkpoints += 1
+            totals.checkpoint_s += max(0.0, at - requested_at)
+
+    def ledger_entries(self, at: float, entries: Iterable[Any], note: str = "") -> None:
+        """Ledger entries (policies.ledger_rules.Entry) caused by this batch's changes."""
+        self.ledger.extend(LedgerRow(at, e.account, e.kind, e.cpu_h, e.key, note) for e in entries)
+
+    def account(self, row: dict[str, Any]) -> None:
+        """An account opened in memory by this batch's changes (a Slurm user's first job)."""
+        self.accounts.append(row)
+
+    def slurm_run(self, row: dict[str, Any]) -> None:
+        """A pool run's row (every column of SLURM_RUN_COLUMNS)."""
+        self.slurm_runs[row["key"]] = SlurmRunChange(*(row[c] for c in SLURM_RUN_COLUMNS))
+
+    def callback(self, key: str, at: float, kind: str, subject: str) -> None:
+        """A callback was handled (with whatever else this batch changes because of it)."""
+        self.callbacks.setdefault(key, CallbackRecord(key, at, kind, subject))
+
+    def work_lost(self, bag_id: str, lost_s: float) -> None:
+        """Work a preemption threw away (since the job's last checkpoint)."""
+        self.checkpoint_deltas.setdefault(bag_id, CheckpointTotals()).lost_s += lost_s
+
+
+def _insert_sql(table: str, columns: tuple[str, ...], verb: str = "INSERT") -> str:
+    return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+_INSERT_ATTEMPT = _insert_sql("attempts", ATTEMPT_COLUMNS, "INSERT OR REPLACE")
+_INSERT_VM = _insert_sql("vms", VM_COLUMNS, "INSERT OR REPLACE")
+_INSERT_SLURM_RUN = _insert_sql("slurm_runs", SLURM_RUN_COLUMNS, "INSERT OR REPLACE")
+_INSERT_CHECKPOINT = _insert_sql("checkpoints", CHECKPOINT_COLUMNS)
+_INSERT_CALLBACK = _insert_sql("callbacks", CALLBACK_COLUMNS, "INSERT OR IGNORE")
+_INSERT_TRANSITION = _insert_sql("transitions", TRANSITION_COLUMNS)
+_INSERT_LEDGER = _insert_sql("ledger", LEDGER_COLUMNS)
+
+
+def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
+    """Write a batch (inside the caller's transaction)."""
+    if batch.jobs:
+        conn.executemany(
+            "UPDATE jobs SET state=?, attempts=?, counted_attempts=?, exit_code=?, reason=?, "
+            "vm_id=?, started_at=?, ended_at=?, runtime_s=? WHERE bag_id=? AND idx=?",
+            map(_JOB_PARAMS, batch.jobs.values()),
+        )
+    if batch.attempts:
+        conn.executemany(_INSERT_ATTEMPT, map(_ATTEMPT_PARAMS, batch.attempts.values()))
+    if batch.vms:
+        conn.executemany(_INSERT_VM, map(_VM_PARAMS, batch.vms.values()))
+    deltas = [(b, s, n) for (b, s), n in batch.count_deltas.items() if n]
+    if deltas:
+        conn.executemany(
+            "INSERT INTO bag_job_counts (bag_id, state, n) VALUES (?,?,?) "
+            "ON CONFLICT (bag_id, state) DO UPDATE SET n = n + excluded.n",
+            deltas,
+        )
+    if batch.usage_deltas:
+        conn.executemany(
+            "UPDATE bags SET attempts_ended = attempts_ended + ?, preemptions = preemptions + ?, "
+            "attempt_s = attempt_s + ?, preempted_s = preempted_s + ?, vm_s = vm_s + ?, "
+            "spot_cost_usd = spot_cost_usd + ?, on_demand_cost_usd = on_demand_cost_usd + ? "
+            "WHERE id = ?",
+            [(*_USAGE_PARAMS(usage), bag_id) for bag_id, usage in batch.usage_deltas.items()],
+        )
+    for account in batch.accounts:  # before the ledger entries that credit it
+        insert_account(conn, account)
+    if batch.slurm_runs:
+        conn.executemany(_INSERT_SLURM_RUN, map(_SLURM_RUN_PARAMS, batch.slurm_runs.values()))
+    if batch.ledger:
+        insert_ledger(conn, map(_LEDGER_PARAMS, batch.ledger))
+    if batch.progress:
+        conn.executemany(
+            "UPDATE jobs SET work_saved_s=?, checkpoints=? WHERE bag_id=? AND idx=?",
+            [(p.work_saved_s, p.checkpoints, p.bag_id, p.idx) for p in batch.progress.values()],
+        )
+    if batch.checkpoints:
+        conn.executemany(_INSERT_CHECKPOINT, map(_CHECKPOINT_PARAMS, batch.checkpoints))
+    if batch.checkpoint_deltas:
+        conn.executemany(
+            "UPDATE bags SET checkpoints = checkpoints + ?, checkpoint_s = checkpoint_s + ?, "
+            "lost_s = lost_s + ? WHERE id = ?",
+            [
+                (*_CHECKPOINT_TOTAL_PARAMS(totals), bag_id)
+                for bag_id, totals in batch.checkpoint_deltas.items()
+            ],
+        )
+    if batch.bags:
+        conn.executemany(
+            "UPDATE bags SET state=?, finished_at=? WHERE id=?",
+            [(b.state, b.finished_at, b.bag_id) for b in batch.bags.values()],
+        )
+    if batch.callbacks:
+        conn.executemany(_INSERT_CALLBACK, map(_CALLBACK_PARAMS, batch.callbacks.values()))
+    if batch.transitions:
+        conn.executemany(_INSERT_TRANSITION, map(_TRANSITION_PARAMS, batch.transitions))
+
+
+def insert_ledger(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
+    """Append ledger entries given as (at, account, kind, cpu_h, key, note) tuples."""
+    conn.executemany(_INSERT_LEDGER, rows)
+
+
+def insert_account(conn: sqlite3.Connection, account: dict[str, Any]) -> None:
+    conn.execute(
+        "INSERT INTO accounts (name, unlimited, created_at, note) VALUES (?, ?, ?, ?)",
+        (
+            account["name"],
+            int(account["unlimited"]),
+            account["created_at"],
+            account.get("note", ""),
+        ),
+    )

@@ -1,0 +1,130 @@
+"""What cost reports are built from (controller/report.py prices and splits it): the
+bags, VMs, attempts, price samples and Slurm pool runs in a report's scope."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from controller.store.engine import Engine
+
+
+class ReportQueries(Engine):
+    """The report read."""
+
+    async def report_rows(self, *, bag_id: str | None = None, account: str | None = None) -> dict:
+        """What a cost report of one bag or one account is built from, as tuples:
+
+        - bags: the bags in scope (id, name, account, state, job_count, created_at,
+          finished_at, checkpoints, cpus, gpus, memory_gb), plus every other bag that
+          shared a VM with them (their jobs split those VMs' costs), `in_scope` 0/1;
+        - vms: every VM an attempt in scope ran on (id, vm_type, zone, spot, state,
+          reason, cpus, gpus, memory_gb, spot and on-demand price per hour,
+          requested_at, running_at, ended_at);
+        - attempts: every attempt on those VMs (bag_id, idx, number, vm_id, state,
+          started_at, ended_at, lost_from: its last written checkpoint or its start,
+          checkpoint_s: the time its written checkpoints took, checkpoints: how many).
+
+        Runs of Slurm users' jobs on power-saving pools count as bags of one job with one
+        attempt (id: the run's key), in scope when of the account: their CPUs, and the
+        share of their VM's memory those CPUs stand for.
+        """
+        if (bag_id is None) == (account is None):
+            raise ValueError("a report is of one bag or of one account")
+        scope_sql = "SELECT id FROM bags WHERE " + ("id = :bag" if bag_id else "account = :account")
+        params: dict[str, Any] = {"bag": bag_id, "account": account}
+        # The scope's VMs, passed back as a JSON list (read connections are query-only:
+        # no temporary table), so each query below looks them up by index.
+        on_vms = "(SELECT value FROM json_each(:vms))"
+
+        runs_scope = "r.account = :account" if account is not None else "0"
+
+        def select(conn: sqlite3.Connection) -> dict:
+            vm_ids = [
+                row[0]
+                for row in conn.execute(
+                    f"SELECT DISTINCT vm_id FROM attempts WHERE bag_id IN ({scope_sql}) "
+                    f"UNION SELECT vm_id FROM slurm_runs r WHERE {runs_scope} AND vm_id != ''",
+                    params,
+                )
+            ]
+            params["vms"] = json.dumps(vm_ids)
+            bags = conn.execute(
+                "SELECT id, name, account, state, job_count, created_at, finished_at, "
+                "checkpoints, coalesce(json_extract(spec, '$.resources.cpus'), 1), "
+                "coalesce(json_extract(spec, '$.resources.gpus'), 0), "
+                "coalesce(json_extract(spec, '$.resources.memory_gb'), 1.0), "
+                f"id IN ({scope_sql}) FROM bags WHERE id IN ({scope_sql}) OR id IN "
+                f"(SELECT DISTINCT bag_id FROM attempts WHERE vm_id IN {on_vms}) "
+                "ORDER BY created_at, id",
+                params,
+            ).fetchall()
+            vms = conn.execute(
+                "SELECT id, vm_type, zone, spot, state, reason, cpus, gpus, memory_gb, "
+                "spot_price_per_hour, on_demand_price_per_hour, requested_at, running_at, ended_at "
+                f"FROM vms WHERE id IN {on_vms} ORDER BY requested_at, id",
+                params,
+            ).fetchall()
+            # The scope's attempts (by primary key), with their checkpoints ...
+            attempts = conn.execute(
+                "SELECT a.bag_id, a.idx, a.number, a.vm_id, a.state, a.started_at, "
+                "a.ended_at, coalesce(c.last_at, a.started_at), coalesce(c.took_s, 0), "
+                "coalesce(c.n, 0) FROM attempts a LEFT JOIN (SELECT bag_id, idx, number, "
+                "max(at) AS last_at, sum(max(0, at - requested_at)) AS took_s, count(*) AS n "
+                f"FROM checkpoints WHERE ok = 1 AND bag_id IN ({scope_sql}) "
+                "GROUP BY bag_id, idx, number) c USING (bag_id, idx, number) "
+                f"WHERE a.bag_id IN ({scope_sql})",
+                params,
+            ).fetchall()
+            # ... and the other bags' attempts on the same VMs (they share the cost).
+            attempts += conn.execute(
+                "SELECT bag_id, idx, number, vm_id, state, started_at, ended_at, started_at, 0, 0 "
+                f"FROM attempts WHERE vm_id IN {on_vms} AND bag_id NOT IN ({scope_sql})",
+                params,
+            ).fetchall()
+            # The spot prices sampled while those VMs lived (from the last sample before the
+            # first of them started), and every type's size, for the index.
+            first, last = conn.execute(
+                f"SELECT min(requested_at), max(coalesce(ended_at, 1e300)) FROM vms WHERE id IN {on_vms}",
+                params,
+            ).fetchone()
+            prices: list[tuple] = []
+            if first is not None:
+                start = conn.execute(
+                    "SELECT max(at) FROM price_samples WHERE at <= ?", (first,)
+                ).fetchone()[0]
+                prices = conn.execute(
+                    "SELECT vm_type, zone, at, price_per_hour FROM price_samples "
+                    "WHERE at >= ? AND at <= ? ORDER BY at",
+                    (first if start is None else start, last),
+                ).fetchall()
+            sizes = conn.execute(
+                "SELECT vm_type, max(cpus), max(memory_gb), max(on_demand_price_per_hour) "
+                "FROM vms GROUP BY vm_type"
+            ).fetchall()
+            # Pool runs of the account, and every run on the scope's VMs (they share them).
+            runs = conn.execute(
+                "SELECT r.key, r.job_id, r.job_name, r.account, r.state, r.started_at, "
+                "r.ended_at, r.cpus, coalesce(v.memory_gb * r.cpus / v.cpus, 0), "
+                f"{runs_scope}, r.vm_id FROM slurm_runs r LEFT JOIN vms v ON v.id = r.vm_id "
+                f"WHERE ({runs_scope}) OR r.vm_id IN {on_vms} ORDER BY r.started_at",
+                params,
+            ).fetchall()
+            for key, job_id, name, acct, state, start, end, cpus, memory, mine, vm in runs:
+                bag_state = "active" if state == "running" else state
+                bags.append(
+                    (key, f"Slurm job {job_id} ({name})", acct, bag_state, 1, start, end,
+                     0, cpus, 0, memory, int(bool(mine)))
+                )  # fmt: skip
+                if vm:
+                    attempts.append((key, 0, 1, vm, state, start, end, start, 0, 0))
+            return {
+                "bags": bags,
+                "vms": vms,
+                "attempts": attempts,
+                "prices": prices,
+                "sizes": sizes,
+            }
+
+        return await self.read(select)

@@ -1,0 +1,407 @@
+"""The schema: numbered migrations, and `migrate`, which applies the missing ones.
+
+Each migration is (description, SQL script). The number of the last one applied is
+kept in `PRAGMA user_version`, and every applied one is recorded in the `migrations`
+table (version, description, applied_at); `Engine.open()` runs `migrate` in one
+write transaction, so a database is never left half-migrated. A new schema change
+is a new entry at the end of MIGRATIONS, never an edit of an old one (databases in
+the field have run those).
+
+Why not sqlite-utils' `Migrations` (the sqlite-migrate plugin): it records applied
+migrations by name in a `_sqlite_migrations` table of its own and knows nothing of
+`user_version`, so every state directory made so far (its version in user_version
+and `migrations`) would look unmigrated and have its first CREATE TABLE run again;
+adopting it would need a bridge that seeds its table from user_version, leaving two
+records of one fact. It is an alpha package outside our dependencies, its
+migrations are Python functions on a sqlite-utils Database (ours are SQL scripts,
+which the tests replay to build databases of older releases), and it applies each
+migration on its own, not inside the writer's single transaction. The mechanism
+here is twenty lines, so it stays.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+
+import sqlite_utils
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "initial schema",
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE bags (
+            id TEXT PRIMARY KEY,
+            account TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            job_count INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            finished_at REAL,
+            cancel_requested_at REAL,
+            idempotency_key TEXT UNIQUE,
+            -- usage of ended attempts, kept up to date with every attempt end
+            attempts_ended INTEGER NOT NULL DEFAULT 0,
+            preemptions INTEGER NOT NULL DEFAULT 0,
+            attempt_s REAL NOT NULL DEFAULT 0,
+            preempted_s REAL NOT NULL DEFAULT 0,
+            vm_s REAL NOT NULL DEFAULT 0,
+            spot_cost_usd REAL NOT NULL DEFAULT 0,
+            on_demand_cost_usd REAL NOT NULL DEFAULT 0
+        );
+        CREATE INDEX bags_by_state ON bags(state, created_at);
+        CREATE INDEX bags_by_account ON bags(account, created_at);
+        CREATE TABLE bag_job_counts (
+            bag_id TEXT NOT NULL,
+            state TEXT NOT NULL,
+            n INTEGER NOT NULL,
+            PRIMARY KEY (bag_id, state)
+        ) WITHOUT ROWID;
+        CREATE TABLE jobs (
+            bag_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            params TEXT NOT NULL,
+            state TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            counted_attempts INTEGER NOT NULL DEFAULT 0,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            vm_id TEXT,
+            started_at REAL,
+            ended_at REAL,
+            runtime_s REAL,
+            PRIMARY KEY (bag_id, idx)
+        ) WITHOUT ROWID;
+        CREATE INDEX jobs_by_state ON jobs(bag_id, state, idx);
+        CREATE TABLE attempts (
+            bag_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            number INTEGER NOT NULL,
+            vm_id TEXT NOT NULL,
+            state TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            log_path TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (bag_id, idx, number)
+        ) WITHOUT ROWID;
+        CREATE INDEX attempts_live ON attempts(bag_id) WHERE state IN ('starting', 'running');
+        CREATE TABLE vms (
+            id TEXT PRIMARY KEY,
+            provider_id TEXT NOT NULL DEFAULT '',
+            driver TEXT NOT NULL,
+            vm_type TEXT NOT NULL,
+            zone TEXT NOT NULL DEFAULT '',
+            spot INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            reason TEXT NOT NULL DEFAULT '',
+            cpus INTEGER NOT NULL,
+            gpus INTEGER NOT NULL,
+            memory_gb REAL NOT NULL,
+            spot_price_per_hour REAL NOT NULL,
+            on_demand_price_per_hour REAL NOT NULL,
+            requested_at REAL NOT NULL,
+            running_at REAL,
+            ended_at REAL
+        );
+        CREATE INDEX vms_by_state ON vms(state);
+        CREATE TABLE transitions (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            entity TEXT NOT NULL,
+            entity_id TEXT NOT NULL,
+            from_state TEXT NOT NULL,
+            to_state TEXT NOT NULL,
+            reason TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX transitions_by_entity ON transitions(entity_id);
+        """,
+    ),
+    (
+        "hash of the submitted bag, to tell a retried submission from a different one",
+        """
+        ALTER TABLE bags ADD COLUMN request_hash TEXT NOT NULL DEFAULT '';
+        """,
+    ),
+    (
+        "VM lifetimes in model time, and the preemption models learned from them",
+        """
+        ALTER TABLE vms ADD COLUMN time_scale REAL NOT NULL DEFAULT 1.0;
+        CREATE INDEX vms_ended ON vms(driver, ended_at) WHERE ended_at IS NOT NULL;
+        CREATE TABLE preemption_models (
+            id INTEGER PRIMARY KEY,
+            key TEXT NOT NULL,
+            model TEXT NOT NULL,
+            parameters TEXT NOT NULL,
+            L REAL,
+            n INTEGER NOT NULL,
+            censored INTEGER NOT NULL,
+            stats TEXT NOT NULL,
+            fitted_at REAL NOT NULL,
+            reason TEXT NOT NULL,
+            active INTEGER NOT NULL
+        );
+        CREATE INDEX preemption_models_active ON preemption_models(key) WHERE active = 1;
+        """,
+    ),
+    (
+        "checkpoints: work each job has saved, every checkpoint, and per bag the time spent "
+        "checkpointing and the work lost to preemptions",
+        """
+        ALTER TABLE jobs ADD COLUMN work_saved_s REAL NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN checkpoints INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE bags ADD COLUMN checkpoints INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE bags ADD COLUMN checkpoint_s REAL NOT NULL DEFAULT 0;
+        ALTER TABLE bags ADD COLUMN lost_s REAL NOT NULL DEFAULT 0;
+        CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY,
+            bag_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            number INTEGER NOT NULL,  -- the attempt
+            requested_at REAL NOT NULL,  -- when the job was signalled
+            at REAL NOT NULL,  -- when it completed (or was given up on)
+            ok INTEGER NOT NULL,
+            work_s REAL NOT NULL,  -- work saved by it, seconds of the job's runtime
+            vm_age_h REAL NOT NULL,  -- model hours, when signalled
+            detail TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX checkpoints_by_job ON checkpoints(bag_id, idx, number);
+        """,
+    ),
+    (
+        "accounts and the append-only CPU-hour ledger (SPEC.md §6)",
+        """
+        CREATE TABLE accounts (
+            name TEXT PRIMARY KEY,
+            unlimited INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT ''
+        );
+        CREATE TABLE ledger (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            account TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('credit', 'reserve', 'charge', 'release')),
+            cpu_h REAL NOT NULL CHECK (cpu_h >= 0),
+            key TEXT NOT NULL DEFAULT '',  -- the reservation: bag:job:attempt
+            note TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX ledger_by_account ON ledger(account, id);
+        -- A reservation is made, charged and released once each.
+        CREATE UNIQUE INDEX ledger_once ON ledger(key, kind) WHERE kind != 'credit';
+        """,
+    ),
+    (
+        "per-account API tokens (only a hash of the secret is kept)",
+        """
+        CREATE TABLE account_tokens (
+            id TEXT PRIMARY KEY,
+            account TEXT NOT NULL,
+            secret_sha256 TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            revoked_at REAL,
+            note TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX account_tokens_by_account ON account_tokens(account);
+        """,
+    ),
+    (
+        "attempts by VM, for cost reports (every job that shared a VM splits its cost)",
+        """
+        CREATE INDEX attempts_by_vm ON attempts(vm_id, bag_id);
+        """,
+    ),
+    (
+        "spot price samples (kept for [hopping] retention_days) and the hopper's migrations (hops)",
+        """
+        CREATE TABLE price_samples (
+            vm_type TEXT NOT NULL,
+            zone TEXT NOT NULL DEFAULT '',
+            at REAL NOT NULL,  -- epoch seconds
+            price_per_hour REAL NOT NULL,
+            PRIMARY KEY (vm_type, zone, at)
+        ) WITHOUT ROWID;
+        CREATE INDEX price_samples_by_time ON price_samples(at);
+        CREATE TABLE hops (  -- "migrations" records the schema's own
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            vm_id TEXT NOT NULL,  -- the VM left
+            from_type TEXT NOT NULL,
+            to_type TEXT NOT NULL,  -- the type the policy chose to move to
+            policy TEXT NOT NULL,
+            price_from REAL NOT NULL,  -- USD/h at the decision
+            price_to REAL NOT NULL,
+            index_price REAL,  -- the index (USD/h per sqrt(vCPU*GB)) at the decision
+            jobs TEXT NOT NULL DEFAULT '[]',  -- [[bag_id, idx], ...] asked to checkpoint and move
+            reason TEXT NOT NULL
+        );
+        """,
+    ),
+    (
+        "executors that run attempts elsewhere (Slurm): each attempt's reference there (the "
+        "Slurm job id), when a VM joined the cluster, the Slurm node a pool VM serves, and "
+        "the callbacks received, each recorded once with the change it caused",
+        """
+        ALTER TABLE attempts ADD COLUMN ref TEXT NOT NULL DEFAULT '';
+        ALTER TABLE vms ADD COLUMN ready_at REAL;
+        ALTER TABLE vms ADD COLUMN pool_node TEXT NOT NULL DEFAULT '';
+        CREATE TABLE callbacks (
+            key TEXT PRIMARY KEY,  -- job name:job id:restart count:event (SLURM.md)
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL DEFAULT ''
+        ) WITHOUT ROWID;
+        """,
+    ),
+    (
+        "runs of Slurm users' jobs on power-saving pools (charged to their accounts)",
+        """
+        CREATE TABLE slurm_runs (
+            key TEXT PRIMARY KEY,  -- the ledger reservation: slurm:job id:restart:job name
+            job_id TEXT NOT NULL,
+            job_name TEXT NOT NULL,
+            restart INTEGER NOT NULL,
+            user TEXT NOT NULL,
+            account TEXT NOT NULL,
+            partition TEXT NOT NULL,
+            node TEXT NOT NULL,
+            vm_id TEXT NOT NULL DEFAULT '',
+            cpus REAL NOT NULL,
+            reserved_cpu_h REAL NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            state TEXT NOT NULL,  -- running, or the attempt state it ended in
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT ''
+        ) WITHOUT ROWID;
+        CREATE INDEX slurm_runs_by_account ON slurm_runs(account, started_at);
+        CREATE INDEX slurm_runs_by_vm ON slurm_runs(vm_id);
+        CREATE INDEX slurm_runs_open ON slurm_runs(state) WHERE state = 'running';
+        """,
+    ),
+    (
+        "ledger balances and open reservations kept beside the ledger by triggers, so that "
+        "a restart reads what is open, not the whole history",
+        """
+        CREATE TABLE ledger_balances (
+            account TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            cpu_h REAL NOT NULL,  -- sum of the account's entries of this kind
+            PRIMARY KEY (account, kind)
+        ) WITHOUT ROWID;
+        CREATE TABLE ledger_open (
+            key TEXT PRIMARY KEY,  -- a reservation with no release entry yet
+            account TEXT NOT NULL,
+            cpu_h REAL NOT NULL
+        ) WITHOUT ROWID;
+        INSERT INTO ledger_balances (account, kind, cpu_h)
+            SELECT account, kind, sum(cpu_h) FROM ledger GROUP BY account, kind;
+        -- NOT IN builds the set of released keys once (a correlated NOT EXISTS here
+        -- scanned the ledger once per reservation: quadratic in the history).
+        INSERT INTO ledger_open (key, account, cpu_h)
+            SELECT key, account, cpu_h FROM ledger WHERE kind = 'reserve'
+            AND key NOT IN (SELECT key FROM ledger WHERE kind = 'release');
+        CREATE TRIGGER ledger_balance_on_insert AFTER INSERT ON ledger BEGIN
+            INSERT INTO ledger_balances (account, kind, cpu_h)
+                VALUES (NEW.account, NEW.kind, NEW.cpu_h)
+                ON CONFLICT (account, kind) DO UPDATE SET cpu_h = cpu_h + excluded.cpu_h;
+        END;
+        CREATE TRIGGER ledger_open_on_reserve AFTER INSERT ON ledger
+        WHEN NEW.kind = 'reserve' BEGIN
+            INSERT INTO ledger_open (key, account, cpu_h)
+                VALUES (NEW.key, NEW.account, NEW.cpu_h);
+        END;
+        CREATE TRIGGER ledger_open_on_release AFTER INSERT ON ledger
+        WHEN NEW.kind = 'release' BEGIN
+            DELETE FROM ledger_open WHERE key = NEW.key;
+        END;
+        """,
+    ),
+    (
+        "idempotency keys belong to an account: unique per (account, key), not across "
+        "accounts (the bags table is rebuilt without its column-wide UNIQUE constraint)",
+        """
+        CREATE TABLE bags_scoped (
+            id TEXT PRIMARY KEY,
+            account TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            job_count INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            finished_at REAL,
+            cancel_requested_at REAL,
+            idempotency_key TEXT,
+            attempts_ended INTEGER NOT NULL DEFAULT 0,
+            preemptions INTEGER NOT NULL DEFAULT 0,
+            attempt_s REAL NOT NULL DEFAULT 0,
+            preempted_s REAL NOT NULL DEFAULT 0,
+            vm_s REAL NOT NULL DEFAULT 0,
+            spot_cost_usd REAL NOT NULL DEFAULT 0,
+            on_demand_cost_usd REAL NOT NULL DEFAULT 0,
+            request_hash TEXT NOT NULL DEFAULT '',
+            checkpoints INTEGER NOT NULL DEFAULT 0,
+            checkpoint_s REAL NOT NULL DEFAULT 0,
+            lost_s REAL NOT NULL DEFAULT 0
+        );
+        INSERT INTO bags_scoped (
+            id, account, name, spec, state, job_count, created_at, finished_at,
+            cancel_requested_at, idempotency_key, attempts_ended, preemptions, attempt_s,
+            preempted_s, vm_s, spot_cost_usd, on_demand_cost_usd, request_hash, checkpoints,
+            checkpoint_s, lost_s
+        )
+        SELECT
+            id, account, name, spec, state, job_count, created_at, finished_at,
+            cancel_requested_at, idempotency_key, attempts_ended, preemptions, attempt_s,
+            preempted_s, vm_s, spot_cost_usd, on_demand_cost_usd, request_hash, checkpoints,
+            checkpoint_s, lost_s
+        FROM bags;
+        DROP TABLE bags;
+        ALTER TABLE bags_scoped RENAME TO bags;
+        CREATE INDEX bags_by_state ON bags(state, created_at);
+        CREATE INDEX bags_by_account ON bags(account, created_at);
+        CREATE UNIQUE INDEX bags_by_idempotency_key ON bags(account, idempotency_key)
+            WHERE idempotency_key IS NOT NULL;
+        """,
+    ),
+]
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The SQL statements of a script, one by one (a trigger's body holds semicolons
+    of its own, so split where SQLite says a statement is complete)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n\t;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \n\t;"):
+        raise ValueError(f"incomplete SQL statement: {pending.strip()[:80]}")
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the migrations the database has not had (inside the caller's transaction);
+    the schema version it is at now."""
+    db = sqlite_utils.Database(conn)
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if "migrations" not in db.table_names():
+        db.table("migrations").create(
+            {"version": int, "description": str, "applied_at": float}, pk="version"
+        )
+    for number, (description, ddl) in enumerate(MIGRATIONS, start=1):
+        if number <= version:
+            continue
+        for statement in _statements(ddl):
+            conn.execute(statement)
+        db.table("migrations").insert(
+            {"version": number, "description": description, "applied_at": time.time()}
+        )
+        conn.execute(f"PRAGMA user_version = {number}")
+        version = number
+    return version
