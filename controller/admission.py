@@ -20,6 +20,7 @@ from controller.planner import CatalogType, why_unplaceable
 from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
 from controller.store import IdempotencyConflict, Store
+from controller.store.rows import BagRow
 from drivers.base import VmType
 from policies.ledger_rules import InsufficientCredit, jobs_covered
 
@@ -108,7 +109,7 @@ async def admit(
     idempotency_key: str | None = None,
     offload: bool = True,
     workdir_problem: WorkdirCheck | None = None,
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[BagRow, bool]:
     """Admit a bag; returns (bag row, created). A repeated idempotency key returns the
     earlier bag and admits nothing, or raises Conflict when it named a different bag."""
     if offload:

@@ -435,7 +435,8 @@ def _range_plan(
         if not math.isfinite(quotient):
             raise OverflowError
         count = max(0, math.ceil(quotient - 1e-9))
-        decimals = max(-Decimal(repr(float(x))).as_tuple().exponent for x in (start, step))
+        # A finite float's exponent is an int (the Literal 'n'/'N'/'F' are NaN and infinity).
+        decimals = max(-int(Decimal(repr(float(x))).as_tuple().exponent) for x in (start, step))
     except (OverflowError, ValueError):
         problems.append(
             FieldProblem(

@@ -188,8 +188,10 @@ class Controller:
             self.scheduler.run(describe=not pushes), name="scheduler"
         )
 
-    def _running_scheduler(self) -> Scheduler:
-        """The scheduler; callbacks reach the controller only once it runs."""
+    @property
+    def running_scheduler(self) -> Scheduler:
+        """The scheduler (made at start, before the API serves: requests and callbacks
+        never see None)."""
         if self.scheduler is None:
             raise RuntimeError("the scheduler is not running yet")
         return self.scheduler
@@ -198,7 +200,7 @@ class Controller:
         """A verified, new callback from slurmctld's hooks: about one of our attempts (the
         executor), a pool's nodes or its users' jobs (the scheduler), else only noted so
         that a replay is known. True when it is acted on."""
-        scheduler = self._running_scheduler()
+        scheduler = self.running_scheduler
         self.executor.remember(event.key)
         subject = event.job_name or event.nodes
         noted = CallbackNoted(event.key, self.clock.now(), event.event, subject)
@@ -249,7 +251,7 @@ class Controller:
     async def _pool_run_started(self, event: SlurmEvent) -> None:
         """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then
         its reservation (or its cancellation), once decided."""
-        scheduler = self._running_scheduler()
+        scheduler = self.running_scheduler
         cpus, limit_h = await self.executor.job_limits(event.job_id)
         verdict = scheduler.pool_run(
             PoolRunEvent(

@@ -273,6 +273,7 @@ class Hopper:
             jobs = self.scheduler.request_migration(candidate.vm_id, why)
             if not jobs:
                 continue
+            index_price = market.index_now(candidate.cpus, candidate.memory_gb)
             row = {
                 "at": now,
                 "vm_id": candidate.vm_id,
@@ -281,11 +282,11 @@ class Hopper:
                 "policy": self.policy.value,
                 "price_from": float(market.now_price[current]),
                 "price_to": float(market.now_price[target]) * target_vms,
-                "index_price": market.index_now(candidate.cpus, candidate.memory_gb),
+                "index_price": index_price,
                 "jobs": json.dumps(jobs),
                 "reason": why,
             }
-            if math.isnan(row["index_price"]):
+            if math.isnan(index_price):
                 row["index_price"] = None
             await self.store.add_migration(row)
             result.migrations.append(row)

@@ -121,11 +121,11 @@ def _job_sizes(command: str, values: dict[str, list]) -> _JobSizes:
                 quoted = [shlex.quote(text) for text in rendered]
                 shown[name, fmt] = (max(map(len, quoted)), _longest_utf8(quoted))
     command_chars = command_bytes = 0
-    for literal, name, fmt in parsed:
+    for literal, placeholder, spec in parsed:
         command_chars += len(literal)
         command_bytes += _utf8_len(literal)
-        if name is not None and name in values:
-            chars, size = shown.get((name, fmt or ""), (0, 0))
+        if placeholder is not None and placeholder in values:
+            chars, size = shown.get((placeholder, spec or ""), (0, 0))
             command_chars += chars
             command_bytes += size
     return _JobSizes(command_chars, command_bytes, param_bytes)

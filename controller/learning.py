@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from policies.registry import ModelEntry, ModelKey, Observation, group_by_key
 log = logging.getLogger("spotbag.learning")
 
 
-def observations_from(rows: list[dict], driver: str) -> list[Observation]:
+def observations_from(rows: Sequence[Mapping[str, Any]], driver: str) -> list[Observation]:
     return [
         Observation(
             driver,

@@ -263,7 +263,7 @@ class Accounts:
         An account that does not exist is opened as if new_accounts were "unlimited"
         unless it says "credit"."""
         if self.exists(account):
-            new_account, entries = None, []
+            new_account, entries = None, list[Entry]()
         else:
             mode = self.settings.new_accounts
             new_account, entries = self.create(

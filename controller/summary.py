@@ -8,6 +8,7 @@ up to now (each attempt charged its share of its VM, policies.cost.vm_share).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.models import JobState
@@ -20,7 +21,7 @@ def _hours(seconds: float) -> float:
     return seconds / 3600.0
 
 
-def bag_view(bag: dict[str, Any], now: float) -> dict[str, Any]:
+def bag_view(bag: Mapping[str, Any], now: float) -> dict[str, Any]:
     spec = json.loads(bag["spec"])
     resources = spec.get("resources", {})
     job_shape = Shape(
@@ -74,7 +75,7 @@ def bag_view(bag: dict[str, Any], now: float) -> dict[str, Any]:
     }
 
 
-def job_view(job: dict[str, Any]) -> dict[str, Any]:
+def job_view(job: Mapping[str, Any]) -> dict[str, Any]:
     attempts = job.get("attempt_list", [])
     return {
         "id": job_id_of(job["bag_id"], job["idx"]),
@@ -115,7 +116,7 @@ def job_view(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def fleet_view(usage_rows: list[dict[str, Any]]) -> dict[str, Any]:
+def fleet_view(usage_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Totals over VMs: how many, how many were preempted, VM-hours (running time, idle
     included) and their cost."""
     total = {

@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -78,7 +78,7 @@ class TokenStore(Protocol):
 
 
 class Tokens:
-    def __init__(self, admin_token: str, rows: Sequence[dict[str, Any]] = ()) -> None:
+    def __init__(self, admin_token: str, rows: Sequence[Mapping[str, Any]] = ()) -> None:
         self._admin = admin_token.encode()
         self._known = {
             row["id"]: _Known(row["account"], row["secret_sha256"], row["revoked_at"] is not None)
@@ -147,7 +147,7 @@ class Tokens:
         return known.account if known else None
 
 
-def token_view(row: dict[str, Any]) -> dict[str, Any]:
+def token_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """A stored token as the API shows it (never its hash)."""
     return {
         "id": row["id"],

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from policies.preemption import LifetimeModel, make_model
 
@@ -131,7 +132,7 @@ class ModelEntry:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> ModelEntry:
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelEntry:
         return cls(
             key=ModelKey.parse(data["key"]),
             model=make_model(data["model"], data["parameters"], data.get("L")),

@@ -43,7 +43,7 @@ def account_in_path(request: web.Request) -> str:
     require_account(request, name)
     if (
         not ACCOUNT_NAME.match(name)
-        or name not in controller_of(request).scheduler.accounts.unlimited
+        or name not in controller_of(request).running_scheduler.accounts.unlimited
     ):
         raise NotFound(f"account {name!r} does not exist", code="unknown_account")
     return name
@@ -53,19 +53,19 @@ async def list_accounts(request: web.Request) -> web.Response:
     c = controller_of(request)
     principal = principal_of(request)
     names = [a["name"] for a in await c.store.list_accounts() if principal.may_use(a["name"])]
-    return json_response({"accounts": [c.scheduler.accounts.view(name) for name in names]})
+    return json_response({"accounts": [c.running_scheduler.accounts.view(name) for name in names]})
 
 
 async def create_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     body = parse_body(AccountCreate, await json_body(request))
-    accounts = c.scheduler.accounts
+    accounts = c.running_scheduler.accounts
     # Written first, then taken into memory by the ledger: a failed write changes nothing.
     if not await accounts.open_account(
         c.store, body.name, body.unlimited, body.cpu_hours, c.clock.now(), body.note
     ):
         raise Conflict(f"account {body.name!r} exists already", code="account_exists")
-    c.scheduler.credited()
+    c.running_scheduler.credited()
     return json_response(accounts.view(body.name), status=201)
 
 
@@ -73,16 +73,16 @@ async def credit_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
     body = parse_body(Credit, await json_body(request))
-    accounts = c.scheduler.accounts
+    accounts = c.running_scheduler.accounts
     await accounts.add_credit(c.store, name, body.cpu_hours, c.clock.now(), body.note)
-    c.scheduler.credited()
+    c.running_scheduler.credited()
     return json_response(accounts.view(name))
 
 
 async def get_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
-    return json_response(c.scheduler.accounts.view(name))
+    return json_response(c.running_scheduler.accounts.view(name))
 
 
 async def account_ledger(request: web.Request) -> web.Response:

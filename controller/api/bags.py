@@ -75,7 +75,7 @@ async def create_bag(request: web.Request) -> web.Response:
     bag, created = await admit(
         data,
         store=c.store,
-        scheduler=c.scheduler,
+        scheduler=c.running_scheduler,
         catalog=c.catalog,
         bag_id=c.ids.new_bag_id(),
         now=c.clock.now(),
@@ -83,7 +83,7 @@ async def create_bag(request: web.Request) -> web.Response:
         idempotency_key=key,
         workdir_problem=getattr(c.executor, "workdir_problem", None),
     )
-    view = bag_view(await c.store.get_bag(bag["id"]), c.clock.now())
+    view = bag_view(await visible_bag(request, bag["id"]), c.clock.now())
     return json_response(view, status=201 if created else 200)
 
 
@@ -121,8 +121,8 @@ async def cancel_bag(request: web.Request) -> web.Response:
             f"bag {bag_id} already finished ({bag['state']})", detail={"state": bag["state"]}
         )
     await c.store.request_cancel(bag_id, c.clock.now())
-    c.scheduler.cancel_requested(bag_id)
-    return json_response(bag_view(await c.store.get_bag(bag_id), c.clock.now()), status=202)
+    c.running_scheduler.cancel_requested(bag_id)
+    return json_response(bag_view(await visible_bag(request, bag_id), c.clock.now()), status=202)
 
 
 ROUTES: tuple[Route, ...] = (

@@ -25,8 +25,9 @@ from controller.tokens import ADMIN, Principal
 
 if TYPE_CHECKING:
     from controller.daemon import Controller
+    from controller.store.rows import BagDetail
 
-CONTROLLER = web.AppKey("controller", Any)
+CONTROLLER: web.AppKey[Controller] = web.AppKey("controller")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -76,7 +77,7 @@ def require_account(request: web.Request, account: str) -> None:
         )
 
 
-async def visible_bag(request: web.Request, bag_id: str) -> dict[str, Any]:
+async def visible_bag(request: web.Request, bag_id: str) -> BagDetail:
     """The bag, if it exists and the caller may see it (404 otherwise: an account token
     cannot tell another account's bags from ones that do not exist)."""
     bag = await controller_of(request).store.get_bag(bag_id)

@@ -12,7 +12,7 @@ from controller.api.schemas import Health
 from controller.metrics import CONTENT_TYPE
 
 # The app's route table, for /openapi.json (app.py sets it; it is built from this module).
-ROUTE_TABLE = web.AppKey("routes", tuple)
+ROUTE_TABLE: web.AppKey[tuple[Route, ...]] = web.AppKey("routes")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -34,7 +34,8 @@ async def healthz(request: web.Request) -> web.Response:
 async def openapi_document(request: web.Request) -> web.Response:
     from controller.api.openapi import build_openapi
 
-    return json_response(build_openapi(request.app[ROUTE_TABLE]))
+    routes = request.app[ROUTE_TABLE]
+    return json_response(build_openapi(routes))
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -34,7 +34,7 @@ async def get_report(request: web.Request) -> web.Response:
         if not BAG_ID.match(bag_id):
             raise NotFound(f"bag {bag_id} does not exist")
         await visible_bag(request, bag_id)
-    else:
+    elif account is not None:  # one of the two, checked above
         require_account(request, account)
     cost = c.config.cost
     try:

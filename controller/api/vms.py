@@ -36,10 +36,12 @@ async def list_vms(request: web.Request) -> web.Response:
     states = [state] if state else None
     if state is None and not include_ended:
         states = [VmState.PENDING.value, VmState.RUNNING.value]
-    vms = await c.store.list_vms(states=states, limit=limit)
-    live = c.scheduler.vms
+    live = c.running_scheduler.vms
     now = c.clock.now()
-    for vm in vms:
+    vms: list[dict[str, Any]] = []
+    for row in await c.store.list_vms(states=states, limit=limit):
+        vm: dict[str, Any] = dict(row)
+        vms.append(vm)
         # What the VM has cost so far: its price over its billed life (running → ended).
         billed_h = max(0.0, (vm["ended_at"] or now) - (vm["running_at"] or now)) / 3600.0
         paid = vm["spot_price_per_hour"] if vm["spot"] else vm["on_demand_price_per_hour"]
@@ -90,7 +92,7 @@ async def list_models(request: web.Request) -> web.Response:
             "learned": learned,
             "in_use": [
                 _vm_model_view(vm, now, c.config.driver.time_scale)
-                for vm in c.scheduler.vms.values()
+                for vm in c.running_scheduler.vms.values()
             ],
         }
     )
@@ -102,7 +104,7 @@ async def preempt_vm(request: web.Request) -> web.Response:
     inject = getattr(c.driver, "inject_preemption", None)
     if inject is None:
         raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
-    vm = c.scheduler.vms.get(vm_id)
+    vm = c.running_scheduler.vms.get(vm_id)
     if vm is None or not vm.provider_id:
         raise NotFound(f"VM {vm_id} is not alive")
     if not inject(vm.provider_id, "preempted: injected through the API"):

@@ -124,6 +124,7 @@ def plan(request: PlanRequest, tables: TableCache | None = None) -> list[Schedul
     )
     m = request.model
     table = tables.lookup(m, request.delta_h, request.work_h)
+    assert table is not None  # built above, inline
     schedules = [table.schedule(request.work_h, request.start_age_h)]
     for policy in request.compare:
         if policy == "young-daly":

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from policies.fitting import FitResult, KaplanMeier, at_deadline, fit, kaplan_meier
 from policies.registry import Observation, fit_registry
 
@@ -54,7 +56,8 @@ def fit_groups(
         fits = {"bathtub": fit(lifetimes, preempted, "bathtub", method, L)}
         for name in CLASSIC:
             fits[name] = fit(lifetimes, preempted, name, method, L if classic_deadline else None)
-        km = kaplan_meier(at_deadline(lifetimes, preempted, L, 0.25), preempted)
+        flags = np.asarray(preempted, dtype=bool)
+        km = kaplan_meier(at_deadline(np.asarray(lifetimes, dtype=float), flags, L, 0.25), flags)
         results.append(GroupFit(labels, len(group), fits, km))
     return results, skipped
 

@@ -220,7 +220,7 @@ def plot_index(
     fig, axes = plt.subplots(len(series), 1, figsize=(11, 2.6 * len(series)), squeeze=False)
     for ax, (name, index) in zip(axes[:, 0], series.items(), strict=True):
         for i in np.flatnonzero(members[name]):
-            vm_type, zone = vms[i]
+            vm_type, zone = vms[int(i)]
             ax.plot(dates, normalized[:, i], lw=0.4, alpha=0.55, label=f"{vm_type}/{zone}")
         ax.plot(dates, index, color="black", lw=1.2, label="index")
         ax.set_yscale("log")

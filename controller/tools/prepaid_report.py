@@ -254,9 +254,11 @@ def analyse(
     per core-hour, or upfront, per core for the whole term)."""
     if (prepaid_price is None) == (upfront is None):
         raise ValueError("give exactly one of a prepaid price per core-hour or an upfront amount")
-    hourly = (
-        prepaid_price if prepaid_price is not None else prepaid_hourly_price(upfront, TERMS_Y[term])
-    )
+    if prepaid_price is not None:
+        hourly = prepaid_price
+    else:
+        assert upfront is not None  # exactly one of the two, checked above
+        hourly = prepaid_hourly_price(upfront, TERMS_Y[term])
     starts, ends = intervals.starts, intervals.ends
     lo = float(starts.min()) if starts.size else 0.0
     hi = float(ends.max()) if ends.size else lo
@@ -433,6 +435,8 @@ def read_store(state_dir: str | None, core_type: str | None) -> Intervals:
 def read_source(swf: str | None, csv_path: str | None, core_type: str | None) -> Intervals:
     """The intervals of the one source given; a PrepaidError names the option at fault."""
     option, path, reader = ("--swf", swf, read_swf) if swf else ("--csv", csv_path, read_csv)
+    if path is None:
+        raise PrepaidError("--csv", "give a usage history: --swf FILE or --csv FILE")
     try:
         return reader(path, core_type)
     except CoreTypeError as exc:
