@@ -42,6 +42,7 @@ from pydantic import (
     field_validator,
 )
 
+from controller.errors import SpotbagError
 from controller.job_command import ParamValue as ParamValue
 from controller.job_command import job_environment as job_environment
 from controller.job_command import (
@@ -67,8 +68,12 @@ class FieldProblem:
     message: str
 
 
-class BagSpecError(ValueError):
+class BagSpecError(SpotbagError, ValueError):
     """A bag spec that cannot be accepted; `problems` lists every field at fault."""
+
+    status = 400
+    code = "invalid_bag"
+    exit_code = 2
 
     def __init__(self, problems: list[FieldProblem]) -> None:
         self.problems = problems

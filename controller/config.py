@@ -17,11 +17,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from controller.errors import SpotbagError
 from drivers.base import VmType
 
 
-class ConfigError(ValueError):
+class ConfigError(SpotbagError, ValueError):
     """A configuration file or value that cannot be used; the message says where and why."""
+
+    code = "config_error"
+    exit_code = 78
 
 
 class _Section(BaseModel):

@@ -29,6 +29,7 @@ from controller.api import build_app, server_logger
 from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
+from controller.errors import SpotbagError
 from controller.executors.base import CallbackNoted
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
@@ -54,7 +55,7 @@ EPHEMERAL_DRIVERS = {"local", "sim"}
 POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
 
 
-class StateDirBusy(RuntimeError):
+class StateDirBusy(SpotbagError, RuntimeError):
     pass
 
 
@@ -428,7 +429,7 @@ async def _step(what: str, awaitable: Awaitable[Any]) -> None:
         log.exception("%s failed", what)
 
 
-class TaskDied(RuntimeError):
+class TaskDied(SpotbagError, RuntimeError):
     """A task the daemon cannot live without ended: exit non-zero, to be restarted."""
 
 

@@ -1,11 +1,29 @@
-"""Errors the API turns into JSON: `{"error": {"code", "message", "detail"}}` with a fitting status."""
+"""The root of spotbag's errors, and the errors the API turns into JSON:
+`{"error": {"code", "message", "detail"}}` with a fitting status.
+
+Every exception class of controller/ derives from SpotbagError (tests/test_architecture.py
+checks it), so the API and the CLI map any of them in one place: the API answers
+`status` with `code` (a 5xx other than 503 as a logged internal error), the CLI prints
+the message and exits with `exit_code`. drivers/ and policies/ stand alone (they import
+nothing of the controller) and keep their own roots, DriverError and
+InsufficientCredit; the controller turns those into its own errors where they cross
+into the API.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-class ApiError(Exception):
+class SpotbagError(Exception):
+    """Root of spotbag's errors. Subclasses set what a caller sees by default."""
+
+    status = 500  # the HTTP status the API answers with when this reaches it
+    code = "error"  # machine-readable, in the API's error body
+    exit_code = 1  # the CLI's exit status when this reaches it
+
+
+class ApiError(SpotbagError):
     status = 400
     code = "bad_request"
 

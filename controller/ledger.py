@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from controller.bagspec import BagSpec
 from controller.config import LedgerConfig
+from controller.errors import SpotbagError
 from policies.ledger_rules import (
     Entry,
     InsufficientCredit,
@@ -56,7 +57,10 @@ class LedgerStore(Protocol):
     async def append_ledger(self, ledger_rows: Sequence[tuple]) -> None: ...
 
 
-class UnknownAccount(Exception):
+class UnknownAccount(SpotbagError):
+    status = 404
+    code = "not_found"
+
     def __init__(self, account: str) -> None:
         super().__init__(
             f"account {account!r} does not exist; an admin creates it with "

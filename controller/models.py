@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from controller.errors import SpotbagError
 from drivers.base import VmState
 
 
@@ -101,7 +102,7 @@ TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(SpotbagError, RuntimeError):
     """A state change the transition table does not allow: a controller bug."""
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.errors import SpotbagError
 from controller.store import Store
 from policies.allocation import DEFAULT_WEIGHTS, Weights
 from policies.index import DEFAULT_CAP_FACTOR as CAP_FACTOR
@@ -164,8 +165,11 @@ class SampledMarket:
         return area / 3600.0 * np.sqrt(np.asarray(cpus, float) * np.asarray(memory_gb, float))
 
 
-class ReportScopeEmpty(LookupError):
+class ReportScopeEmpty(SpotbagError, LookupError):
     """The bag does not exist, or the account has no bags."""
+
+    status = 404
+    code = "not_found"
 
 
 async def build_report(

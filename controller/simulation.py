@@ -21,6 +21,7 @@ import numpy as np
 from controller.admission import admit
 from controller.clock import SimClock
 from controller.config import Config
+from controller.errors import SpotbagError
 from controller.executors.sim import SimExecutor
 from controller.ids import SequentialIds
 from controller.scheduler import Scheduler
@@ -29,7 +30,7 @@ from controller.summary import bag_view, fleet_view
 from controller.wiring import make_driver, make_model_book
 
 
-class SimulationStalled(RuntimeError):
+class SimulationStalled(SpotbagError, RuntimeError):
     """Nothing can happen any more, yet bags are unfinished (a scheduler bug or an impossible setup)."""
 
 

@@ -38,10 +38,14 @@ from typing import TextIO
 
 import numpy as np
 
+from controller.errors import SpotbagError
 
-class TraceError(ValueError):
+
+class TraceError(SpotbagError, ValueError):
     """An input file that cannot be read; the message names the file, the line and
     the problem."""
+
+    exit_code = 2
 
 
 # --- opening -------------------------------------------------------------------------

@@ -166,3 +166,27 @@ def test_status_loads_no_analysis_library_and_no_daemon_module():
     heavy = ("scipy", "numpy", "matplotlib", "aiohttp", "pydantic", "sqlite_utils")
     found = reaches(loaded, (*heavy, "controller.tools", "controller.store", "controller.config"))
     assert not found, f"`spotbag status` loads {sorted(found)}"
+
+
+def test_every_error_of_the_controller_derives_from_spotbag_error():
+    """One root: the API and the CLI map any of spotbag's errors in one place."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import controller
+    from controller.errors import SpotbagError
+
+    outside = []
+    for info in pkgutil.walk_packages(controller.__path__, "controller."):
+        if info.name.endswith("__main__"):
+            continue  # running it would run the CLI
+        module = importlib.import_module(info.name)
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if (
+                cls.__module__ == info.name
+                and issubclass(cls, BaseException)
+                and not issubclass(cls, SpotbagError)
+            ):
+                outside.append(f"{info.name}.{name}")
+    assert not outside, f"not derived from SpotbagError: {outside}"

@@ -36,7 +36,7 @@ from controller.api import (
     vms,
 )
 from controller.api.base import CONTROLLER, Handler, Route, json_response
-from controller.errors import ApiError, Forbidden, Unauthorized
+from controller.errors import ApiError, Forbidden, SpotbagError, Unauthorized
 from controller.store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -106,6 +106,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 code="store_unavailable",
             ),
             headers={"Retry-After": "30"},
+        )
+    except SpotbagError as exc:
+        # One of ours that no handler turned into an answer: its status says what the
+        # caller did wrong (4xx) or that a part is down (503); anything else is a bug.
+        if exc.status < 500 or exc.status == 503:
+            log.warning("%s %s: %s", request.method, request.path, exc)
+            return _error_response(ApiError(str(exc), status=exc.status, code=exc.code))
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error_response(
+            ApiError("internal error; see the daemon log", status=500, code="internal_error")
         )
     except asyncio.CancelledError:
         raise

@@ -32,6 +32,7 @@ configuration it cannot use.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -113,4 +114,13 @@ def cli(ctx: click.Context, url: str | None, token: str | None, state_dir: str |
 
 
 def main() -> None:
-    cli(obj={})
+    """The `spotbag` command. Commands word the errors they expect themselves; any
+    other error of spotbag's (controller.errors.SpotbagError) ends the command with its
+    message and its exit_code instead of a traceback."""
+    from controller.errors import SpotbagError
+
+    try:
+        cli(obj={})
+    except SpotbagError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.errors import SpotbagError
+
 DEFAULT_URL = "http://127.0.0.1:8787"
 
 
-class ClientError(Exception):
+class ClientError(SpotbagError):
     """The API answered with an error (status, code, message) or could not be reached (status 0)."""
 
     def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:

@@ -17,8 +17,11 @@ from typing import Any
 
 import yaml
 
+from controller.errors import SpotbagError
 
-class SpecFileError(ValueError):
+
+class SpecFileError(SpotbagError, ValueError):
+    exit_code = 2
     pass
 
 

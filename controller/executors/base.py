@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from controller.bagspec import ParamValue, SimulationHints
+from controller.errors import SpotbagError
 from drivers.base import VmType
 
 
@@ -124,8 +125,11 @@ ExecutorEvent = AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | Ca
 AttemptListener = Callable[[ExecutorEvent], None]
 
 
-class ExecutorError(Exception):
+class ExecutorError(SpotbagError):
     """An attempt could not be started; the message says why."""
+
+    status = 503
+    code = "executor_unavailable"
 
 
 class ExecutorUnavailable(ExecutorError):

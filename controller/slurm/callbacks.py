@@ -21,14 +21,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.errors import SpotbagError
+
 SIGNATURE_HEADER = "X-Spotbag-Signature"
 TIMESTAMP_HEADER = "X-Spotbag-Timestamp"
 JOB_EVENTS = ("jobcomp", "prolog_slurmctld", "epilog_slurmctld")
 POWER_EVENTS = ("resume", "suspend", "resume_fail")
 
 
-class CallbackRejected(Exception):
+class CallbackRejected(SpotbagError):
     """A callback whose signature or timestamp does not hold (HTTP 401)."""
+
+    status = 401
+    code = "unauthorized"
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:

@@ -23,6 +23,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from controller.errors import SpotbagError
+
 # What Slurm's clients print when they cannot reach slurmctld (22.05's messages):
 # the request may not have been seen at all, so the answer is "unknown", not "no".
 _UNREACHABLE = re.compile(
@@ -40,8 +42,11 @@ _NOT_SENT = re.compile(
 )
 
 
-class SlurmError(Exception):
+class SlurmError(SpotbagError):
     """A Slurm command failed; `command` names it."""
+
+    status = 503
+    code = "slurm_unavailable"
 
     def __init__(self, message: str, command: str = "", *, maybe_done: bool = False) -> None:
         super().__init__(message)

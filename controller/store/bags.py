@@ -11,13 +11,17 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from controller.errors import SpotbagError
 from controller.store.batch import insert_account, insert_ledger
 from controller.store.engine import Engine, dict_rows
 from controller.store.rows import ActiveState, BagDetail, BagRow, BagWithCounts, JobDetail, JobRow
 
 
-class IdempotencyConflict(Exception):
+class IdempotencyConflict(SpotbagError):
     """An idempotency key already used for a different bag."""
+
+    status = 409
+    code = "idempotency_key_reused"
 
     def __init__(self, key: str, bag_id: str) -> None:
         super().__init__(f"Idempotency-Key {key!r} was used for a different bag ({bag_id})")

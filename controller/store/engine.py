@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from controller.errors import SpotbagError
 from controller.store.batch import WriteBatch, apply_batch
 from controller.store.schema import migrate
 
@@ -38,13 +39,19 @@ T = TypeVar("T")
 GROUP_COMMIT_ROWS = 200_000
 
 
-class StoreClosed(RuntimeError):
+class StoreClosed(SpotbagError, RuntimeError):
     """The store is not open (before open() or after close())."""
 
+    status = 503
+    code = "store_closed"
 
-class StoreUnavailable(RuntimeError):
+
+class StoreUnavailable(SpotbagError, RuntimeError):
     """The database cannot be written (or read) now: the disk is full, an I/O error, a
     read-only or locked file. Outside the daemon, and it may pass: retry later."""
+
+    status = 503
+    code = "store_unavailable"
 
 
 # SQLite result codes of conditions outside the daemon (extended codes share the prefix).

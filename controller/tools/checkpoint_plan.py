@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.checkpoint_tables import TableCache
+from controller.errors import SpotbagError
 from controller.model_book import load_registry
 from policies.checkpoint import Schedule, fixed_schedule, young_daly_schedule
 from policies.preemption import LifetimeModel
@@ -24,8 +25,10 @@ _UNITS_H = {"d": 24.0, "h": 1.0, "m": 1 / 60, "min": 1 / 60, "s": 1 / 3600}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|min|m|s)")
 
 
-class PlanError(ValueError):
+class PlanError(SpotbagError, ValueError):
     """An argument that cannot be used; the message says which and why."""
+
+    exit_code = 2
 
 
 def parse_duration_h(text: str, what: str = "duration") -> float:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from controller.config import ConfigError, load_config
+from controller.errors import SpotbagError
 from controller.price_trace import PriceTrace
 from controller.tools.checkpoint_plan import PlanError, parse_duration_h
 from controller.trace_io import TraceError
@@ -28,8 +29,10 @@ COMPOSITIONS = ("zone", "region", "family")
 _JOB_PART = re.compile(r"^\s*([0-9.]+)\s*:\s*([0-9.]+)\s*(?::\s*(\S+))?\s*$")
 
 
-class SizeSourceError(ValueError):
+class SizeSourceError(SpotbagError, ValueError):
     """A --types or --config file that cannot size the trace's types; `option` names it."""
+
+    exit_code = 2
 
     def __init__(self, option: str, message: str) -> None:
         super().__init__(message)

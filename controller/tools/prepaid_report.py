@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from controller import trace_io
+from controller.errors import SpotbagError
 from controller.trace_io import TraceError, parse_time
 from policies.prepaid import (
     PrepaidOptimum,
@@ -58,9 +59,11 @@ CSV_COLUMNS = ("start", "end", "cores")
 DEFAULT_CURVE_POINTS = 15
 
 
-class PrepaidError(ValueError):
+class PrepaidError(SpotbagError, ValueError):
     """A usage source that cannot be analysed; `option` names the command-line option
     it came from (the CLI reports it as a bad value of that option, exit 2)."""
+
+    exit_code = 2
 
     def __init__(self, option: str, message: str) -> None:
         super().__init__(message)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.errors import SpotbagError
 from policies.allocation import DEFAULT_WEIGHTS, RESOURCES, CostSplit, Weights, split_costs
 
 # The file's names for the resources, in `policies.allocation.RESOURCES` order.
@@ -42,8 +43,10 @@ FILE.json ('-': standard input):
 All numbers are >= 0. A job's allocation of a resource is max(reserved, used)."""
 
 
-class InputError(Exception):
+class InputError(SpotbagError):
     """A problem with the input, at `path` in the file (dotted, with [i] for lists)."""
+
+    exit_code = 2
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}" if path else message)
