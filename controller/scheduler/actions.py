@@ -193,7 +193,7 @@ class ActionsMixin(EventsMixin):
                 vm.terminating = False
                 self._refresh_vm_sets(vm)
 
-    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+    def _spawn(self, coroutine: Awaitable[object]) -> None:
         """Run a driver/executor call in the background, its failure logged (a pass
         does not wait for it)."""
         task = asyncio.ensure_future(self._call(coroutine))

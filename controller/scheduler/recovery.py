@@ -175,8 +175,7 @@ class RecoveryMixin(ActionsMixin):
         missing_ids = {vm.id for vm in missing}
         for attempt in attempts:
             host = self.vms.get(attempt.vm_id)
-            alive = host is not None and host.id not in missing_ids
-            if attempt.id in adopted and host is not None and alive:
+            if attempt.id in adopted and host is not None and host.id not in missing_ids:
                 host.attempts[attempt.id] = None
                 host.free = host.free.minus(attempt.shape)
                 if attempt.state is AttemptState.RUNNING:
