@@ -1,4 +1,4 @@
-"""Acting on a pass's decisions, and backing off when acting fails.
+"""Acting on a pass's decisions.
 
 `ActionsMixin` hands attempts to the executor, launches and terminates VMs through
 the driver, cancels attempts and signals checkpoints, at most
@@ -7,11 +7,9 @@ returned; it also carries out what pool events decided (Slurm jobs refused, pool
 released, the hooks' verdicts). It is a mixin of `Scheduler`, not a collaborator: recording a result
 (an attempt that could not start, a launch that failed) moves jobs, attempts and
 VMs on through the transitions of controller/scheduler/transitions.py, which need
-the whole open world.
-
-`Backoff` is a collaborator with its own state: the VM types blocked after failed
-launches and the pause in starts after the executor could not take attempts. Both
-delays start at `launch_backoff_s` and double, up to `launch_backoff_max_s`.
+the whole open world. It inherits `EventsMixin`: an attempt the executor could not
+start is recorded as that attempt's end. What failed actions hold back is `Backoff`'s
+(controller/scheduler/backoff.py), a collaborator with its own state.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from controller.config import SchedulerConfig
 from controller.executors.base import (
     AttemptEvent,
     AttemptSpec,
@@ -32,81 +29,16 @@ from controller.executors.base import (
 from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
 from controller.runtime import VmRun
+from controller.scheduler.events import EventsMixin
 from controller.store import WriteBatch
-from drivers.base import DriverError, LaunchRequest, PermanentError, VmState, VmStatus
+from drivers.base import DriverError, LaunchRequest, VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")
 
 T = TypeVar("T")
 
 
-class Backoff:
-    """Back-off after failed actions: per VM type after failed launches, and for all
-    starts after the executor could not take attempts (Slurm down)."""
-
-    def __init__(self, settings: SchedulerConfig, executor_name: str) -> None:
-        self.settings = settings
-        self.executor_name = executor_name
-        self.types: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
-        # The executor could not take attempts: no new ones until then.
-        self.starts_blocked_until = 0.0
-        self.starts_backoff_s = 0.0
-
-    def blocked_types(self) -> dict[str, float]:
-        """Until when each backed-off VM type may not be launched (for the planner)."""
-        return {t: until for t, (until, _) in self.types.items()}
-
-    def after_starts(self, error: ExecutorUnavailable | None, now: float, started: bool) -> None:
-        """After the executor could not take attempts, start none for a while (from
-        launch_backoff_s, doubling up to launch_backoff_max_s); a pass whose starts all
-        went through clears it."""
-        if error is None:
-            if started:
-                self.starts_backoff_s = 0.0
-            return
-        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
-        self.starts_backoff_s = min(most, max(base, 2 * self.starts_backoff_s))
-        self.starts_blocked_until = now + self.starts_backoff_s
-        log.warning(
-            "the %s executor cannot take attempts (%s); no new ones for %.0f s",
-            self.executor_name,
-            error,
-            self.starts_backoff_s,
-        )
-
-    def after_launches(
-        self, launched: list[tuple[VmRun, Any, Exception | None]], now: float
-    ) -> None:
-        """Back a VM type off after a pass in which its launches failed.
-
-        The delay starts at launch_backoff_s and doubles (up to launch_backoff_max_s)
-        only when the type fails again soon after its last back-off ended; a
-        PermanentError blocks it for the maximum at once. Once per type per pass,
-        however many of its launches failed; a pass with only successes clears it.
-        """
-        errors: dict[str, Exception] = {}
-        succeeded: set[str] = set()
-        for vm, _, error in launched:
-            if error is None:
-                succeeded.add(vm.vm_type.name)
-            else:
-                errors[vm.vm_type.name] = error
-        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
-        for name, error in errors.items():
-            until, last = self.types.get(name, (0.0, 0.0))
-            again_soon = last > 0 and now - until <= last
-            delay = (
-                most
-                if isinstance(error, PermanentError)
-                else (min(most, 2 * last) if again_soon else base)
-            )
-            self.types[name] = (now + delay, delay)
-            log.warning("VM type %s backed off for %.0f s after: %s", name, delay, error)
-        for name in succeeded - errors.keys():
-            self.types.pop(name, None)
-
-
-class ActionsMixin:
+class ActionsMixin(EventsMixin):
     """The acting half of a pass (part of `Scheduler`; see the module docstring)."""
 
     async def _call(self, awaitable: Awaitable[T]) -> T | None:
@@ -167,12 +99,14 @@ class ActionsMixin:
         """Act on a pass's decisions and record what each call returned: first the Slurm
         jobs refused (cancelled) and the pool nodes released, then the hooks told their
         verdicts; then starts, launches, cancels and checkpoint signals together."""
+        # Only the Slurm executor has pools (controller/daemon.py), and only it has these
+        # two calls; the Executor protocol does not declare them.
         refusals, self._refusals = self._refusals, []
         for job_id, why in refusals:
-            await self._call(self.executor.cancel_job(job_id, why))
+            await self._call(self.executor.cancel_job(job_id, why))  # type: ignore[attr-defined]
         releases, self._pool_releases = self._pool_releases, []
         for node, why in releases:
-            await self._call(self.executor.release_pool_node(node, why))
+            await self._call(self.executor.release_pool_node(node, why))  # type: ignore[attr-defined]
         verdicts, self._verdicts = self._verdicts, []
         for future, verdict in verdicts:  # after the refused were cancelled
             if not future.done():
@@ -244,6 +178,7 @@ class ActionsMixin:
             return
         if vm.id not in self.vms:
             return
+        assert status is not None  # a launch that raised nothing returned the VM's status
         self._set_provider_id(vm, status.vm_id)
         batch.vm(vm.row(self.driver.name, self.time_scale))
         if status.state is not vm.state:
@@ -258,7 +193,7 @@ class ActionsMixin:
                 vm.terminating = False
                 self._refresh_vm_sets(vm)
 
-    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+    def _spawn(self, coroutine: Awaitable[object]) -> None:
         """Run a driver/executor call in the background, its failure logged (a pass
         does not wait for it)."""
         task = asyncio.ensure_future(self._call(coroutine))

@@ -30,13 +30,14 @@ from controller.executors.base import (
 )
 from controller.models import AttemptState, JobState, check_transition
 from controller.planner import Terminate
+from controller.scheduler.transitions import TransitionsMixin
 from controller.store import WriteBatch
 from drivers.base import VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")
 
 
-class EventsMixin:
+class EventsMixin(TransitionsMixin):
     """The handlers of a pass's events (part of `Scheduler`; see the module docstring)."""
 
     async def _handle_events(

@@ -65,4 +65,8 @@ class PoolRunEvent:
     ended_at: float | None = None
     # Resolved, once the pass that took it is done (a refused job cancelled), with
     # "reserved", "refused: <why>" or "repeat": the prolog hook waits for it.
-    verdict: asyncio.Future | None = field(default=None, compare=False)
+    verdict: asyncio.Future[str] | None = field(default=None, compare=False)
+
+
+# What callers queue for the next pass (`Scheduler._commands`).
+Command = _Admit | _Cancel | PoolPower | PoolRunEvent

@@ -17,16 +17,18 @@ and at least every `poll_interval_s`; the simulator calls `tick()` itself
 while it moves a virtual clock. `recover()` rebuilds memory from the store
 after a restart.
 
-This module owns the pass loop, the inputs between passes, the commands, and the
+This module owns the pass loop, the commands callers queue between passes, and the
 hook the hopper moves jobs through (`request_migration`); the parts of a pass live
 beside it in this package:
 
+- state.py: the state every part shares, built by the constructor, and the inbox
+  the driver and the executor push events to (`SchedulerState`, the mixins' base);
 - inputs.py: the commands and protocols that reach the scheduler;
 - events.py: the driver's and executor's events (EventsMixin);
 - planning.py: the planner's snapshot and its decision recorded as intents
   (PlanningMixin);
-- actions.py: acting on the decision (ActionsMixin) and the back-off after failed
-  actions (`Backoff`, a collaborator);
+- actions.py: acting on the decision (ActionsMixin);
+- backoff.py: the back-off after failed actions (`Backoff`, a collaborator);
 - transitions.py: every job, attempt and VM state change and its record
   (TransitionsMixin);
 - checkpoints.py: checkpoint timing, SPEC.md §4 (`CheckpointTimer`, a collaborator);
@@ -34,7 +36,8 @@ beside it in this package:
 - slurm_pools.py: Slurm's power-saving pool nodes and the runs on them (PoolsMixin).
 
 The mixins share the open world (bags, jobs, attempts, VMs and their indexes) that
-`Scheduler.__init__` sets up; the collaborators own their state and are reached as
+`SchedulerState.__init__` sets up, and each inherits the mixins whose methods it calls
+(state.py says in which order); the collaborators own their state and are reached as
 `self.backoff` and `self.checkpoints`. Which VMs to move and where is the hopper's
 (controller/hopper.py).
 """
@@ -48,29 +51,17 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 from controller.bagspec import BagSpec
-from controller.checkpoint_tables import TableCache
-from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
-from controller.executors.base import (
-    AttemptEvent,
-    CallbackNoted,
-    CheckpointEvent,
-    Executor,
-    ExecutorEvent,
-)
-from controller.ledger import Accounts
-from controller.metrics import Metrics
-from controller.model_book import ModelBook
+from controller.executors.base import ExecutorEvent
 from controller.models import AttemptState, JobState
-from controller.planner import CatalogType, Terminate, plan
-from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
-from controller.scheduler.actions import ActionsMixin, Backoff
-from controller.scheduler.checkpoints import CheckpointTimer
+from controller.planner import plan
+from controller.runtime import BagRun, shape_of
+from controller.scheduler.actions import ActionsMixin
 from controller.scheduler.events import EventsMixin
 from controller.scheduler.inputs import (
     Clock,
+    Command,
     IdSource,
     PoolPower,
     PoolRunEvent,
@@ -81,10 +72,8 @@ from controller.scheduler.planning import PlanningMixin
 from controller.scheduler.recovery import RecoveryMixin
 from controller.scheduler.slurm_pools import PoolsMixin
 from controller.scheduler.transitions import TransitionsMixin
-from controller.slurm.pools import PoolBook
-from controller.store import Store, StoreUnavailable, WriteBatch
-from drivers.base import Driver, VmState, VmStatus, VmType
-from policies.index import TypeMarket
+from controller.store import StoreUnavailable, WriteBatch
+from drivers.base import VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")
 
@@ -94,109 +83,13 @@ CANCEL_CHUNK = 2_000  # waiting jobs cancelled per pass (about 50 ms of work)
 
 
 class Scheduler(
-    RecoveryMixin, EventsMixin, PlanningMixin, ActionsMixin, TransitionsMixin, PoolsMixin
+    RecoveryMixin, ActionsMixin, EventsMixin, PlanningMixin, PoolsMixin, TransitionsMixin
 ):
     """The daemon's scheduler: one pass at a time over the open world (see the module
-    docstring for its parts)."""
-
-    def __init__(
-        self,
-        *,
-        store: Store,
-        driver: Driver,
-        executor: Executor,
-        clock: Clock,
-        ids: IdSource,
-        settings: SchedulerConfig,
-        catalog: Sequence[VmType],
-        controller_id: str,
-        metrics: Metrics | None = None,
-        book: ModelBook | None = None,
-        time_scale: float = 1.0,
-        checkpointing: CheckpointConfig | None = None,
-        tables: TableCache | None = None,
-        ledger: LedgerConfig | None = None,
-    ) -> None:
-        self.store = store
-        self.book = book  # preemption models; None: no reuse policy, no hot spares
-        self.time_scale = time_scale  # model seconds per real second (local driver)
-        self.driver = driver
-        self.executor = executor
-        self.clock = clock
-        self.ids = ids
-        self.settings = settings
-        self.controller_id = controller_id
-        self.metrics = metrics
-        self.catalog = {t.name: t for t in catalog}
-        self.catalog_view = [
-            CatalogType(t.name, t.zone, capacity_of(t), t.spot_price_per_hour) for t in catalog
-        ]
-        self.bags: dict[str, BagRun] = {}
-        self.jobs: dict[tuple[str, int], JobRun] = {}
-        self.attempts: dict[str, AttemptRun] = {}
-        self.vms: dict[str, VmRun] = {}  # live VMs only (pending, running, terminating)
-        self._pending: dict[str, None] = {}  # VMs not yet running
-        self._roomy: dict[str, None] = {}  # running VMs with some free capacity
-        self._idle: dict[str, None] = {}  # running VMs with no attempt
-        self._draining: dict[str, None] = {}  # running VMs whose jobs the hopper moves away
-        self._migration_stops: list[str] = []  # attempts checkpointed for a move: stop them
-        self.market: TypeMarket | None = None  # live prices and policy (controller/hopper.py)
-        self._by_provider_id: dict[str, str] = {}
-        self._inbox: list[VmStatus | ExecutorEvent] = []
-        self._commands: list[_Admit | _Cancel] = []
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._last_describe = 0.0
-        self._replan = False  # an action failed: plan again at once, not at the next event
-        self._call_slots = asyncio.Semaphore(settings.max_concurrent_calls)
-        self.backoff = Backoff(settings, executor.name)  # after failed launches and starts
-        self._terminate_now: list[Terminate] = []  # VMs whose node broke (or Slurm let go)
-        # Power-saving pools (controller/slurm/pools.py): Slurm users' jobs on spot VMs.
-        self.pools = PoolBook((), ())
-        self._pool_vms: dict[str, None] = {}  # ids of the VMs serving pool nodes
-        self._pool_runs: dict[tuple[str, str], dict[str, Any]] = {}  # (job id, name) -> run
-        self._pool_launches: list[VmRun] = []
-        self._refusals: list[tuple[str, str]] = []  # (Slurm job id, why) to cancel
-        self._pool_refused: dict[tuple[str, str], str] = {}  # (job id, name) -> why
-        self._pool_released: dict[str, str] = {}  # VM id -> why spotbag let it go
-        self.problem: str | None = None  # why passes fail now (None: they do not)
-        self._pool_releases: list[tuple[str, str]] = []  # (node, why) to power down
-        self._verdicts: list[tuple[asyncio.Future, str]] = []  # told after this pass
-        self._background: set[asyncio.Task] = set()
-        checkpointing = checkpointing or CheckpointConfig()
-        tables = tables or TableCache(
-            None,
-            step_h=checkpointing.step_s / 3600.0,
-            restart_h=book.launch_h if book else 0.0,
-            max_work_h=checkpointing.max_work_h,
-            inline=True,
-        )
-        self.checkpoints = CheckpointTimer(  # when to signal checkpoints (SPEC.md §4)
-            settings=checkpointing,
-            tables=tables,
-            time_scale=time_scale,
-            bags=self.bags,
-            vms=self.vms,
-            attempts=self.attempts,
-            wake=self._wake.set,
-        )
-        self.accounts = Accounts(ledger or LedgerConfig())  # CPU-hour balances (SPEC.md §6)
-        self.ticks = 0
-        driver.subscribe(self._on_vm_status)
-        executor.subscribe(self._on_attempt_event)
+    docstring for its parts). Its constructor, and the state it builds, are
+    `SchedulerState`'s (state.py)."""
 
     # --- inputs ------------------------------------------------------------------
-
-    def _on_vm_status(self, status: VmStatus) -> None:
-        self._inbox.append(status)
-        self._wake.set()
-
-    def _on_attempt_event(self, event: ExecutorEvent) -> None:
-        self._inbox.append(event)
-        # A callback that changed nothing is written with the next pass (within
-        # poll_interval_s); it needs no pass of its own.
-        if not isinstance(event, CallbackNoted):
-            self._wake.set()
 
     def note(self, event: ExecutorEvent) -> None:
         """An event from outside the executor's own watch (a callback it did not take)."""
@@ -354,10 +247,6 @@ class Scheduler(
             if status.state is not vm.state:
                 self._push(status)
 
-    def _push(self, item: VmStatus | AttemptEvent | CheckpointEvent) -> None:
-        self._inbox.append(item)
-        self._wake.set()
-
     async def tick(self) -> float | None:
         """One scheduling pass; returns when the scheduler next wants to run (or None).
 
@@ -410,7 +299,7 @@ class Scheduler(
 
     # --- commands ----------------------------------------------------------------------
 
-    def _run_commands(self, batch: WriteBatch, commands: list[Any], now: float) -> list[str]:
+    def _run_commands(self, batch: WriteBatch, commands: list[Command], now: float) -> list[str]:
         cancels: list[str] = []
         for command in commands:
             if isinstance(command, _Admit):

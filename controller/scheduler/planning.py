@@ -26,6 +26,7 @@ from controller.executors.base import AttemptSpec
 from controller.models import AttemptState, JobState
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
 from controller.runtime import AttemptRun, BagRun, VmBilling, VmRun, capacity_of
+from controller.scheduler.transitions import TransitionsMixin
 from controller.store import WriteBatch
 from drivers.base import VmState
 from policies.packing import Shape
@@ -42,7 +43,7 @@ def _queue_room(vm: VmRun, queue_ahead: float) -> Shape:
     )
 
 
-class PlanningMixin:
+class PlanningMixin(TransitionsMixin):
     """The planner's view and its decision as intents (part of `Scheduler`; see the module
     docstring)."""
 
@@ -148,12 +149,12 @@ class PlanningMixin:
                 batch.transition(now, "vm", vm.id, "", VmState.PENDING, f"for bag {launch.bag_id}")
                 launches.append(vm)
         for termination in decision.terminations:
-            vm = self.vms.get(termination.vm_id)
-            if vm is None:
+            ending = self.vms.get(termination.vm_id)
+            if ending is None:
                 continue  # ended earlier in this pass
-            vm.terminating = True
-            vm.reason = termination.reason
-            self._refresh_vm_sets(vm)
+            ending.terminating = True
+            ending.reason = termination.reason
+            self._refresh_vm_sets(ending)
         return starts, launches
 
     def _new_attempt(

@@ -20,19 +20,20 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from typing import Any
 
 from controller.bagspec import BagSpec
 from controller.executors.base import AttemptEvent, LiveAttempt
 from controller.models import AttemptState, JobState
 from controller.runtime import AttemptRun, BagRun, JobRun, VmBilling, VmRun, capacity_of, shape_of
+from controller.scheduler.actions import ActionsMixin
 from controller.scheduler.inputs import _Cancel
+from controller.store.rows import VmRow
 from drivers.base import VmState, VmType
 
 log = logging.getLogger("spotbag.scheduler")
 
 
-class RecoveryMixin:
+class RecoveryMixin(ActionsMixin):
     """Restart re-adoption (part of `Scheduler`; see the module docstring)."""
 
     async def recover(self) -> None:
@@ -40,14 +41,15 @@ class RecoveryMixin:
         reconcile it with what the driver and executor still have."""
         self._forget_everything()
         now = self.clock.now()
-        self.accounts.load(await self.store.ledger_state())
+        # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
+        self.accounts.load(await self.store.ledger_state())  # type: ignore[arg-type]
         state = await self.store.load_active()
         batch = self.store.new_batch()
-        for row in state["bags"]:
-            spec = BagSpec.model_validate_json(row["spec"])
-            counts = row["counts"]
-            self.bags[row["id"]] = BagRun(
-                id=row["id"],
+        for bag_row in state["bags"]:
+            spec = BagSpec.model_validate_json(bag_row["spec"])
+            counts = bag_row["counts"]
+            self.bags[bag_row["id"]] = BagRun(
+                id=bag_row["id"],
                 spec=spec,
                 shape=shape_of(spec),
                 queue=deque(),
@@ -55,33 +57,33 @@ class RecoveryMixin:
                 open_jobs=sum(counts.get(s, 0) for s in ("queued", "held", "running")),
                 failed_jobs=counts.get("failed", 0),
                 cancelled_jobs=counts.get("cancelled", 0),
-                cancel_requested=row["cancel_requested_at"] is not None,
+                cancel_requested=bag_row["cancel_requested_at"] is not None,
             )
-            bag = self.bags[row["id"]]
-            bag.runtimes_s.extend(row["runtimes_s"])
-            bag.successes = len(row["runtimes_s"])
+            bag = self.bags[bag_row["id"]]
+            bag.runtimes_s.extend(bag_row["runtimes_s"])
+            bag.successes = len(bag_row["runtimes_s"])
             bag.refresh_estimate()
-        for row in state["jobs"]:
-            bag = self.bags[row["bag_id"]]
-            if row["state"] in (JobState.QUEUED, JobState.HELD) and row["attempts"] == 0:
-                bag.fresh[row["idx"]] = row["params"]
-                if row["state"] == JobState.QUEUED:
-                    bag.queue.append(row["idx"])
+        for job_row in state["jobs"]:
+            bag = self.bags[job_row["bag_id"]]
+            if job_row["state"] in (JobState.QUEUED, JobState.HELD) and job_row["attempts"] == 0:
+                bag.fresh[job_row["idx"]] = job_row["params"]
+                if job_row["state"] == JobState.QUEUED:
+                    bag.queue.append(job_row["idx"])
                 else:
-                    bag.held[row["idx"]] = None
-                    self.accounts.hold(bag.spec.account, bag.id, row["idx"])
+                    bag.held[job_row["idx"]] = None
+                    self.accounts.hold(bag.spec.account, bag.id, job_row["idx"])
                 continue
             job = JobRun(
-                bag_id=row["bag_id"],
-                idx=row["idx"],
-                params=json.loads(row["params"]),
-                state=JobState(row["state"]),
-                attempts=row["attempts"],
-                counted=row["counted_attempts"],
-                vm_id=row["vm_id"],
-                started_at=row["started_at"],
-                work_saved_s=row["work_saved_s"],
-                checkpoints=row["checkpoints"],
+                bag_id=job_row["bag_id"],
+                idx=job_row["idx"],
+                params=json.loads(job_row["params"]),
+                state=JobState(job_row["state"]),
+                attempts=job_row["attempts"],
+                counted=job_row["counted_attempts"],
+                vm_id=job_row["vm_id"],
+                started_at=job_row["started_at"],
+                work_saved_s=job_row["work_saved_s"],
+                checkpoints=job_row["checkpoints"],
             )
             self.jobs[(job.bag_id, job.idx)] = job
             if job.state is JobState.QUEUED:
@@ -93,24 +95,24 @@ class RecoveryMixin:
         self._pool_runs = {(r["job_id"], r["job_name"]): r for r in state["slurm_runs"]}
         owned = {s.token: s for s in await self.driver.list_owned()}
         missing: list[VmRun] = []
-        for row in state["vms"]:
-            vm_type = self._vm_type_of_row(row)
+        for vm_row in state["vms"]:
+            vm_type = self._vm_type_of_row(vm_row)
             vm = VmRun(
-                id=row["id"],
+                id=vm_row["id"],
                 vm_type=vm_type,
-                state=VmState(row["state"]),
-                requested_at=row["requested_at"],
-                spot=bool(row["spot"]),
-                zone=row["zone"],
-                provider_id=row["provider_id"],
-                running_at=row["running_at"],
-                reason=row["reason"],
+                state=VmState(vm_row["state"]),
+                requested_at=vm_row["requested_at"],
+                spot=bool(vm_row["spot"]),
+                zone=vm_row["zone"],
+                provider_id=vm_row["provider_id"],
+                running_at=vm_row["running_at"],
+                reason=vm_row["reason"],
                 free=capacity_of(vm_type),
                 # A VM joins the executor's cluster anew in its eyes: it says so again. A
                 # pool VM is Slurm's to watch.
-                ready=not self.executor.joins_vms or bool(row["pool_node"]),
-                ready_at=row["ready_at"],
-                pool_node=row["pool_node"],
+                ready=not self.executor.joins_vms or bool(vm_row["pool_node"]),
+                ready_at=vm_row["ready_at"],
+                pool_node=vm_row["pool_node"],
             )
             status = owned.pop(vm.id, None)
             if status is not None and status.vm_id:
@@ -133,25 +135,27 @@ class RecoveryMixin:
         # ones the executor does not run any more are lost.
         attempts = []
         ended_vm_types = {row["id"]: self._vm_type_of_row(row) for row in state["ended_vms"]}
-        for row in state["attempts"]:
-            bag = self.bags[row["bag_id"]]  # a live attempt keeps its bag active
-            vm = self.vms.get(row["vm_id"])
-            vm_type = vm.vm_type if vm is not None else ended_vm_types.get(row["vm_id"])
-            attempt = AttemptRun(
-                bag_id=row["bag_id"],
-                idx=row["idx"],
-                number=row["number"],
-                vm_id=row["vm_id"],
-                state=AttemptState(row["state"]),
-                started_at=row["started_at"],
-                log_path=row["log_path"],
-                shape=bag.shape,
-                ref=row["ref"],
-                billing=VmBilling.of(bag.shape, vm_type) if vm_type is not None else None,
-                mark_at=row["checkpointed_at"] or row["started_at"],
+        for attempt_row in state["attempts"]:
+            bag = self.bags[attempt_row["bag_id"]]  # a live attempt keeps its bag active
+            host = self.vms.get(attempt_row["vm_id"])
+            host_type = (
+                host.vm_type if host is not None else ended_vm_types.get(attempt_row["vm_id"])
             )
-            job = self.jobs.get((attempt.bag_id, attempt.idx))
-            attempt.saved_s = job.work_saved_s if job is not None else 0.0
+            attempt = AttemptRun(
+                bag_id=attempt_row["bag_id"],
+                idx=attempt_row["idx"],
+                number=attempt_row["number"],
+                vm_id=attempt_row["vm_id"],
+                state=AttemptState(attempt_row["state"]),
+                started_at=attempt_row["started_at"],
+                log_path=attempt_row["log_path"],
+                shape=bag.shape,
+                ref=attempt_row["ref"],
+                billing=VmBilling.of(bag.shape, host_type) if host_type is not None else None,
+                mark_at=attempt_row["checkpointed_at"] or attempt_row["started_at"],
+            )
+            open_job = self.jobs.get((attempt.bag_id, attempt.idx))
+            attempt.saved_s = open_job.work_saved_s if open_job is not None else 0.0
             self.attempts[attempt.id] = attempt
             bag.live_attempts += 1
             attempts.append(attempt)
@@ -170,11 +174,10 @@ class RecoveryMixin:
         ended = {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
         missing_ids = {vm.id for vm in missing}
         for attempt in attempts:
-            vm = self.vms.get(attempt.vm_id)
-            alive = vm is not None and vm.id not in missing_ids
-            if attempt.id in adopted and alive:
-                vm.attempts[attempt.id] = None
-                vm.free = vm.free.minus(attempt.shape)
+            host = self.vms.get(attempt.vm_id)
+            if attempt.id in adopted and host is not None and host.id not in missing_ids:
+                host.attempts[attempt.id] = None
+                host.free = host.free.minus(attempt.shape)
                 if attempt.state is AttemptState.RUNNING:
                     self.checkpoints.plan(attempt, now)
                 continue
@@ -210,7 +213,7 @@ class RecoveryMixin:
             len(adopted),
         )
 
-    def _vm_type_of_row(self, row: dict[str, Any]) -> VmType:
+    def _vm_type_of_row(self, row: VmRow) -> VmType:
         """A stored VM's type: the catalog's, or as the row recorded it (a type since
         removed from the configuration)."""
         return self.catalog.get(row["vm_type"]) or VmType(

@@ -25,6 +25,7 @@ from controller.ledger import UnknownAccount
 from controller.planner import Terminate, pool_vm_type
 from controller.runtime import VmRun, capacity_of
 from controller.scheduler.inputs import PoolPower, PoolRunEvent
+from controller.scheduler.transitions import TransitionsMixin
 from controller.slurm.pools import RUN_STATES, run_key
 from controller.store import WriteBatch
 from drivers.base import VmState
@@ -34,7 +35,7 @@ from policies.packing import Shape
 log = logging.getLogger("spotbag.scheduler")
 
 
-class PoolsMixin:
+class PoolsMixin(TransitionsMixin):
     """Slurm's pool nodes and the runs on them (part of `Scheduler`; see the module
     docstring)."""
 
@@ -47,7 +48,7 @@ class PoolsMixin:
             self._wake.set()
         return len(ours)
 
-    def pool_run(self, event: PoolRunEvent) -> asyncio.Future | None:
+    def pool_run(self, event: PoolRunEvent) -> asyncio.Future[str] | None:
         """A run of a Slurm user's job on a pool began or ended: a future of what was
         decided (see PoolRunEvent.verdict); None if it is not on a pool."""
         if event.partition not in self.pools.by_partition:
@@ -195,7 +196,8 @@ class PoolsMixin:
                 "reason": "",
             }
             self._pool_runs[ident] = run
-            batch.slurm_run(run)
+            # WriteBatch.slurm_run takes a dict[str, Any]: a SlurmRunRow is what it reads.
+            batch.slurm_run(run)  # type: ignore[arg-type]
             return
         started = event.started_at if event.started_at is not None else now
         ended = max(started, event.ended_at if event.ended_at is not None else now)
@@ -224,6 +226,11 @@ class PoolsMixin:
                 "vm_id": vm.id if vm is not None else "",
                 "cpus": cpus,
                 "reserved_cpu_h": 0.0,
+                # As the end sets them below (so that it is a whole row from here on).
+                "started_at": started,
+                "ended_at": ended,
+                "state": state,
+                "exit_code": event.exit_code,
                 "reason": "its start was not reported",
             }
         else:
@@ -236,16 +243,14 @@ class PoolsMixin:
                 run["key"], cpus, ended - started, preempted=state == "preempted"
             )
         batch.ledger_entries(now, entries, f"Slurm job {event.job_id} {event.state.lower()}")
-        batch.slurm_run(
-            run
-            | {
-                "cpus": cpus,
-                "started_at": started,
-                "ended_at": ended,
-                "state": state,
-                "exit_code": event.exit_code,
-            }
-        )
+        ended_run = run | {
+            "cpus": cpus,
+            "started_at": started,
+            "ended_at": ended,
+            "state": state,
+            "exit_code": event.exit_code,
+        }
+        batch.slurm_run(ended_run)  # type: ignore[arg-type]  # as above
 
     def _tell(self, event: PoolRunEvent, verdict: str) -> None:
         if event.verdict is not None:

@@ -23,13 +23,14 @@ import logging
 
 from controller.models import AttemptState, BagState, JobState, check_transition
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun
+from controller.scheduler.state import SchedulerState
 from controller.store import WriteBatch
 from drivers.base import VmState
 
 log = logging.getLogger("spotbag.scheduler")
 
 
-class TransitionsMixin:
+class TransitionsMixin(SchedulerState):
     """State changes and their records (part of `Scheduler`; see the module docstring)."""
 
     def _held_job(self, bag: BagRun, idx: int) -> JobRun:

@@ -1,0 +1,86 @@
+"""Back-off after failed actions, a collaborator of the scheduler (`Scheduler.backoff`).
+
+`Backoff` holds the VM types blocked after failed launches and the pause in starts after
+the executor could not take attempts; the planner's snapshot reads both
+(controller/scheduler/planning.py) and the acting half of a pass updates them
+(controller/scheduler/actions.py). Both delays start at `launch_backoff_s` and double,
+up to `launch_backoff_max_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from controller.config import SchedulerConfig
+from controller.executors.base import ExecutorUnavailable
+from controller.runtime import VmRun
+from drivers.base import PermanentError, VmStatus
+
+log = logging.getLogger("spotbag.scheduler")
+
+
+class Backoff:
+    """Back-off after failed actions: per VM type after failed launches, and for all
+    starts after the executor could not take attempts (Slurm down)."""
+
+    def __init__(self, settings: SchedulerConfig, executor_name: str) -> None:
+        self.settings = settings
+        self.executor_name = executor_name
+        self.types: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
+        # The executor could not take attempts: no new ones until then.
+        self.starts_blocked_until = 0.0
+        self.starts_backoff_s = 0.0
+
+    def blocked_types(self) -> dict[str, float]:
+        """Until when each backed-off VM type may not be launched (for the planner)."""
+        return {t: until for t, (until, _) in self.types.items()}
+
+    def after_starts(self, error: ExecutorUnavailable | None, now: float, started: bool) -> None:
+        """After the executor could not take attempts, start none for a while (from
+        launch_backoff_s, doubling up to launch_backoff_max_s); a pass whose starts all
+        went through clears it."""
+        if error is None:
+            if started:
+                self.starts_backoff_s = 0.0
+            return
+        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
+        self.starts_backoff_s = min(most, max(base, 2 * self.starts_backoff_s))
+        self.starts_blocked_until = now + self.starts_backoff_s
+        log.warning(
+            "the %s executor cannot take attempts (%s); no new ones for %.0f s",
+            self.executor_name,
+            error,
+            self.starts_backoff_s,
+        )
+
+    def after_launches(
+        self, launched: Sequence[tuple[VmRun, VmStatus | None, Exception | None]], now: float
+    ) -> None:
+        """Back a VM type off after a pass in which its launches failed.
+
+        The delay starts at launch_backoff_s and doubles (up to launch_backoff_max_s)
+        only when the type fails again soon after its last back-off ended; a
+        PermanentError blocks it for the maximum at once. Once per type per pass,
+        however many of its launches failed; a pass with only successes clears it.
+        """
+        errors: dict[str, Exception] = {}
+        succeeded: set[str] = set()
+        for vm, _, error in launched:
+            if error is None:
+                succeeded.add(vm.vm_type.name)
+            else:
+                errors[vm.vm_type.name] = error
+        base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
+        for name, error in errors.items():
+            until, last = self.types.get(name, (0.0, 0.0))
+            again_soon = last > 0 and now - until <= last
+            delay = (
+                most
+                if isinstance(error, PermanentError)
+                else (min(most, 2 * last) if again_soon else base)
+            )
+            self.types[name] = (now + delay, delay)
+            log.warning("VM type %s backed off for %.0f s after: %s", name, delay, error)
+        for name in succeeded - errors.keys():
+            self.types.pop(name, None)
