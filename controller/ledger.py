@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from controller.bagspec import BagSpec
 from controller.config import LedgerConfig
 from controller.errors import SpotbagError
+from controller.store.rows import LedgerState
 from policies.ledger_rules import (
     Entry,
     InsufficientCredit,
@@ -320,7 +321,7 @@ class Accounts:
             "held_jobs": len(self.held.get(account, ())),
         }
 
-    def load(self, state: dict[str, list[dict]]) -> None:
+    def load(self, state: LedgerState) -> None:
         """Rebuild from the store's ledger (Store.ledger_state)."""
         self.ledger = Ledger()
         self.unlimited = {a["name"]: bool(a["unlimited"]) for a in state["accounts"]}
@@ -339,7 +340,7 @@ class Accounts:
                 balance.charged += row["cpu_h"]
             else:
                 balance.reserved -= row["cpu_h"]
-        for row in state["open"]:
-            self.ledger.open[row["key"]] = (row["account"], row["cpu_h"])
+        for reservation in state["open"]:
+            self.ledger.open[reservation["key"]] = (reservation["account"], reservation["cpu_h"])
         # A charge without its release (none is written without the other) cannot be
         # left open, so `open` is exactly the reservations still held.

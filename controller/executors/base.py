@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from controller.bagspec import ParamValue, SimulationHints
 from controller.errors import SpotbagError
@@ -183,3 +183,15 @@ class Executor(Protocol):
 
     async def shutdown(self) -> None:
         """Stop every attempt (the controller is stopping)."""
+
+
+@runtime_checkable
+class PoolExecutor(Executor, Protocol):
+    """An executor that also serves Slurm power-saving pools (only the Slurm executor:
+    controller/daemon.py wires pools only with it): Slurm users' jobs and nodes."""
+
+    async def cancel_job(self, job_id: str, why: str) -> None:
+        """Cancel somebody's Slurm job (a pool job its account cannot pay for)."""
+
+    async def release_pool_node(self, node: str, reason: str) -> None:
+        """Power an idle pool node down once its jobs are done."""

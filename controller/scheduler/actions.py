@@ -25,6 +25,7 @@ from controller.executors.base import (
     ExecutorError,
     ExecutorUnavailable,
     Outcome,
+    PoolExecutor,
 )
 from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
@@ -99,14 +100,17 @@ class ActionsMixin(EventsMixin):
         """Act on a pass's decisions and record what each call returned: first the Slurm
         jobs refused (cancelled) and the pool nodes released, then the hooks told their
         verdicts; then starts, launches, cancels and checkpoint signals together."""
-        # Only the Slurm executor has pools (controller/daemon.py), and only it has these
-        # two calls; the Executor protocol does not declare them.
+        # Only the Slurm executor has pools (controller/daemon.py), so refusals and
+        # releases exist only with an executor that has these two calls.
         refusals, self._refusals = self._refusals, []
-        for job_id, why in refusals:
-            await self._call(self.executor.cancel_job(job_id, why))  # type: ignore[attr-defined]
         releases, self._pool_releases = self._pool_releases, []
-        for node, why in releases:
-            await self._call(self.executor.release_pool_node(node, why))  # type: ignore[attr-defined]
+        if refusals or releases:
+            pools = self.executor
+            assert isinstance(pools, PoolExecutor), "pool work without a pool executor"
+            for job_id, why in refusals:
+                await self._call(pools.cancel_job(job_id, why))
+            for node, why in releases:
+                await self._call(pools.release_pool_node(node, why))
         verdicts, self._verdicts = self._verdicts, []
         for future, verdict in verdicts:  # after the refused were cancelled
             if not future.done():

@@ -42,7 +42,7 @@ class RecoveryMixin(ActionsMixin):
         self._forget_everything()
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
-        self.accounts.load(await self.store.ledger_state())  # type: ignore[arg-type]
+        self.accounts.load(await self.store.ledger_state())
         state = await self.store.load_active()
         batch = self.store.new_batch()
         for bag_row in state["bags"]:

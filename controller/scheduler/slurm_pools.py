@@ -197,7 +197,7 @@ class PoolsMixin(TransitionsMixin):
             }
             self._pool_runs[ident] = run
             # WriteBatch.slurm_run takes a dict[str, Any]: a SlurmRunRow is what it reads.
-            batch.slurm_run(run)  # type: ignore[arg-type]
+            batch.slurm_run(run)
             return
         started = event.started_at if event.started_at is not None else now
         ended = max(started, event.ended_at if event.ended_at is not None else now)
@@ -250,7 +250,7 @@ class PoolsMixin(TransitionsMixin):
             "state": state,
             "exit_code": event.exit_code,
         }
-        batch.slurm_run(ended_run)  # type: ignore[arg-type]  # as above
+        batch.slurm_run(ended_run)
 
     def _tell(self, event: PoolRunEvent, verdict: str) -> None:
         if event.verdict is not None:

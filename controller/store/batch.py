@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
@@ -456,7 +456,7 @@ class WriteBatch:
         """An account opened in memory by this batch's changes (a Slurm user's first job)."""
         self.accounts.append(row)
 
-    def slurm_run(self, row: dict[str, Any]) -> None:
+    def slurm_run(self, row: Mapping[str, Any]) -> None:
         """A pool run's row (every column of SLURM_RUN_COLUMNS)."""
         self.slurm_runs[row["key"]] = SlurmRunChange(*(row[c] for c in SLURM_RUN_COLUMNS))
 
