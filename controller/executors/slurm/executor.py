@@ -1,0 +1,211 @@
+"""The Slurm executor's front: the Executor protocol (controller/executors/base.py) and
+the daemon's other calls, each handed to the part that owns it.
+
+The parts share one `SlurmState` (state.py): the attempts and nodes, the listeners,
+Slurm's availability. Built here, in the order they need each other: the node
+manager and the job signals need only the state; the watcher polls through the
+node manager and stops attempts through the signals; submission and recovery look
+for jobs and (re)start watching through the watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from controller.executors.base import AttemptListener, AttemptSpec, LiveAttempt
+from controller.executors.slurm import recovery
+from controller.executors.slurm.callbacks import Callbacks
+from controller.executors.slurm.nodes import NodeManager
+from controller.executors.slurm.signals import JobSignals
+from controller.executors.slurm.state import SlurmExecutorSettings, SlurmState
+from controller.executors.slurm.submission import Submitter, job_script
+from controller.executors.slurm.watch import Watcher
+from controller.slurm.commands import SlurmTools
+from drivers.base import VmType
+
+
+class SlurmExecutor:
+    name = "slurm"
+    joins_vms = True
+    queues_attempts = True
+    attempts_outlive_controller = True
+
+    def __init__(
+        self,
+        settings: SlurmExecutorSettings,
+        *,
+        tools: SlurmTools,
+        controller_id: str,
+        now: Callable[[], float],
+        kill_grace_s: float = 5.0,
+    ) -> None:
+        self.settings = settings
+        self.queue_ahead = settings.queue_ahead
+        self.tools = tools
+        self._state = SlurmState(settings, tools, controller_id, now)
+        self._nodes = self._state.nodes  # vm id -> its node (the tests look at it)
+        self._node_manager = NodeManager(self._state)
+        self._signals = JobSignals(self._state, kill_grace_s)
+        self._watcher = Watcher(self._state, self._node_manager, self._signals.stop)
+        self._submitter = Submitter(self._state, self._watcher)
+        self._callbacks = Callbacks(self._state)
+
+    # --- paths and names ----------------------------------------------------------
+
+    def subscribe(self, listener: AttemptListener) -> None:
+        self._state.listeners.append(listener)
+
+    def log_path(self, bag_id: str, job_id: str, number: int) -> str:
+        return self._state.log_path(bag_id, job_id, number)
+
+    def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
+        return self._state.checkpoint_dir(bag_id, job_id)
+
+    def node_of(self, vm_id: str) -> str:
+        return self._state.node_of(vm_id)
+
+    def bootstrap_values(self, vm_id: str, vm_type: VmType, pool_node: str = "") -> dict[str, str]:
+        """What the VM's boot script needs to join as a dynamic node named after it, or
+        as the power-saving node `pool_node` (declared in slurm.conf)."""
+        return self._node_manager.bootstrap_values(vm_id, vm_type, pool_node)
+
+    # --- VMs and their nodes ------------------------------------------------------
+
+    async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
+        """Watch for the VM's node; a NodeEvent says when it is up."""
+        self._node_manager.watch(vm_id, vm_type)
+        self._watcher.ensure()
+        self._state.wake.set()
+
+    async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
+        """The VM is gone: tell Slurm at once (DOWN ends the node's jobs with NODE_FAIL
+        in well under a second, instead of after SlurmdTimeout), forget its attempts
+        (the scheduler ends them), and delete the node once Slurm lets go of it. A
+        pool node is downed too (its users' jobs are requeued at once; a power-down
+        alone waits for the dead slurmd to time out before it lets them go), then
+        powered down by force, so that Slurm can resume it for the next job."""
+        if pool_node:
+            await self._node_manager.lose_pool_node(vm_id, pool_node)
+            return
+        await self._node_manager.lose(vm_id)
+        self._watcher.ensure()
+
+    async def power_down(self, node: str, reason: str) -> None:
+        await self._node_manager.power_down(node, reason)
+
+    async def release_pool_node(self, node: str, reason: str) -> None:
+        """Ask Slurm to power a pool node down once its jobs are done (POWER_DOWN_ASAP:
+        drained, so nothing new starts on it); Slurm then runs SuspendProgram."""
+        await self._node_manager.release_pool_node(node, reason)
+
+    async def cancel_job(self, job_id: str, why: str) -> None:
+        """Cancel somebody's Slurm job (a pool job its account cannot pay for), saying why
+        in its comment (squeue -o %k, scontrol show job)."""
+        await self._node_manager.cancel_job(job_id, why)
+
+    async def job_limits(self, job_id: str) -> tuple[float | None, float | None]:
+        """(CPUs, time limit in hours) Slurm gives a job; None for what it does not say
+        (or an unlimited time)."""
+        return await self._node_manager.job_limits(job_id)
+
+    # --- attempts ------------------------------------------------------------------
+
+    async def start(self, spec: AttemptSpec) -> str:
+        """Submit the attempt as a Slurm job on its VM's node (submission.py); its job id,
+        or "" when Slurm's answer was lost and the job is looked for later."""
+        return await self._submitter.start(spec)
+
+    def _script(self, spec: AttemptSpec, log_path: Path, checkpoint_dir: Path) -> str:
+        """The attempt's batch script (kept for bench/slurm_dispatch.py, which submits
+        it by hand to compare with plain Slurm)."""
+        return job_script(spec, log_path, checkpoint_dir)
+
+    async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
+        self._signals.signal_checkpoint(attempt_id, timeout_s)
+
+    async def cancel(self, attempt_id: str) -> None:
+        """SIGTERM to the job's processes now, `scancel` after the grace period; the
+        end is reported as an event (KILLED)."""
+        self._signals.cancel(attempt_id)
+
+    async def poll(self) -> None:
+        """Ask Slurm about the jobs and nodes this executor watches, and act on it."""
+        await self._watcher.poll()
+
+    # --- callbacks ------------------------------------------------------------------
+
+    def seen(self, key: str) -> bool:
+        """Whether a callback with this key was taken since the controller started (its
+        record in the store may still be on its way)."""
+        return self._callbacks.seen(key)
+
+    def remember(self, key: str) -> None:
+        self._callbacks.remember(key)
+
+    async def take_callback(
+        self,
+        *,
+        key: str,
+        event: str,
+        job_name_: str,
+        job_id: str,
+        state: str = "",
+        exit_code: str = "",
+        at: float | None = None,
+    ) -> str:
+        """A callback from a slurmctld hook about one of this controller's jobs:
+        "applied" (its end, reported at once), "noted", or "" when it is not about one
+        of this controller's attempts (callbacks.py)."""
+        return await self._callbacks.take(
+            key=key,
+            event=event,
+            job_name_=job_name_,
+            job_id=job_id,
+            state=state,
+            exit_code=exit_code,
+            at=at,
+        )
+
+    # --- restart -----------------------------------------------------------------------
+
+    async def recover(
+        self, attempts: Sequence[LiveAttempt], live_vm_ids: Sequence[str] = ()
+    ) -> set[str]:
+        """Slurm jobs survive a controller restart: re-adopt every attempt Slurm still
+        has; report those that ended meanwhile (from their exit status, else Slurm's
+        final state); only attempts neither Slurm nor the shared files know are lost.
+        Nodes of VMs that are gone are deleted. When Slurm does not answer, every
+        attempt is kept and the watcher settles them once it does."""
+        return await recovery.recover(
+            self._state, self._watcher, self._node_manager, attempts, live_vm_ids
+        )
+
+    async def shutdown(self) -> None:
+        """Stop watching; the jobs run on (they outlive the controller)."""
+        state = self._state
+        state.closing = True
+        state.wake.set()
+        tasks = [t for t in (self._watcher.task,) if t is not None]
+        tasks += [a.checkpoint for a in state.attempts.values() if a.checkpoint]
+        tasks += [a.stopper for a in state.attempts.values() if a.stopper]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- what the daemon shows ----------------------------------------------------------
+
+    @property
+    def unavailable(self) -> str:
+        """Why Slurm did not answer last ("" when it did)."""
+        return self._state.unavailable
+
+    def status(self) -> dict[str, object]:
+        state = self._state
+        return {
+            "attempts": len(state.attempts),
+            "nodes_ready": sum(1 for n in state.nodes.values() if n.ready),
+            "nodes_waiting": sum(1 for n in state.nodes.values() if not n.ready and not n.lost),
+            "slurm_unavailable": state.unavailable,
+        }

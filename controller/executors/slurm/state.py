@@ -1,0 +1,212 @@
+"""What the parts of the Slurm executor share: its settings, the attempts and nodes it
+tracks, where an attempt's files live, and how an attempt's start and end are
+reported to the listeners (each once, whichever part sees it first).
+
+Also the readings several parts make: Slurm's job states (squeue %T), the shared
+files an attempt's wrapper leaves (its program started; it exited, and how), and an
+end without an exit status read from Slurm's final state (SLURM.md's mapping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller.executors.attempt_files import (
+    end_event,
+    exit_status_path,
+    read_exit_status,
+    started_path,
+)
+from controller.executors.base import (
+    AttemptEvent,
+    AttemptListener,
+    AttemptStarted,
+    ExecutorEvent,
+    Outcome,
+)
+from controller.slurm.commands import SlurmTools
+from controller.slurm.naming import node_name
+
+LIVE_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING",
+     "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "STAGE_OUT", "RESV_DEL_HOLD"}
+)  # fmt: skip
+RUNNING_STATES = frozenset({"CONFIGURING", "RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
+
+
+@dataclass(frozen=True)
+class SlurmExecutorSettings:
+    partition: str = "spotbag"
+    node_prefix: str = "sb-"
+    node_feature: str = "spotbag"
+    conf_server: str = ""  # host[:port] the VMs' slurmd fetch slurm.conf from
+    munge_key: str = ""  # where VMs fetch the munge key (drivers/templates/node_join.sh)
+    munge_socket: str = ""  # the socket the cluster's slurm.conf names; "" munge's default
+    shared_dir: Path = Path("/var/lib/spotbag/shared")
+    shared_mount: str = ""  # what a VM mounts at shared_dir ("head:/path", NFS)
+    poll_interval_s: float = 1.0
+    file_poll_s: float = 0.2
+    pending_timeout_s: float = 120.0
+    queue_ahead: float = 1.0  # of a VM's capacity, queued in Slurm beyond what runs
+
+
+@dataclass
+class Attempt:
+    """An attempt the executor tracks: its Slurm job and how far it got."""
+
+    attempt_id: str
+    vm_id: str
+    node: str
+    log_path: Path
+    checkpoint_dir: Path | None
+    max_runtime_s: float
+    job_id: str = ""  # Slurm's id; "" while a submission's fate is unknown
+    submitting: bool = False  # its sbatch has not answered yet (no need to look for it)
+    submitted_at: float = 0.0
+    running_at: float | None = None  # when Slurm ran it (reported once)
+    program_started: bool = False  # its script got to the program: signals reach it
+    program_started_at: float | None = None  # when (the marker's time)
+    pending_reason: str = ""
+    stop_reason: str = ""  # we are stopping it: why
+    timed_out: bool = False
+    ended: bool = False
+    stopper: asyncio.Task | None = None
+    checkpoint: asyncio.Task | None = None
+
+
+@dataclass
+class Node:
+    """The Slurm node of a VM the executor knows."""
+
+    vm_id: str
+    name: str
+    memory_gb: float  # the VM type's (what the planner packs by)
+    ready: bool = False
+    real_memory_mb: int = 0  # what the node registered with
+    lost: bool = False  # its VM is gone: down it and delete it
+    deleted: bool = False
+    attempts: set[str] = field(default_factory=set)
+
+
+class SlurmState:
+    """The executor's state and its reporting, shared by its parts (one per executor).
+
+    `wake` asks the watcher to poll Slurm now; `closing` tells every loop to stop;
+    `unavailable` says why Slurm did not answer last ("" when it did)."""
+
+    def __init__(
+        self,
+        settings: SlurmExecutorSettings,
+        tools: SlurmTools,
+        controller_id: str,
+        now: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.tools = tools
+        self.controller_id = controller_id
+        self.now = now
+        self.attempts: dict[str, Attempt] = {}
+        self.nodes: dict[str, Node] = {}  # vm id -> its node
+        self.listeners: list[AttemptListener] = []
+        self.wake = asyncio.Event()
+        self.closing = False
+        self.unavailable = ""
+
+    # --- paths and names ----------------------------------------------------------
+
+    def log_path(self, bag_id: str, job_id: str, number: int) -> str:
+        return str(self.settings.shared_dir / "logs" / bag_id / f"{job_id}.{number}.log")
+
+    def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
+        return self.settings.shared_dir / "checkpoints" / bag_id / job_id
+
+    def node_of(self, vm_id: str) -> str:
+        return node_name(self.settings.node_prefix, vm_id)
+
+    # --- attempt bookkeeping --------------------------------------------------------
+
+    def track(self, attempt: Attempt) -> None:
+        self.attempts[attempt.attempt_id] = attempt
+        node = self.nodes.get(attempt.vm_id)
+        if node is not None:
+            node.attempts.add(attempt.attempt_id)
+
+    def untrack(self, attempt: Attempt) -> None:
+        self.attempts.pop(attempt.attempt_id, None)
+        node = self.nodes.get(attempt.vm_id)
+        if node is not None:
+            node.attempts.discard(attempt.attempt_id)
+
+    def emit(self, event: ExecutorEvent) -> None:
+        for listener in self.listeners:
+            listener(event)
+
+    def end(self, attempt: Attempt, event: AttemptEvent) -> None:
+        """Report an attempt's end, once."""
+        if attempt.ended:
+            return
+        attempt.ended = True
+        self.untrack(attempt)
+        self.emit(event)
+
+    def started(self, attempt: Attempt, at: float, key: str = "") -> None:
+        if attempt.running_at is None and not attempt.ended:
+            attempt.running_at = at
+            self.emit(AttemptStarted(attempt.attempt_id, at, key))
+
+    def finish_with_exit(self, attempt: Attempt, code: int, at: float, key: str = "") -> None:
+        event = end_event(
+            attempt.attempt_id,
+            attempt.max_runtime_s,
+            code,
+            attempt.stop_reason,
+            attempt.timed_out,
+            at,
+        )
+        self.end(attempt, event._replace(key=key))
+
+    def slurm_end(
+        self, attempt: Attempt, state: str, reason: str, code: int | None, key: str = ""
+    ) -> AttemptEvent:
+        """An end without an exit status file, from Slurm's final state."""
+        at = self.now()
+        about = f"Slurm: {state}" + (f" ({reason})" if reason and reason != "None" else "")
+        if attempt.timed_out or state == "TIMEOUT":
+            detail = f"exceeded max_runtime_s={attempt.max_runtime_s:g}"
+            return AttemptEvent(attempt.attempt_id, at, Outcome.TIMED_OUT, code, detail, key)
+        if attempt.stop_reason.startswith("pending in Slurm"):
+            return AttemptEvent(
+                attempt.attempt_id, at, Outcome.NOT_STARTED, None, attempt.stop_reason, key
+            )
+        if attempt.stop_reason:
+            return AttemptEvent(
+                attempt.attempt_id, at, Outcome.KILLED, code, attempt.stop_reason, key
+            )
+        if not state:
+            detail = f"Slurm no longer knows job {attempt.job_id} and it left no exit status"
+            return AttemptEvent(attempt.attempt_id, at, Outcome.KILLED, None, detail, key)
+        if state == "NODE_FAIL":
+            return AttemptEvent(attempt.attempt_id, at, Outcome.KILLED, None, "node failed", key)
+        if state in ("CANCELLED", "PREEMPTED", "DEADLINE"):
+            return AttemptEvent(attempt.attempt_id, at, Outcome.KILLED, None, about, key)
+        if not attempt.program_started:
+            detail = f"{about} before its program started; see its log"
+            return AttemptEvent(attempt.attempt_id, at, Outcome.START_FAILED, None, detail, key)
+        if state == "COMPLETED":
+            return AttemptEvent(attempt.attempt_id, at, Outcome.EXITED, 0, "", key)
+        return AttemptEvent(attempt.attempt_id, at, Outcome.EXITED, code if code else 1, about, key)
+
+
+def read_markers(log_paths: Sequence[Path]) -> list[tuple[float | None, tuple[int, float] | None]]:
+    """Per attempt: when its program started (the marker's mtime) and its exit status."""
+    found = []
+    for log_path in log_paths:
+        try:
+            started_at: float | None = started_path(log_path).stat().st_mtime
+        except OSError:
+            started_at = None
+        found.append((started_at, read_exit_status(exit_status_path(log_path))))
+    return found

@@ -1,0 +1,269 @@
+"""Watching the attempts and nodes: the shared files often, Slurm when it must say.
+
+Three sources, all idempotent (callbacks.py has the third):
+1. the shared files, every `file_poll_s`: the program started; it exited (and how);
+2. `squeue` for the jobs it tracks: the truth after restarts and lost callbacks
+   (the state, the start time, why a job pends), every `poll_interval_s` while
+   something only Slurm can settle is open, QUIET_POLLS times less often otherwise
+   (each call costs slurmctld a walk over every job it remembers); `sinfo` for the
+   nodes of VMs it waits for (and, now and then, those it uses; nodes.py);
+3. callbacks from slurmctld's hooks.
+
+Ends without an exit status (node failure, a cancel, a time limit, a launch failure)
+are mapped from Slurm's state (state.py, `SlurmState.slurm_end`); a job pending past
+`pending_timeout_s` (its node never took it) is stopped -> NOT_STARTED; an attempt
+past its max runtime is stopped -> TIMED_OUT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from controller.executors.base import AttemptEvent, Outcome
+from controller.executors.slurm.nodes import NodeManager
+from controller.executors.slurm.state import (
+    LIVE_STATES,
+    RUNNING_STATES,
+    Attempt,
+    SlurmState,
+    read_markers,
+)
+from controller.slurm.commands import (
+    SlurmError,
+    SlurmUnavailable,
+    exit_status,
+    key_values,
+    slurm_time,
+    split_rows,
+)
+from controller.slurm.naming import attempt_of_job
+
+log = logging.getLogger("spotbag.executors.slurm")
+
+# Why a job may pend on its node for a while without anything being wrong.
+WAITING_REASONS = frozenset({"Resources", "Priority", "None", "BeginTime", "Dependency"})
+QUIET_POLLS = 5  # squeue this many times less often when nothing needs it
+
+# A job as squeue shows it: id, state, reason, start time, name.
+JobRow = tuple[str, str, str, str, str]
+
+
+class Watcher:
+    """The watching task, and the squeue/sinfo poll that is the source of truth.
+
+    `stop` stops an attempt (signals.py) that timed out or pends for too long."""
+
+    def __init__(
+        self,
+        state: SlurmState,
+        nodes: NodeManager,
+        stop: Callable[[Attempt, str], None],
+    ) -> None:
+        self._state = state
+        self._nodes = nodes
+        self._stop = stop
+        self.task: asyncio.Task | None = None
+
+    def ensure(self) -> None:
+        """Start watching, unless it already does."""
+        if self.task is None or self.task.done():
+            self._state.closing = False
+            self.task = asyncio.create_task(self._watch(), name="slurm watcher")
+
+    async def _watch(self) -> None:
+        state = self._state
+        loop = asyncio.get_running_loop()
+        last_poll = 0.0
+        while not state.closing:
+            try:
+                await self._check_files()
+                self._check_timeouts()
+                interval = state.settings.poll_interval_s
+                if not self._needs_slurms_word():
+                    interval *= QUIET_POLLS
+                if state.wake.is_set() or loop.time() - last_poll >= interval:
+                    state.wake.clear()
+                    last_poll = loop.time()
+                    await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("watching Slurm failed; trying again")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.wake.wait(), state.settings.file_poll_s)
+
+    def _needs_slurms_word(self) -> bool:
+        """Whether something only squeue can settle is open: a submission whose fate is
+        unknown, a stop under way, a job pending for long, a node waiting to join, or
+        Slurm not answering. Otherwise the shared files and the callbacks report starts
+        and ends, and squeue is asked QUIET_POLLS times less often."""
+        state = self._state
+        if state.unavailable:
+            return True
+        if any(not n.ready and not n.lost for n in state.nodes.values()):
+            return True
+        patience = state.settings.pending_timeout_s / 4
+        now = state.now()
+        return any(
+            not a.job_id
+            or a.stop_reason
+            or (a.running_at is None and now - a.submitted_at > patience)
+            for a in state.attempts.values()
+            if not a.ended
+        )
+
+    async def _check_files(self) -> None:
+        state = self._state
+        watched = [a for a in state.attempts.values() if not a.ended and a.job_id]
+        if not watched:
+            return
+        seen = await asyncio.to_thread(read_markers, [a.log_path for a in watched])
+        for attempt, (started_at, finished) in zip(watched, seen, strict=True):
+            if started_at is not None and not attempt.program_started:
+                attempt.program_started = True
+                attempt.program_started_at = started_at
+                state.started(attempt, started_at)
+            if finished is not None:
+                state.finish_with_exit(attempt, *finished)
+
+    def _check_timeouts(self) -> None:
+        state = self._state
+        now = state.now()
+        for attempt in list(state.attempts.values()):
+            if (
+                attempt.running_at is not None
+                and not attempt.ended
+                and not attempt.stop_reason
+                and now - attempt.running_at > attempt.max_runtime_s
+            ):
+                attempt.timed_out = True
+                self._stop(attempt, "timed out")
+
+    async def poll(self) -> None:
+        """Ask Slurm about the jobs and nodes this executor watches, and act on it."""
+        state = self._state
+        try:
+            asked = await self._poll_jobs()
+            asked = await self._nodes.poll() or asked
+            await self._nodes.delete_lost()
+            if not asked:  # nothing to ask about: is it there at all?
+                await state.tools.run("scontrol", "ping")
+        except SlurmUnavailable as exc:
+            if not state.unavailable:
+                log.warning("Slurm does not answer: %s", exc)
+            state.unavailable = str(exc)
+            return
+        if state.unavailable:
+            log.info("Slurm answers again")
+        state.unavailable = ""
+
+    async def _poll_jobs(self) -> bool:
+        """Settle the tracked jobs by squeue; False when there were none to ask about."""
+        state = self._state
+        tracked = [a for a in state.attempts.values() if not a.ended]
+        if not tracked:
+            return False
+        # Submissions whose answer was lost are looked for by name (all of this
+        # controller's jobs Slurm keeps: costly on a busy cluster, so not for the ones
+        # whose sbatch is still on its way).
+        unknown = [a for a in tracked if not a.job_id and not a.submitting]
+        rows: dict[str, JobRow] = {}  # attempt id -> row
+        if unknown:
+            rows.update(await self.jobs_by_name())
+            for attempt in unknown:
+                found = rows.get(attempt.attempt_id)
+                if found is not None:
+                    attempt.job_id = found[0]
+                else:
+                    state.end(
+                        attempt,
+                        AttemptEvent(
+                            attempt.attempt_id,
+                            state.now(),
+                            Outcome.NOT_STARTED,
+                            None,
+                            "Slurm never took the job (its submission got no answer)",
+                        ),
+                    )
+        ids = [a.job_id for a in tracked if a.job_id and not a.ended]
+        if ids:
+            out = await state.tools.run(
+                "squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%S|%j"
+            )
+            for job_id, job_state, reason, start, name in split_rows(out, 5):
+                attempt_id = attempt_of_job(state.controller_id, name)
+                if attempt_id is not None:
+                    rows[attempt_id] = (job_id, job_state, reason, start, name)
+        now = state.now()
+        finished: list[tuple[Attempt, str, str]] = []
+        for attempt in tracked:
+            if attempt.ended or not attempt.job_id:
+                continue
+            row = rows.get(attempt.attempt_id)
+            if row is None or row[0] != attempt.job_id:
+                finished.append((attempt, "", ""))  # Slurm forgot it (past MinJobAge)
+                continue
+            _, job_state, reason, start, _ = row
+            if job_state == "PENDING":
+                attempt.pending_reason = reason
+                waited = now - attempt.submitted_at
+                # Waiting for a slot of a healthy node (queued ahead) is no reason to give up.
+                stuck = reason.split(",")[0].strip() not in WAITING_REASONS
+                if stuck and waited > state.settings.pending_timeout_s and not attempt.stop_reason:
+                    log.warning(
+                        "%s pends in Slurm since %.0f s (%s): giving up on it",
+                        attempt.attempt_id,
+                        waited,
+                        reason,
+                    )
+                    self._stop(attempt, f"pending in Slurm for {waited:.0f} s ({reason})")
+                continue
+            if job_state in RUNNING_STATES:
+                state.started(attempt, slurm_time(start) or now)
+            elif job_state not in LIVE_STATES:
+                finished.append((attempt, job_state, reason))
+        if finished:
+            await self.finish_from_slurm(finished)
+        return True
+
+    async def jobs_by_name(self) -> dict[str, JobRow]:
+        """This controller's jobs Slurm knows, by attempt id (the latest id wins)."""
+        state = self._state
+        out = await state.tools.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%T|%r|%S|%j")
+        found: dict[str, JobRow] = {}
+        for job_id, job_state, reason, start, name in split_rows(out, 5):
+            attempt_id = attempt_of_job(state.controller_id, name)
+            if attempt_id is not None:
+                previous = found.get(attempt_id)
+                if previous is None or int(job_id) > int(previous[0]):
+                    found[attempt_id] = (job_id, job_state, reason, start, name)
+        return found
+
+    async def finish_from_slurm(self, ended: list[tuple[Attempt, str, str]]) -> None:
+        """Jobs Slurm has ended (or forgotten): their exit status if their wrapper wrote
+        one, else what Slurm says (SLURM.md's state mapping)."""
+        state = self._state
+        markers = await asyncio.to_thread(read_markers, [a.log_path for a, _, _ in ended])
+        for (attempt, job_state, reason), (started_at, finished) in zip(
+            ended, markers, strict=True
+        ):
+            if started_at is not None:
+                attempt.program_started = True
+            if finished is not None:
+                state.finish_with_exit(attempt, *finished)
+                continue
+            code = None
+            if job_state == "FAILED" and attempt.program_started:
+                code = await self._exit_code(attempt.job_id)
+            state.end(attempt, state.slurm_end(attempt, job_state, reason, code))
+
+    async def _exit_code(self, job_id: str) -> int | None:
+        try:
+            out = await self._state.tools.run("scontrol", "-o", "show", "job", job_id)
+        except SlurmError:
+            return None
+        code, sig = exit_status(key_values(out.strip()).get("ExitCode", "0:0"))
+        return 128 + sig if sig else code
