@@ -20,7 +20,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	# Two workers (pytest-xdist): each test is independent (its own state directory,
+	# daemon port, Slurm cluster on a bridge of its own), and the suite takes 5 min, not 8.
+	$(BIN)/python -m pytest -q -n 2
 
 # Unit and policy tests: no daemon, no Slurm, no processes (tests/conftest.py enforces it).
 test-fast: $(STAMP)
