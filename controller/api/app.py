@@ -5,7 +5,9 @@ accounts.py, account_tokens.py, reports.py, slurm_events.py, health.py); `ROUTES
 joins them, and builds both the router and the OpenAPI document (openapi.py), so the
 two cannot drift apart. Middlewares turn every error into
 `{"error": {"code", "message", "detail"}}` with a fitting status, check the bearer
-token, and count requests.
+token, and count requests. The web UI's routes (controller/web/) are added beside them; the API
+also takes the UI's session cookie instead of the bearer header, with a CSRF token for
+state-changing requests (controller/web/session.py).
 
 Two kinds of token (controller/tokens.py): the admin's (the daemon's token) may do
 everything; an account token only sees and spends its own account. Routes marked
@@ -38,6 +40,8 @@ from controller.api import (
 from controller.api.base import CONTROLLER, Handler, Route, json_response
 from controller.errors import ApiError, Forbidden, SpotbagError, Unauthorized
 from controller.store import StoreUnavailable
+from controller.web import pages as ui_pages
+from controller.web import session as ui_session
 
 if TYPE_CHECKING:
     from controller.daemon import Controller
@@ -139,9 +143,23 @@ def auth_middleware(controller: Controller) -> Callable:
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = _route_name(request)
         # A wrong method on an open path matches no route, yet is that path's 405.
-        if route not in open_paths and request.path not in open_paths:
+        if (
+            route not in open_paths
+            and request.path not in open_paths
+            and not ui_pages.is_ui_path(request.path)
+        ):
             given = request.headers.get("Authorization", "")
             principal = controller.tokens.authenticate(given)
+            by_cookie = False
+            if principal is None and not given:
+                # The web UI's session cookie (controller/web/session.py) stands for the
+                # same principal; a state-changing request by cookie needs its CSRF token.
+                principal = ui_session.cookie_principal(request, controller.tokens)
+                by_cookie = principal is not None
+            if by_cookie:
+                problem = ui_session.csrf_problem(request, controller.token)
+                if problem is not None:
+                    return _error_response(Forbidden(problem, code="csrf_failed"))
             if principal is None:
                 problem = "missing" if not given else "wrong"
                 error = Unauthorized(
@@ -211,4 +229,5 @@ def build_app(controller: Controller) -> web.Application:
             app.router.add_get(route.path, route.handler)  # answers HEAD too
         else:
             app.router.add_route(route.method, route.path, route.handler)
+    ui_pages.add_routes(app)  # the web UI: not in ROUTES, so not in /openapi.json
     return app

@@ -1,0 +1,137 @@
+"""The web UI's routes: the login form, the page shells and their static assets.
+
+Pages are static HTML shells (controller/web/static/); their ES modules fetch every
+figure from the same /v1 JSON API the CLI uses, with the session cookie, so there is
+no second data path. The server renders only the login page's message. Every UI
+answer carries a Content-Security-Policy that allows scripts, styles and requests to
+the daemon itself only (no inline script, no framing), and `nosniff`.
+
+These routes are not in the API's route table (`controller.api.app.ROUTES`), so they
+are not in /openapi.json; the bearer check of the API leaves them alone (`is_ui_path`)
+and a page checks the session cookie itself, sending a browser without a valid one to
+the login form.
+"""
+
+from __future__ import annotations
+
+import html
+import mimetypes
+from pathlib import Path
+
+from aiohttp import web
+
+from controller.api.base import CONTROLLER, Handler
+from controller.web import session
+
+STATIC = Path(__file__).resolve().parent / "static"
+# The assets there, by name: only these are served (no path is built from a request).
+ASSETS = {p.name: p for p in STATIC.iterdir() if p.is_file()} if STATIC.is_dir() else {}
+LOGIN_PATH = "/ui/login"
+BAGS_PATH = "/ui/bags"
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; "
+    "frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+MESSAGE_SLOT = "<!--message-->"
+
+
+def is_ui_path(path: str) -> bool:
+    """Paths the UI serves itself (the API's bearer check does not apply)."""
+    return path == "/" or path.startswith("/ui/")
+
+
+def _page(name: str, status: int = 200, message: str = "") -> web.Response:
+    text = ASSETS[name].read_text()
+    if message:
+        text = text.replace(
+            MESSAGE_SLOT, f'<p class="error" role="alert">{html.escape(message)}</p>'
+        )
+    response = web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
+    response.headers.update(SECURITY_HEADERS)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _signed_in(request: web.Request) -> bool:
+    return session.cookie_principal(request, request.app[CONTROLLER].tokens) is not None
+
+
+def _redirect(location: str) -> web.Response:
+    return web.Response(status=303, headers={**SECURITY_HEADERS, "Location": location})
+
+
+async def root(request: web.Request) -> web.StreamResponse:
+    return _redirect(BAGS_PATH if _signed_in(request) else LOGIN_PATH)
+
+
+async def login_form(request: web.Request) -> web.StreamResponse:
+    return _page("login.html")
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    if not session.same_origin(request):
+        return _page("login.html", 403, "This form was posted from another site; refused.")
+    form = await request.post()
+    token = str(form.get("token", "")).strip()
+    controller = request.app[CONTROLLER]
+    if not token:
+        return _page("login.html", 401, "Enter a token.")
+    if controller.tokens.authenticate(f"Bearer {token}") is None:
+        return _page(
+            "login.html",
+            401,
+            "That token is not valid: use the daemon's token (api.token, SPOTBAG_TOKEN or "
+            "STATE_DIR/token) or an account token (sbt_...) that has not been revoked.",
+        )
+    response = _redirect(BAGS_PATH)
+    session.set_session(response, request, token, controller.token)
+    return response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    if not session.same_origin(request):
+        return _page("login.html", 403, "This form was posted from another site; refused.")
+    response = _redirect(LOGIN_PATH)
+    session.clear_session(response)
+    return response
+
+
+def _shell(name: str) -> Handler:
+    async def page(request: web.Request) -> web.StreamResponse:
+        if not _signed_in(request):
+            return _redirect(LOGIN_PATH)
+        return _page(name)
+
+    return page
+
+
+async def asset(request: web.Request) -> web.StreamResponse:
+    path = ASSETS.get(request.match_info["name"])
+    if path is None or path.suffix == ".html":
+        raise web.HTTPNotFound()
+    content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    if path.suffix == ".js":
+        content_type = "text/javascript"  # some systems' tables say application/javascript
+    response = web.Response(body=path.read_bytes(), content_type=content_type)
+    response.headers.update(SECURITY_HEADERS)
+    response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    """Add the UI's routes to the daemon's app."""
+    app.router.add_get("/", root)
+    app.router.add_get(LOGIN_PATH, login_form)
+    app.router.add_post(LOGIN_PATH, login)
+    app.router.add_post("/ui/logout", logout)
+    app.router.add_get(BAGS_PATH, _shell("bags.html"))
+    app.router.add_get(BAGS_PATH + "/{bag_id}", _shell("bag.html"))
+    app.router.add_get("/ui/static/{name}", asset)

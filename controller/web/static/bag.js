@@ -1,0 +1,261 @@
+// A bag's page: its progress and usage, its jobs (paged, by state), one job's attempts
+// and its log (the tail, then followed), and a cancel button; refreshed by polling the
+// same /v1 API the CLI uses. The API has no search by parameter, so the parameter box
+// filters the page of jobs shown.
+import {
+  ApiError,
+  api,
+  countsText,
+  duration,
+  el,
+  percent,
+  poll,
+  setStatus,
+  when,
+} from "/ui/static/api.js";
+
+const REFRESH_MS = 2000;
+const PAGE_SIZE = 50;
+const TAIL_BYTES = 64 * 1024;
+const LOG_MAX_CHARS = 512 * 1024; // what the page keeps of a followed log
+
+const bagId = decodeURIComponent(window.location.pathname.split("/").pop());
+const $ = (id) => document.getElementById(id);
+const enc = encodeURIComponent;
+
+let bag = null;
+// Job pages by cursor: afters[i] is the `after` of page i (the API pages by index).
+let afters = [-1];
+let nextAfter = null;
+let jobs = [];
+// The job shown below the table, and where its log was read to.
+let shown = { jobId: null, attempt: null, pinned: false, offset: 0 };
+
+// --- the bag ---------------------------------------------------------------------------
+
+function renderBag() {
+  document.title = `spotbag · ${bag.name}`;
+  $("bag-name").textContent = bag.name;
+  $("bag-id").textContent = bag.id;
+  $("progress").value = bag.progress;
+  $("progress-text").textContent = `${percent(bag.progress)} of ${bag.job_count} jobs finished`;
+  const state = bag.cancel_requested && bag.state === "active" ? "cancelling" : bag.state;
+  $("bag-state").textContent = state;
+  $("bag-state").className = `badge ${bag.state}`;
+  $("cancel").hidden = bag.state !== "active" || bag.cancel_requested;
+  $("counts").textContent = countsText(bag.counts);
+  const u = bag.usage;
+  const facts = [
+    ["Account", bag.account],
+    ["Created", when(bag.created_at)],
+    ["Elapsed", duration(bag.elapsed_s)],
+    ["Attempts", `${u.attempts} (${u.interrupted_attempts} preempted)`],
+    ["Attempt hours", u.attempt_hours.toFixed(2)],
+    ["Lost hours", u.lost_hours.toFixed(2)],
+    ["Checkpoints", u.checkpoints],
+    ["Spot cost", `$${u.spot_cost_usd.toFixed(4)}`],
+    ["On demand", `$${u.on_demand_cost_usd.toFixed(4)}`],
+  ];
+  $("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+async function cancelBag() {
+  if (!window.confirm(`Cancel bag ${bag.name} (${bag.id})? Queued jobs are cancelled, running ones stopped.`)) {
+    return;
+  }
+  $("cancel").disabled = true;
+  try {
+    bag = await api(`/v1/bags/${enc(bagId)}/cancel`, { method: "POST" });
+    renderBag();
+    setStatus("Cancellation requested.");
+  } catch (error) {
+    setStatus(`Cannot cancel: ${error.message}`, true);
+  } finally {
+    $("cancel").disabled = false;
+  }
+}
+
+// --- the jobs ----------------------------------------------------------------------------
+
+function paramsText(params) {
+  return Object.entries(params)
+    .map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`)
+    .join(" ");
+}
+
+function matchesFilter(job) {
+  const wanted = $("param-filter").value.trim().toLowerCase();
+  if (!wanted) return true;
+  const text = paramsText(job.params).toLowerCase();
+  return wanted.split(/\s+/).every((term) => text.includes(term));
+}
+
+function jobRow(job) {
+  const open = el("button", { type: "button", class: "link", onclick: () => showJob(job.id, null) }, job.id);
+  return el(
+    "tr",
+    { "data-job": job.id, class: job.id === shown.jobId ? "selected" : null },
+    el("td", {}, open),
+    el("td", {}, el("span", { class: `badge ${job.state}` }, job.state)),
+    el("td", { class: "params" }, paramsText(job.params)),
+    el("td", {}, job.attempts),
+    el("td", {}, job.exit_code ?? ""),
+    el("td", {}, duration(job.runtime_s)),
+    el("td", {}, job.reason),
+  );
+}
+
+function renderJobs() {
+  $("jobs").querySelector("tbody").replaceChildren(...jobs.filter(matchesFilter).map(jobRow));
+  const page = afters.length;
+  $("page-text").textContent = `page ${page}`;
+  $("prev-page").disabled = page === 1;
+  $("first-page").disabled = page === 1;
+  $("next-page").disabled = nextAfter === null;
+}
+
+async function loadJobs() {
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE), after: String(afters.at(-1)) });
+  if ($("job-state").value) query.set("state", $("job-state").value);
+  const page = await api(`/v1/bags/${enc(bagId)}/jobs?${query}`);
+  jobs = page.jobs;
+  nextAfter = page.next_after;
+  renderJobs();
+}
+
+// --- one job: its attempts and log ------------------------------------------------------
+
+function attemptRow(job, attempt) {
+  const view = el(
+    "button",
+    { type: "button", class: "link", onclick: () => showJob(job.id, attempt.number) },
+    "show",
+  );
+  return el(
+    "tr",
+    { class: attempt.number === shown.attempt ? "selected" : null },
+    el("td", {}, attempt.number),
+    el("td", {}, attempt.vm_id ?? ""),
+    el("td", {}, attempt.vm_type),
+    el("td", {}, attempt.state ?? ""),
+    el("td", {}, when(attempt.started_at)),
+    el("td", {}, when(attempt.ended_at)),
+    el("td", {}, attempt.exit_code ?? ""),
+    el("td", {}, attempt.reason ?? ""),
+    el("td", {}, attempt.log_path ? view : ""),
+  );
+}
+
+async function readLog() {
+  if (shown.attempt === null) {
+    $("log").textContent = "(no attempt yet: the job has not started)";
+    return;
+  }
+  const base = `/v1/jobs/${enc(shown.jobId)}/log?attempt=${shown.attempt}`;
+  let response;
+  try {
+    if (shown.offset === null) {
+      // First read: learn the size, then start at the tail.
+      const probe = await api(`${base}&limit=1`, { raw: true });
+      const size = Number(probe.headers.get("X-Spotbag-Log-Size"));
+      shown.offset = Math.max(0, size - TAIL_BYTES);
+      $("log").textContent = shown.offset > 0 ? `(… ${shown.offset} earlier bytes not shown)\n` : "";
+    }
+    response = await api(`${base}&offset=${shown.offset}`, { raw: true });
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 404) {
+      $("log").textContent = `(${error.message})`;
+      return;
+    }
+    throw error;
+  }
+  const text = await response.text();
+  shown.offset = Number(response.headers.get("X-Spotbag-Next-Offset"));
+  $("log-size").textContent = `${response.headers.get("X-Spotbag-Log-Size")} bytes`;
+  if (text) {
+    const log = $("log");
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    log.textContent = (log.textContent + text).slice(-LOG_MAX_CHARS);
+    if (atBottom || $("follow").checked) log.scrollTop = log.scrollHeight;
+  }
+}
+
+async function refreshJob() {
+  const job = await api(`/v1/jobs/${enc(shown.jobId)}`);
+  const latest = job.attempt_list.length ? job.attempt_list.at(-1).number : null;
+  if (!shown.pinned && latest !== shown.attempt) {
+    // A new attempt started (a retry after a preemption): show its log.
+    shown.attempt = latest;
+    shown.offset = null;
+    $("log").textContent = "";
+  }
+  $("job").hidden = false;
+  $("job-id").textContent = job.id;
+  $("log-attempt").textContent = shown.attempt === null ? "" : `(attempt ${shown.attempt})`;
+  const facts = [
+    ["State", job.state],
+    ["Parameters", paramsText(job.params)],
+    ["Started", when(job.started_at)],
+    ["Ended", when(job.ended_at)],
+    ["Runtime", duration(job.runtime_s)],
+    ["Checkpoints", job.checkpoints],
+  ];
+  $("job-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  $("attempts").querySelector("tbody").replaceChildren(...job.attempt_list.map((a) => attemptRow(job, a)));
+  if (shown.offset === null || $("follow").checked) await readLog();
+}
+
+async function showJob(jobId, attempt) {
+  shown = { jobId, attempt, pinned: attempt !== null, offset: null };
+  $("log").textContent = "";
+  renderJobs();
+  try {
+    await refreshJob();
+    $("job").scrollIntoView({ block: "start" });
+  } catch (error) {
+    setStatus(`Cannot load job ${jobId}: ${error.message}`, true);
+  }
+}
+
+// --- the loop ---------------------------------------------------------------------------
+
+async function refresh() {
+  try {
+    bag = await api(`/v1/bags/${enc(bagId)}`);
+    renderBag();
+    await loadJobs();
+    if (shown.jobId !== null) await refreshJob();
+    setStatus(`Updated ${new Date().toLocaleTimeString()}`);
+  } catch (error) {
+    setStatus(
+      error instanceof ApiError && error.status === 404
+        ? `Bag ${bagId} does not exist, or this token may not see it.`
+        : `Cannot load the bag: ${error.message}`,
+      true,
+    );
+  }
+}
+
+const now = poll(refresh, REFRESH_MS);
+$("cancel").addEventListener("click", cancelBag);
+$("job-state").addEventListener("change", () => {
+  afters = [-1];
+  now();
+});
+$("param-filter").addEventListener("input", renderJobs);
+$("next-page").addEventListener("click", () => {
+  if (nextAfter !== null) {
+    afters.push(nextAfter);
+    now();
+  }
+});
+$("prev-page").addEventListener("click", () => {
+  if (afters.length > 1) {
+    afters.pop();
+    now();
+  }
+});
+$("first-page").addEventListener("click", () => {
+  afters = [-1];
+  now();
+});
