@@ -1,0 +1,309 @@
+"""The web UI in a real browser (issue 16): Debian's chromium, headless, driven by
+selenium through chromium-driver, against a real daemon. One daemon and one browser
+for the module; each test starts from a browser without cookies.
+
+Screenshots are saved under tests/artifacts/web/ (gitignored). Without chromium,
+chromium-driver or selenium the module is skipped, except under CI=true (.ci/run
+installs them), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import FAST_CONFIG, REPO, Daemon, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.processes]
+
+ARTIFACTS = REPO / "tests" / "artifacts" / "web"
+TOKEN = "web-t0ken"
+
+
+def browser_missing() -> str | None:
+    """Why this machine cannot run the browser tests; None when it can."""
+    for program, package in (("chromium", "chromium"), ("chromedriver", "chromium-driver")):
+        if shutil.which(program) is None:
+            return f"{program} is not installed (apt-get install {package})"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    return None
+
+
+def require_browser() -> None:
+    reason = browser_missing()
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the browser tests, but: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory) -> Iterator[Daemon]:
+    require_browser()
+    state = tmp_path_factory.mktemp("web")
+    (state / "spotbag.toml").write_text(
+        FAST_CONFIG.format(token=TOKEN, model="none", mttf_h=24, time_scale=1, max_vms=2)
+    )
+    daemon = Daemon(state, state / "spotbag.toml", TOKEN)
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    require_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    for argument in ("--headless=new", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    if os.geteuid() == 0:
+        options.add_argument("--no-sandbox")  # chromium refuses to run as root otherwise
+    driver = webdriver.Chrome(
+        options=options, service=Service(shutil.which("chromedriver") or "chromedriver")
+    )
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def page(browser, daemon) -> Iterator[Any]:
+    """The browser, logged out, on a blank page of the daemon's origin."""
+    browser.get(daemon.client().url + "/ui/login")
+    browser.delete_all_cookies()
+    yield browser
+    browser.delete_all_cookies()
+
+
+def url_of(daemon: Daemon, path: str) -> str:
+    return daemon.client().url + path
+
+
+def screenshot(browser: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    browser.save_screenshot(str(path))
+    return path
+
+
+def log_in(browser: Any, daemon: Daemon, token: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(url_of(daemon, "/"))
+    wait_until(lambda: browser.current_url.endswith("/ui/login"), 10, what="the login page")
+    field = browser.find_element(By.ID, "token")
+    field.clear()
+    field.send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+
+
+def text_of(browser: Any, element_id: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.ID, element_id).text
+
+
+def bag_spec(account: str, command: str, n: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": f"web-{account}",
+        "account": account,
+        "command": command,
+        "parameters": {"i": {"range": [0, n]}},
+        "resources": {"cpus": 1, "memory_gb": 0.5},
+        "max_runtime_s": 120,
+        **extra,
+    }
+
+
+def fetch_status(browser: Any, path: str, headers: dict[str, str]) -> int:
+    """The status of a POST the page's own origin makes with `fetch` (cookies included)."""
+    return browser.execute_async_script(
+        "const [path, headers, done] = arguments;"
+        "fetch(path, {method: 'POST', headers, credentials: 'same-origin'})"
+        ".then(r => done(r.status), e => done(String(e)));",
+        path,
+        headers,
+    )
+
+
+# --- the tests ---------------------------------------------------------------------------
+
+
+def test_a_bad_token_shows_a_clear_message(page, daemon):
+    log_in(page, daemon, "not-a-token")
+    from selenium.webdriver.common.by import By
+
+    message = page.find_element(By.CSS_SELECTOR, "[role=alert]").text
+    assert "not valid" in message and "token" in message
+    assert page.current_url.endswith("/ui/login")
+    assert page.get_cookie("spotbag_session") is None
+    screenshot(page, "login-bad-token")
+    # And no page behind the login is reachable without a session.
+    page.get(url_of(daemon, "/ui/bags"))
+    assert page.current_url.endswith("/ui/login")
+
+
+def test_progress_advances_on_the_page_without_a_reload_and_a_job_log_opens(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    log_in(page, daemon, TOKEN)
+    wait_until(lambda: page.current_url.endswith("/ui/bags"), 10, what="the bags page")
+    client = daemon.client()
+    command = "for k in 1 2 3; do echo hello {i} line $k; sleep 0.7; done"
+    bag = client.submit(bag_spec("web", command, 8))
+    # The bags page lists it (by polling) without a reload.
+    page.execute_script("window.notReloaded = true;")
+    wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-bag='{bag['id']}']"),
+        15,
+        what="the new bag on the bags page",
+    )
+    assert page.execute_script("return window.notReloaded === true;")
+    screenshot(page, "bags")
+
+    page.find_element(By.LINK_TEXT, bag["id"]).click()
+    wait_until(lambda: text_of(page, "bag-id") == bag["id"], 10, what="the bag page")
+    page.execute_script("window.notReloaded = true;")
+    seen: list[float] = []
+
+    def finished() -> bool:
+        value = float(page.find_element(By.ID, "progress").get_attribute("value") or 0)
+        if not seen or seen[-1] != value:
+            seen.append(value)
+        return value == 1.0
+
+    wait_until(finished, 90, 0.1, "the page's progress to reach 100 %")
+    assert seen[0] < 1.0 and len(seen) >= 2, seen  # it advanced while the page watched
+    assert page.execute_script("return window.notReloaded === true;")
+    assert "succeeded 8" in text_of(page, "counts")
+    screenshot(page, "bag-finished")
+
+    job_id = f"{bag['id']}-3"
+    page.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button").click()
+    wait_until(lambda: "hello 3 line 3" in text_of(page, "log"), 15, what="the job's log")
+    assert text_of(page, "job-id") == job_id
+    assert page.find_elements(By.CSS_SELECTOR, "#attempts tbody tr")
+    screenshot(page, "bag-job-log")
+
+
+def test_a_bag_is_cancelled_from_its_page(page, daemon):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    client = daemon.client()
+    bag = client.submit(bag_spec("web", "sleep 60", 3, name="to-cancel"))
+    log_in(page, daemon, TOKEN)
+    page.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+    button = wait_until(
+        lambda: (b := page.find_element(By.ID, "cancel")).is_displayed() and b,
+        15,
+        what="the cancel button",
+    )
+    button.click()  # type: ignore[attr-defined]
+    WebDriverWait(page, 5).until(expected_conditions.alert_is_present()).accept()
+    wait_until(lambda: client.bag(bag["id"])["state"] == "cancelled", 30, what="the cancel")
+    wait_until(lambda: text_of(page, "bag-state") == "cancelled", 10, what="the page to show it")
+    assert not page.find_element(By.ID, "cancel").is_displayed()
+    screenshot(page, "bag-cancelled")
+
+
+def test_an_account_token_sees_only_its_account(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    for account in ("alice", "bob"):
+        client.create_account(account, cpu_hours=10)
+    alice_token = client.create_token("alice")["token"]
+    bobs = client.submit(bag_spec("bob", "true", 1))
+    alices = client.submit(bag_spec("alice", "true", 1))
+    log_in(page, daemon, alice_token)
+    wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-bag='{alices['id']}']"),
+        15,
+        what="alice's bag on her bags page",
+    )
+    rows = page.find_elements(By.CSS_SELECTOR, "#bags tbody tr")
+    assert {r.get_attribute("data-bag") for r in rows} == {alices["id"]}
+    page.get(url_of(daemon, f"/ui/bags/{bobs['id']}"))
+    wait_until(lambda: "may not see it" in text_of(page, "status"), 10, what="the refusal")
+    assert text_of(page, "bag-id") == ""
+    assert fetch_status(page, f"/v1/bags/{bobs['id']}/cancel", {}) == 403  # no CSRF token
+    screenshot(page, "account-token-other-bag")
+
+
+def test_a_cookie_post_needs_the_csrf_token_and_the_cookie_is_httponly(page, daemon):
+    client = daemon.client()
+    bag = client.submit(bag_spec("web", "sleep 60", 1, name="csrf"))
+    log_in(page, daemon, TOKEN)
+    wait_until(lambda: page.current_url.endswith("/ui/bags"), 10, what="the bags page")
+    cookies = {c["name"]: c for c in page.get_cookies()}
+    session = cookies["spotbag_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Strict" and session["path"] == "/"
+    assert not session["secure"]  # plain HTTP here; Secure only over HTTPS
+    assert TOKEN not in page.current_url
+    document_cookie = page.execute_script("return document.cookie;")
+    assert "spotbag_session" not in document_cookie and "spotbag_csrf" in document_cookie
+    path = f"/v1/bags/{bag['id']}/cancel"
+    assert fetch_status(page, path, {}) == 403
+    assert fetch_status(page, path, {"X-CSRF-Token": "0" * 64}) == 403
+    assert client.bag(bag["id"])["cancel_requested"] is False
+    csrf = cookies["spotbag_csrf"]["value"]
+    assert fetch_status(page, path, {"X-CSRF-Token": csrf}) == 202
+    # A request from another origin with the cookies (as a forged form would send them,
+    # were SameSite not honoured) is refused even with the right token.
+    cookie_header = f"spotbag_session={session['value']}"
+    status, body = post(
+        client.url + path, {"Cookie": cookie_header, "X-CSRF-Token": csrf, "Origin": "http://x"}
+    )
+    assert status == 403 and body["error"]["code"] == "csrf_failed"
+    # Bearer requests are unchanged: no CSRF token needed.
+    other = client.submit(bag_spec("web", "sleep 60", 1, name="bearer"))
+    assert client.cancel(other["id"])["cancel_requested"] is True
+
+
+def post(url: str, headers: dict[str, str]) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=b"", method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_pages_carry_the_security_headers_and_logout_ends_the_session(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    for path in ("/ui/login", "/ui/static/bag.js"):
+        with urllib.request.urlopen(url_of(daemon, path), timeout=30) as response:
+            csp = response.headers["Content-Security-Policy"]
+            assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
+            assert "unsafe-inline" not in csp
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+    # The UI is not part of the documented API.
+    with urllib.request.urlopen(url_of(daemon, "/openapi.json"), timeout=30) as response:
+        assert not any(p == "/" or p.startswith("/ui") for p in json.load(response)["paths"])
+    log_in(page, daemon, TOKEN)
+    wait_until(lambda: page.current_url.endswith("/ui/bags"), 10, what="the bags page")
+    page.find_element(By.ID, "logout").click()
+    wait_until(lambda: page.current_url.endswith("/ui/login"), 10, what="the login page")
+    assert page.get_cookie("spotbag_session") is None
+    page.get(url_of(daemon, "/ui/bags"))
+    assert page.current_url.endswith("/ui/login")
