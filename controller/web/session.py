@@ -3,9 +3,9 @@
 The login form posts a token; once `Tokens.authenticate` accepts it (the same check
 as the bearer header), it is put into the `spotbag_session` cookie: HttpOnly (page
 scripts cannot read it), SameSite=Strict (other sites' pages never send it), Path=/,
-Secure when the request came over HTTPS. The cookie holds the token base64url-encoded,
-because an admin token may hold characters a cookie value cannot. It never appears in
-a URL.
+Secure when the request came over HTTPS (or a proxy in front says so). The cookie
+holds the token base64url-encoded, because an admin token may hold characters a cookie
+value cannot. It never appears in a URL.
 
 A browser sends the cookie by itself, so a request authenticated by it could be forged
 by another page (CSRF). SameSite=Strict already stops that in current browsers; as a
@@ -14,9 +14,9 @@ authenticated by the cookie must also carry `X-CSRF-Token`, which only the daemo
 own pages can know: an HMAC of the session token, keyed by a digest of the daemon's
 admin token (so it is stable across restarts, and a readable CSRF value reveals
 nothing about the session token). The page reads it from the non-HttpOnly
-`spotbag_csrf` cookie set at login. When the request names an `Origin`, it must be the
-daemon's own. Requests with a bearer header are unchanged: a header is never sent by a
-browser on its own.
+`spotbag_csrf` cookie set at login. When the request names an `Origin`, its host must
+be the daemon's (`same_origin`). Requests with a bearer header are unchanged: a
+browser never sends that header on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -43,7 +44,8 @@ def encode_token(token: str) -> str:
 def decode_token(value: str) -> str | None:
     try:
         padded = value + "=" * (-len(value) % 4)
-        return base64.urlsafe_b64decode(padded.encode("ascii")).decode()
+        # validate: a character outside the alphabet is an error, not skipped
+        return base64.b64decode(padded.encode("ascii"), altchars=b"-_", validate=True).decode()
     except (ValueError, binascii.Error, UnicodeError):
         return None
 
@@ -69,11 +71,24 @@ def csrf_token(admin_token: str, session: str) -> str:
 
 
 def same_origin(request: web.Request) -> bool:
-    """True unless the request names an Origin other than the daemon's own."""
+    """True unless the request names an Origin whose host is not the daemon's.
+
+    Only the host (and port) is compared: behind a reverse proxy that ends TLS the page
+    is https while the daemon hears http. A proxy that rewrites Host should pass the
+    original in X-Forwarded-Host (a header no other site's page can make a browser send
+    here without a CORS preflight, which the daemon never grants)."""
     origin = request.headers.get("Origin")
     if origin is None:
         return True
-    return origin == f"{request.scheme}://{request.host}"
+    host = urlsplit(origin).netloc
+    return bool(host) and host in (request.host, request.headers.get("X-Forwarded-Host"))
+
+
+def over_https(request: web.Request) -> bool:
+    """Whether the browser reached the daemon over HTTPS (directly, or through a proxy
+    that says so): then the cookies are Secure. Trusting the header can only add the
+    flag, never take it away."""
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
 def csrf_problem(request: web.Request, admin_token: str) -> str | None:
@@ -101,7 +116,7 @@ def set_session(response: web.StreamResponse, request: web.Request, token: str, 
         (CSRF_COOKIE, csrf_token(admin, token), False),
     ):
         response.set_cookie(
-            name, value, path="/", samesite="Strict", secure=request.secure, httponly=httponly
+            name, value, path="/", samesite="Strict", secure=over_https(request), httponly=httponly
         )
 
 

@@ -203,6 +203,36 @@ def test_progress_advances_on_the_page_without_a_reload_and_a_job_log_opens(page
     screenshot(page, "bag-job-log")
 
 
+def test_a_running_jobs_log_is_followed(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    command = "for k in $(seq 1 12); do echo tick $k; sleep 0.5; done"
+    bag = client.submit(bag_spec("web", command, 1, name="follow"))
+    log_in(page, daemon, TOKEN)
+    page.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+    job_id = f"{bag['id']}-0"
+    wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button"),
+        10,
+        what="the job's row",
+    )
+    page.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button").click()
+    page.execute_script("window.notReloaded = true;")
+    seen: list[str] = []
+
+    def complete() -> bool:
+        text = text_of(page, "log")
+        if "tick" in text and (not seen or seen[-1] != text):
+            seen.append(text)
+        return "tick 12" in text
+
+    wait_until(complete, 30, 0.1, "the whole log")
+    assert len(seen) >= 2 and "tick 12" not in seen[0], seen  # it grew on the page
+    assert page.execute_script("return window.notReloaded === true;")
+    assert text_of(page, "log").splitlines()[:2] == ["tick 1", "tick 2"]
+
+
 def test_a_bag_is_cancelled_from_its_page(page, daemon):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions

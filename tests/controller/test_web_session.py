@@ -1,0 +1,81 @@
+"""The web UI's session cookie and CSRF check (controller/web/session.py), on mocked
+requests: no daemon, no browser (tests/integration/test_web_ui.py has those)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from controller.tokens import ADMIN, Tokens
+from controller.web import session
+from controller.web.pages import ASSETS, is_ui_path
+
+ADMIN_TOKEN = 'admin tok;en "with" odd=chars'
+
+
+def request(method: str = "POST", token: str | None = ADMIN_TOKEN, **headers: str):
+    if token is not None:
+        headers["Cookie"] = f"{session.SESSION_COOKIE}={session.encode_token(token)}"
+    headers.setdefault("Host", "head:8080")
+    return make_mocked_request(method, "/v1/bags/b0000000000/cancel", headers=headers)
+
+
+def test_any_token_survives_the_cookie():
+    for token in (ADMIN_TOKEN, "sbt_0123456789ab_" + "x" * 40, "é ü"):
+        value = session.encode_token(token)
+        assert value.isascii() and ";" not in value and " " not in value
+        assert session.decode_token(value) == token
+    assert session.decode_token("%%%") is None
+
+
+def test_the_cookie_stands_for_the_same_principal_as_the_header():
+    tokens = Tokens(ADMIN_TOKEN)
+    assert session.cookie_principal(request(), tokens) == ADMIN
+    assert session.cookie_principal(request(token="wrong"), tokens) is None
+    assert session.cookie_principal(request(token=None), tokens) is None
+
+
+def test_a_state_changing_cookie_request_needs_the_csrf_token_of_its_session():
+    good = session.csrf_token(ADMIN_TOKEN, ADMIN_TOKEN)
+    assert session.csrf_problem(request(), ADMIN_TOKEN) is not None
+    assert session.csrf_problem(request(**{"X-CSRF-Token": "0" * 64}), ADMIN_TOKEN)
+    assert session.csrf_problem(request(**{"X-CSRF-Token": good}), ADMIN_TOKEN) is None
+    # The token of another session (or made with another daemon's key) does not do.
+    other = session.csrf_token(ADMIN_TOKEN, "sbt_0123456789ab_" + "x" * 40)
+    assert session.csrf_problem(request(**{"X-CSRF-Token": other}), ADMIN_TOKEN)
+    assert session.csrf_problem(
+        request(**{"X-CSRF-Token": session.csrf_token("other", ADMIN_TOKEN)}), ADMIN_TOKEN
+    )
+    # Reading needs none.
+    assert session.csrf_problem(request("GET"), ADMIN_TOKEN) is None
+
+
+def test_another_origin_is_refused_even_with_the_csrf_token():
+    good = {"X-CSRF-Token": session.csrf_token(ADMIN_TOKEN, ADMIN_TOKEN)}
+    assert session.csrf_problem(request(Origin="http://evil:8080", **good), ADMIN_TOKEN)
+    assert session.csrf_problem(request(Origin="null", **good), ADMIN_TOKEN)
+    assert session.csrf_problem(request(Origin="http://head:8080", **good), ADMIN_TOKEN) is None
+    # Behind a proxy that ends TLS: https outside, http inside, the same host.
+    assert session.csrf_problem(request(Origin="https://head:8080", **good), ADMIN_TOKEN) is None
+    proxied = request(Origin="https://ui.example", **{"X-Forwarded-Host": "ui.example"}, **good)
+    assert session.csrf_problem(proxied, ADMIN_TOKEN) is None
+
+
+def test_the_cookies_are_httponly_strict_and_secure_over_https_only():
+    for headers, secure in (({}, False), ({"X-Forwarded-Proto": "https"}, True)):
+        response = web.Response()
+        session.set_session(response, request(**headers), "tok", ADMIN_TOKEN)
+        sid, csrf = response.cookies[session.SESSION_COOKIE], response.cookies[session.CSRF_COOKIE]
+        assert sid["httponly"] and not csrf["httponly"]
+        for cookie in (sid, csrf):
+            assert cookie["samesite"] == "Strict" and cookie["path"] == "/"
+            assert bool(cookie["secure"]) is secure
+        assert csrf.value == session.csrf_token(ADMIN_TOKEN, "tok")
+    cleared = web.Response()
+    session.clear_session(cleared)
+    assert all(cleared.cookies[name]["max-age"] == "0" for name in cleared.cookies)
+
+
+def test_the_ui_paths_and_assets():
+    assert is_ui_path("/") and is_ui_path("/ui/bags") and not is_ui_path("/v1/bags")
+    assert {"login.html", "bags.html", "bag.html", "api.js", "style.css"} <= set(ASSETS)
