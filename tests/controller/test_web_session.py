@@ -79,3 +79,16 @@ def test_the_cookies_are_httponly_strict_and_secure_over_https_only():
 def test_the_ui_paths_and_assets():
     assert is_ui_path("/") and is_ui_path("/ui/bags") and not is_ui_path("/v1/bags")
     assert {"login.html", "bags.html", "bag.html", "api.js", "style.css"} <= set(ASSETS)
+
+
+def test_the_pages_load_nothing_from_outside_and_run_no_inline_script():
+    """What the Content-Security-Policy allows (and what works with no internet)."""
+    import re
+
+    for name, path in ASSETS.items():
+        text = path.read_text().replace('xmlns="http://www.w3.org/2000/svg"', "")  # a name
+        assert not re.search(r"(?i)https?://|//cdn|@import", text), f"{name} loads from outside"
+        if name.endswith(".html"):
+            scripts = re.findall(r"<script\b[^>]*>", text)
+            assert all('src="/ui/static/' in s for s in scripts), f"{name}: inline script"
+            assert not re.search(r"\son[a-z]+=|\sstyle=|<style", text), f"{name}: inline handler"

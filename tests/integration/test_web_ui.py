@@ -73,6 +73,7 @@ def browser() -> Iterator[Any]:
     options.binary_location = shutil.which("chromium") or "chromium"
     for argument in ("--headless=new", "--disable-dev-shm-usage", "--window-size=1280,1000"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console errors
     if os.geteuid() == 0:
         options.add_argument("--no-sandbox")  # chromium refuses to run as root otherwise
     driver = webdriver.Chrome(
@@ -88,6 +89,7 @@ def page(browser, daemon) -> Iterator[Any]:
     """The browser, logged out, on a blank page of the daemon's origin."""
     browser.get(daemon.client().url + "/ui/login")
     browser.delete_all_cookies()
+    browser.get_log("browser")  # drain: a test sees the console messages of its own pages
     yield browser
     browser.delete_all_cookies()
 
@@ -103,7 +105,8 @@ def screenshot(browser: Any, name: str) -> Path:
     return path
 
 
-def log_in(browser: Any, daemon: Daemon, token: str) -> None:
+def log_in(browser: Any, daemon: Daemon, token: str, ok: bool = True) -> None:
+    """Log in through the form; when `ok`, wait for the bags page it leads to."""
     from selenium.webdriver.common.by import By
 
     browser.get(url_of(daemon, "/"))
@@ -112,6 +115,8 @@ def log_in(browser: Any, daemon: Daemon, token: str) -> None:
     field.clear()
     field.send_keys(token)
     browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    if ok:
+        wait_until(lambda: browser.current_url.endswith("/ui/bags"), 10, what="the bags page")
 
 
 def text_of(browser: Any, element_id: str) -> str:
@@ -147,10 +152,13 @@ def fetch_status(browser: Any, path: str, headers: dict[str, str]) -> int:
 
 
 def test_a_bad_token_shows_a_clear_message(page, daemon):
-    log_in(page, daemon, "not-a-token")
+    log_in(page, daemon, "not-a-token", ok=False)
     from selenium.webdriver.common.by import By
 
-    message = page.find_element(By.CSS_SELECTOR, "[role=alert]").text
+    alerts = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, "[role=alert]"), 10, what="the message"
+    )
+    message = alerts[0].text  # type: ignore[index]
     assert "not valid" in message and "token" in message
     assert page.current_url.endswith("/ui/login")
     assert page.get_cookie("spotbag_session") is None
@@ -164,7 +172,6 @@ def test_progress_advances_on_the_page_without_a_reload_and_a_job_log_opens(page
     from selenium.webdriver.common.by import By
 
     log_in(page, daemon, TOKEN)
-    wait_until(lambda: page.current_url.endswith("/ui/bags"), 10, what="the bags page")
     client = daemon.client()
     command = "for k in 1 2 3; do echo hello {i} line $k; sleep 0.7; done"
     bag = client.submit(bag_spec("web", command, 8))
@@ -193,6 +200,9 @@ def test_progress_advances_on_the_page_without_a_reload_and_a_job_log_opens(page
     assert seen[0] < 1.0 and len(seen) >= 2, seen  # it advanced while the page watched
     assert page.execute_script("return window.notReloaded === true;")
     assert "succeeded 8" in text_of(page, "counts")
+    # No script error and no Content-Security-Policy violation on the way.
+    errors = [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
     screenshot(page, "bag-finished")
 
     job_id = f"{bag['id']}-3"
@@ -283,7 +293,6 @@ def test_a_cookie_post_needs_the_csrf_token_and_the_cookie_is_httponly(page, dae
     client = daemon.client()
     bag = client.submit(bag_spec("web", "sleep 60", 1, name="csrf"))
     log_in(page, daemon, TOKEN)
-    wait_until(lambda: page.current_url.endswith("/ui/bags"), 10, what="the bags page")
     cookies = {c["name"]: c for c in page.get_cookies()}
     session = cookies["spotbag_session"]
     assert session["httpOnly"] and session["sameSite"] == "Strict" and session["path"] == "/"
@@ -331,7 +340,6 @@ def test_pages_carry_the_security_headers_and_logout_ends_the_session(page, daem
     with urllib.request.urlopen(url_of(daemon, "/openapi.json"), timeout=30) as response:
         assert not any(p == "/" or p.startswith("/ui") for p in json.load(response)["paths"])
     log_in(page, daemon, TOKEN)
-    wait_until(lambda: page.current_url.endswith("/ui/bags"), 10, what="the bags page")
     page.find_element(By.ID, "logout").click()
     wait_until(lambda: page.current_url.endswith("/ui/login"), 10, what="the login page")
     assert page.get_cookie("spotbag_session") is None
