@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: start the daemon on a temporary state directory with the local
 # driver, submit the example bag (40 real jobs), watch it to the end through
-# compressed preemptions, print the summary, and stop the daemon.
+# compressed preemptions, print the summary, and stop the daemon. On a terminal it
+# first keeps the daemon up until Enter, so the web UI can be looked at
+# (`--no-wait`, or SPOTBAG_DEMO_WAIT=0, stops at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +31,9 @@ for _ in $(seq 100); do
     fi
     sleep 0.1
 done
-echo "   listening on $(cat "$STATE_DIR/api.url")"
+URL=$(cat "$STATE_DIR/api.url")
+echo "   listening on $URL"
+echo "   the web UI: $URL/ (log in with the token in $STATE_DIR/token)"
 
 echo "== submitting examples/logistic-sweep.yaml (checkpointable jobs; VMs die like Google n1-highcpu-16"
 echo "   spot VMs, with 24 model hours = 1 real minute)"
@@ -39,3 +43,7 @@ spotbag watch "$BAG"
 echo "== the first jobs:"
 spotbag jobs "$BAG" --limit 5
 echo "== the database and every job's log stay in $STATE_DIR (logs: $STATE_DIR/logs/$BAG/)"
+
+if [ -t 0 ] && [ "${1:-}" != "--no-wait" ] && [ "${SPOTBAG_DEMO_WAIT:-1}" != 0 ]; then
+    read -r -p "== the web UI stays at $URL/ until you press Enter " _
+fi
