@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/slurm_dispatch.py
 	$(BIN)/python bench/restart.py
 	$(BIN)/python bench/big_bag.py
+	$(BIN)/python bench/web_ui.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
