@@ -24,10 +24,22 @@ from controller.api.base import CONTROLLER, Handler
 from controller.web import session
 
 STATIC = Path(__file__).resolve().parent / "static"
-# The assets there, by name: only these are served (no path is built from a request).
-ASSETS = {p.name: p for p in STATIC.iterdir() if p.is_file()} if STATIC.is_dir() else {}
+# The assets there, by path relative to static/ ("api.js", "vendor/uplot/uPlot.min.css"):
+# only these are served (no file path is built from a request). Vendored libraries sit
+# one folder down, under vendor/<library>/, with their licence and a README (not served).
+ASSETS = (
+    {
+        p.relative_to(STATIC).as_posix(): p
+        for p in STATIC.rglob("*")
+        if p.is_file() and p.suffix != ".md"
+    }
+    if STATIC.is_dir()
+    else {}
+)
 LOGIN_PATH = "/ui/login"
 BAGS_PATH = "/ui/bags"
+FLEET_PATH = "/ui/fleet"
+MONEY_PATH = "/ui/money"
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -114,7 +126,10 @@ def _shell(name: str) -> Handler:
 
 
 async def asset(request: web.Request) -> web.StreamResponse:
-    path = ASSETS.get(request.match_info["name"])
+    return _asset(ASSETS.get(request.match_info["name"]))
+
+
+def _asset(path: Path | None) -> web.StreamResponse:
     if path is None or path.suffix == ".html":
         raise web.HTTPNotFound()
     content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
@@ -126,6 +141,12 @@ async def asset(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def vendored(request: web.Request) -> web.StreamResponse:
+    """A vendored library's file (static/vendor/<library>/<file>), by the same allow-list."""
+    name = f"vendor/{request.match_info['library']}/{request.match_info['file']}"
+    return _asset(ASSETS.get(name))
+
+
 def add_routes(app: web.Application) -> None:
     """Add the UI's routes to the daemon's app."""
     app.router.add_get("/", root)
@@ -135,3 +156,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(BAGS_PATH, _shell("bags.html"))
     app.router.add_get(BAGS_PATH + "/{bag_id}", _shell("bag.html"))
     app.router.add_get("/ui/static/{name}", asset)
+    app.router.add_get("/ui/static/vendor/{library}/{file}", vendored)
