@@ -345,3 +345,54 @@ def test_pages_carry_the_security_headers_and_logout_ends_the_session(page, daem
     assert page.get_cookie("spotbag_session") is None
     page.get(url_of(daemon, "/ui/bags"))
     assert page.current_url.endswith("/ui/login")
+
+
+def severe_console_messages(browser: Any) -> list[dict[str, Any]]:
+    """Script errors and Content-Security-Policy violations the pages logged."""
+    return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def running_vm_of(client: Any, job_id: str) -> str:
+    """The VM a job runs on, once it runs."""
+
+    def vm() -> str | None:
+        job = client.job(job_id)
+        attempts = job.get("attempt_list") or []
+        return attempts[-1]["vm_id"] if job["state"] == "running" and attempts else None
+
+    return str(wait_until(vm, 30, what=f"{job_id} to run"))
+
+
+def test_the_fleet_page_places_a_running_vm_on_its_model(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    bag = client.submit(bag_spec("web", "sleep 30", 1, name="fleet"))
+    vm_id = running_vm_of(client, f"{bag['id']}-0")
+    log_in(page, daemon, TOKEN)
+    page.find_element(By.LINK_TEXT, "Fleet").click()  # the navigation bar
+    wait_until(lambda: page.current_url.endswith("/ui/fleet"), 10, what="the fleet page")
+    row = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-vm='{vm_id}']"),
+        15,
+        what="the bag's VM on the fleet page",
+    )
+    cells = [c.text for c in row[0].find_elements(By.TAG_NAME, "td")]
+    assert cells[2].startswith("running") and cells[3] == "spot" and int(cells[5]) >= 1
+    assert cells[6].startswith("$") and cells[8]  # cost so far, expected remaining life
+    section = page.find_element(By.CSS_SELECTOR, "section.vm-type[data-type='local-2']")
+    assert "Model: none" in section.text
+    # The chart is drawn (uPlot's canvas), with the VM placed on it (its legend series).
+    canvas = wait_until(
+        lambda: section.find_elements(By.CSS_SELECTOR, ".chart canvas"), 10, what="the chart"
+    )
+    assert canvas[0].size["width"] > 200 and canvas[0].size["height"] > 100
+    assert "VMs" in section.find_element(By.CSS_SELECTOR, ".u-legend").text
+    # It refreshes in place (no reload), and nothing went wrong in the console.
+    page.execute_script("window.notReloaded = true;")
+    before = text_of(page, "status")
+    wait_until(lambda: text_of(page, "status") != before, 10, what="a refresh")
+    assert page.execute_script("return window.notReloaded === true;")
+    assert not severe_console_messages(page)
+    screenshot(page, "fleet")
+    client.cancel(bag["id"])

@@ -117,3 +117,10 @@ export function countsText(counts) {
 export function progressBar(fraction, label) {
   return el("progress", { max: 1, value: fraction, "aria-label": label, title: percent(fraction) });
 }
+
+// US dollars: cents for sums, more digits for the fractions of a cent a short VM costs.
+export function usd(amount) {
+  if (amount === null || amount === undefined) return "";
+  const digits = Math.abs(amount) >= 1 || amount === 0 ? 2 : 5;
+  return `$${amount.toFixed(digits)}`;
+}
