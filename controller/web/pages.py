@@ -156,5 +156,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(BAGS_PATH, _shell("bags.html"))
     app.router.add_get(BAGS_PATH + "/{bag_id}", _shell("bag.html"))
     app.router.add_get(FLEET_PATH, _shell("fleet.html"))
+    app.router.add_get(MONEY_PATH, _shell("money.html"))
     app.router.add_get("/ui/static/{name}", asset)
     app.router.add_get("/ui/static/vendor/{library}/{file}", vendored)

@@ -396,3 +396,83 @@ def test_the_fleet_page_places_a_running_vm_on_its_model(page, daemon):
     assert not severe_console_messages(page)
     screenshot(page, "fleet")
     client.cancel(bag["id"])
+
+
+def money_page(browser: Any, daemon: Daemon, account: str | None = None) -> None:
+    """Open the money page (on `account`, by its selector) and wait for its balance."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    browser.find_element(By.LINK_TEXT, "Money").click()  # the navigation bar
+    wait_until(lambda: browser.current_url.endswith("/ui/money"), 10, what="the money page")
+    if account is not None:
+        picker = Select(browser.find_element(By.ID, "account"))
+        wait_until(
+            lambda: account in [o.get_attribute("value") for o in picker.options],
+            10,
+            what=f"{account} in the account selector",
+        )
+        if browser.find_element(By.ID, "account-picker").is_displayed():  # 2 accounts or more
+            picker.select_by_value(account)
+        wait_until(lambda: text_of(browser, "account-name") == account, 10, what="the account")
+    wait_until(lambda: "Available" in text_of(browser, "balance"), 10, what="the balance")
+
+
+def test_the_money_page_shows_an_accounts_balance_cost_and_ledger(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    client.create_account("carol", cpu_hours=10)
+    bag = client.submit(bag_spec("carol", "true", 2))
+    wait_until(lambda: client.bag(bag["id"])["state"] == "succeeded", 60, what="carol's bag")
+    balance = client.account("carol")
+    log_in(page, daemon, TOKEN)
+    money_page(page, daemon, "carol")
+    facts = text_of(page, "balance")
+    assert "Allocation\n10.00" in facts and f"Charged\n{balance['charged_cpu_h']:.2f}" in facts
+    assert f"Available\n{balance['available_cpu_h']:.2f}" in facts
+    wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"#cost-by-bag tr[data-bag='{bag['id']}']"),
+        15,
+        what="the bag's cost",
+    )
+    assert "Spot (paid)\n$" in text_of(page, "cost") and "On-demand" in text_of(page, "cost")
+    rows = page.find_elements(By.CSS_SELECTOR, "#ledger tbody tr")
+    kinds = [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows]
+    assert kinds[-1] == "credit" and "account created" in rows[-1].text  # newest first
+    assert {"reserve", "charge", "release"} <= set(kinds)
+    entries = client.ledger("carol")["entries"]
+    assert rows[0].get_attribute("data-entry") == str(entries[-1]["id"])
+    # A new entry appears without a reload (the ledger is read incrementally).
+    page.execute_script("window.notReloaded = true;")
+    client.credit("carol", 5, note="top-up from the test")
+    wait_until(lambda: "top-up from the test" in text_of(page, "ledger"), 10, what="the credit")
+    wait_until(lambda: "Allocation\n15.00" in text_of(page, "balance"), 10, what="the balance")
+    assert page.execute_script("return window.notReloaded === true;")
+    assert not severe_console_messages(page)
+    screenshot(page, "money")
+
+
+def test_an_account_token_sees_only_its_account_on_the_money_page(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    for account in ("dave", "erin"):
+        client.create_account(account, cpu_hours=3)
+    client.credit("erin", 1, note="erin's secret top-up")
+    dave_token = client.create_token("dave")["token"]
+    log_in(page, daemon, dave_token)
+    money_page(page, daemon)
+    assert text_of(page, "account-name") == "dave"
+    assert not page.find_element(By.ID, "account-picker").is_displayed()
+    assert "Allocation\n3.00" in text_of(page, "balance")
+    wait_until(lambda: "account created" in text_of(page, "ledger"), 10, what="dave's ledger")
+    # Asking for another account in the address changes nothing.
+    page.get(url_of(daemon, "/ui/money?account=erin"))
+    wait_until(lambda: text_of(page, "account-name") == "dave", 10, what="dave's page")
+    wait_until(lambda: "account created" in text_of(page, "ledger"), 10, what="dave's ledger")
+    assert "erin" not in page.find_element(By.TAG_NAME, "main").text
+    # The fleet is the daemon's: the page says so instead of showing an empty fleet.
+    page.find_element(By.LINK_TEXT, "Fleet").click()
+    wait_until(lambda: "daemon's token only" in text_of(page, "status"), 10, what="the refusal")
+    screenshot(page, "account-token-money")
