@@ -79,6 +79,7 @@ def test_the_cookies_are_httponly_strict_and_secure_over_https_only():
 def test_the_ui_paths_and_assets():
     assert is_ui_path("/") and is_ui_path("/ui/bags") and not is_ui_path("/v1/bags")
     assert {"login.html", "bags.html", "bag.html", "api.js", "style.css"} <= set(ASSETS)
+    assert {"fleet.html", "fleet.js", "money.html", "money.js"} <= set(ASSETS)
     # The vendored chart library is served with its licence; its notes are not.
     vendored = {"vendor/uplot/uPlot.iife.min.js", "vendor/uplot/uPlot.min.css"}
     assert vendored | {"vendor/uplot/LICENSE"} <= set(ASSETS)

@@ -330,12 +330,17 @@ def post(url: str, headers: dict[str, str]) -> tuple[int, Any]:
 def test_pages_carry_the_security_headers_and_logout_ends_the_session(page, daemon):
     from selenium.webdriver.common.by import By
 
-    for path in ("/ui/login", "/ui/static/bag.js"):
+    for path in ("/ui/login", "/ui/static/bag.js", "/ui/static/vendor/uplot/uPlot.min.css"):
         with urllib.request.urlopen(url_of(daemon, path), timeout=30) as response:
             csp = response.headers["Content-Security-Policy"]
             assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
             assert "unsafe-inline" not in csp
             assert response.headers["X-Content-Type-Options"] == "nosniff"
+    # Only the allow-listed files: not the vendored library's notes, nothing outside static/.
+    for path in ("/ui/static/vendor/uplot/README.md", "/ui/static/vendor/uplot/..%2F..%2Fpages.py"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url_of(daemon, path), timeout=30)
+        assert refused.value.code == 404
     # The UI is not part of the documented API.
     with urllib.request.urlopen(url_of(daemon, "/openapi.json"), timeout=30) as response:
         assert not any(p == "/" or p.startswith("/ui") for p in json.load(response)["paths"])
@@ -476,3 +481,37 @@ def test_an_account_token_sees_only_its_account_on_the_money_page(page, daemon):
     page.find_element(By.LINK_TEXT, "Fleet").click()
     wait_until(lambda: "daemon's token only" in text_of(page, "status"), 10, what="the refusal")
     screenshot(page, "account-token-money")
+
+
+def test_the_fleet_page_draws_the_bathtub_of_a_daemon_that_assumes_one(browser, make_daemon):
+    """A second daemon whose VMs follow the bathtub model (SPEC §2), their time sped up
+    (1 s = 0.5 h), so that they sit at different ages on a curve worth looking at."""
+    from selenium.webdriver.common.by import By
+
+    daemon = make_daemon(model="bathtub", time_scale=1800, max_vms=3, token=TOKEN)
+    client = daemon.start()
+    client.submit(bag_spec("web", "sleep 20", 3, name="bathtub"))
+
+    def old_vms() -> list[dict[str, Any]]:
+        views = client.request("GET", "/v1/models")["in_use"]
+        return [v for v in views if v["model"] == "bathtub" and v["age_h"] > 2]
+
+    wait_until(old_vms, 30, what="a VM two model hours old")
+    browser.get(url_of(daemon, "/ui/login"))
+    browser.delete_all_cookies()
+    browser.get_log("browser")
+    log_in(browser, daemon, TOKEN)
+    browser.get(url_of(daemon, "/ui/fleet"))
+    section = wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, "section.vm-type"), 15, what="a VM type"
+    )[0]  # type: ignore[index]
+    wait_until(lambda: "Model: bathtub (A = " in section.text, 10, what="the bathtub's parameters")
+    assert section.find_elements(By.CSS_SELECTOR, ".chart canvas")
+    survival = browser.execute_script(  # in one go: the rows are redrawn every refresh
+        "return [...document.querySelectorAll('table.vms tbody tr')]"
+        ".map(row => row.cells[7].textContent);"
+    )
+    assert any(s != "100 %" for s in survival), survival  # an old VM is below the top
+    assert not severe_console_messages(browser)
+    screenshot(browser, "fleet-bathtub")
+    browser.delete_all_cookies()
