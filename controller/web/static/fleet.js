@@ -208,7 +208,7 @@ function render(vms, models, usage) {
       types.delete(vmType);
     }
   }
-  for (const [vmType, group] of [...groups].sort()) {
+  for (const [vmType, group] of [...groups].sort(([a], [b]) => a.localeCompare(b))) {
     const entry = types.get(vmType) || typeSection(vmType);
     types.set(vmType, entry);
     const view = group.map((v) => v.view).find(Boolean);
