@@ -44,6 +44,7 @@ from tee import Tee
 
 from controller.executors.base import AttemptSpec
 from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
+from controller.executors.slurm.submission import job_script as submitted_script
 from controller.slurm.commands import SlurmTools
 from tests.conftest import FAST_CONFIG, SLURM_CONFIG, SLURM_DRIVER, Daemon
 from tests.slurm_cluster import SlurmCluster, missing
@@ -119,7 +120,7 @@ def job_script(work: Path, i: int) -> bytes:
         f"bplain00000-{i}.1", "bplain00000", f"bplain00000-{i}", 1, "vm", "true", {}, {}, None, 60.0
     )
     log_path = Path(executor.log_path(spec.bag_id, spec.job_id, 1))
-    return executor._script(
+    return submitted_script(
         spec, log_path, executor.checkpoint_dir(spec.bag_id, spec.job_id)
     ).encode()
 

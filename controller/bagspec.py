@@ -10,8 +10,7 @@ A bag is one command template run over a parameter space:
 
 `{name}` placeholders in the command are filled per job, shell-quoted (an
 optional format spec such as `{r:.3f}` is applied first); every value is also
-exported as `SPOTBAG_PARAM_<NAME>` (controller/job_command.py, whose names this module
-also offers: render_command, job_environment, ParamValue). Errors name the field they
+exported as `SPOTBAG_PARAM_<NAME>` (controller/job_command.py). Errors name the field they
 are about (`parameters.r`, `resources.cpus`, ...).
 
 The spec's structure, types and bounds are the pydantic model's (BagSpec, whose JSON
@@ -43,13 +42,7 @@ from pydantic import (
 )
 
 from controller.errors import SpotbagError
-from controller.job_command import ParamValue as ParamValue
-from controller.job_command import job_environment as job_environment
-from controller.job_command import (
-    param_env_name,
-    size_problem,
-)
-from controller.job_command import render_command as render_command
+from controller.job_command import ParamValue, param_env_name, render_command, size_problem
 
 PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -147,6 +147,32 @@ class LifetimeModel:
         """E[ℒ] = ∫_0^L t f(t) dt + L·(1 - F(L-))  (SPEC.md §2)."""
         return float(self.first_moment(0.0, self.end_h))
 
+    def mean_residual_life_h(self, age_h: ArrayLike) -> np.ndarray:
+        """E[ℒ - a | ℒ > a] = ∫_a^end S(t) dt / S(a) for each age a: how long a VM of
+        that age is expected to live on (0 where nothing survives). One cumulative
+        trapezoid over the model's grid serves every age; infinite for NoPreemption."""
+        if math.isinf(self.expected_lifetime_h()):
+            return np.full(np.shape(age_h), math.inf)
+        grid = self._grid()
+        s = self.sf(grid)
+        area = np.concatenate(([0.0], np.cumsum(np.diff(grid) * (s[1:] + s[:-1]) / 2.0)))
+        a = np.clip(_arr(age_h), 0.0, self.end_h)
+        tail = area[-1] - np.interp(a, grid, area)
+        alive = self.sf(a)
+        return np.where(alive > 0, tail / np.where(alive > 0, alive, 1.0), 0.0)
+
+    def drawing_horizon_h(self, oldest_age_h: float = 0.0) -> float:
+        """Where a chart of S(t) and h(t) should end: the deadline, else where 99 % of
+        VMs have died (24 h if they never do), and past the oldest VM to be shown."""
+        end = self.L
+        if end is None:
+            end = 1.0
+            while end < 1e4 and float(self.cdf(end)) < 0.99:
+                end *= 2.0
+            if float(self.cdf(end)) < 0.99:
+                end = 24.0
+        return max(end, 1.1 * oldest_age_h)
+
     def conditional_failure(self, age_h: ArrayLike, length_h: ArrayLike) -> np.ndarray:
         """P(preempted within `length` | alive at `age`) = (F(s+T) - F(s)) / S(s)."""
         s = _arr(age_h)

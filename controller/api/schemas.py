@@ -241,10 +241,25 @@ class LearnedModel(_Response):
     active: int = ABSENT
 
 
+class ModelCurve(_Response):
+    """A preemption model's survival S(t) and hazard h(t) (per hour; null where nothing
+    survives) at ages in model hours, for drawing."""
+
+    model: str
+    age_h: list[float]
+    survival: list[float]
+    hazard: list[float | None]
+
+
 class Models(_Response):
     configured: dict[str, Any]
     learned: list[LearnedModel]
-    in_use: list[dict[str, Any]]
+    in_use: list[dict[str, Any]] = Field(
+        description="Per live VM: its model, parameters and key, its age (model hours), "
+        "survival to that age, expected remaining life (hours; null: unbounded) and whether "
+        "the reuse policy counts it stable."
+    )
+    curves: dict[str, ModelCurve] = Field(description="Per model key in use: its curves.")
 
 
 class Hopping(_Response):

@@ -4,8 +4,10 @@ scheduler assumes (configured, learned, in use per live VM), and fault injection
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from controller.api.base import (
@@ -58,11 +60,18 @@ async def list_vms(request: web.Request) -> web.Response:
     return json_response({"vms": vms, "usage": fleet})
 
 
+CURVE_POINTS = 240  # points of each model's S(t) and h(t) for the web page's charts
+
+
 def _vm_model_view(vm: Any, now: float, time_scale: float) -> dict[str, Any]:
-    """The preemption model the scheduler assumes for a live VM, at its current age."""
+    """The preemption model the scheduler assumes for a live VM, at its current age:
+    how likely it was to live this long and how long it is expected to live on."""
     age_h = max(0.0, now - vm.requested_at) * time_scale / 3600.0
     belief = vm.belief
+    remaining_h = float(belief.model.mean_residual_life_h(age_h)) if belief else None
     return {
+        "survival": float(belief.model.sf(age_h)) if belief else None,
+        "expected_remaining_h": _finite(remaining_h) if remaining_h is not None else None,
         "vm_id": vm.id,
         "vm_type": vm.vm_type.name,
         "zone": vm.zone,
@@ -75,11 +84,40 @@ def _vm_model_view(vm: Any, now: float, time_scale: float) -> dict[str, Any]:
     }
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _model_curves(vms: list[Any], views: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per model key in use: S(t) and h(t) on an even grid up to the model's drawing
+    horizon (policies/preemption.py), so that pages draw the curve and compute none."""
+    curves: dict[str, dict[str, Any]] = {}
+    oldest: dict[str, float] = {}
+    models: dict[str, Any] = {}
+    for vm, view in zip(vms, views, strict=True):
+        if vm.belief is None:
+            continue
+        key = view["key"]
+        models[key] = vm.belief.model
+        oldest[key] = max(oldest.get(key, 0.0), view["age_h"])
+    for key, model in models.items():
+        ages = np.linspace(0.0, model.drawing_horizon_h(oldest[key]), CURVE_POINTS + 1)
+        curves[key] = {
+            "model": model.name,
+            "age_h": ages.tolist(),
+            "survival": model.sf(ages).tolist(),
+            "hazard": [_finite(h) for h in model.hazard(ages).tolist()],
+        }
+    return curves
+
+
 async def list_models(request: web.Request) -> web.Response:
     c = controller_of(request)
     settings = c.config.preemption
     now = c.clock.now()
     learned = await c.store.models(active_only=request.query.get("history") is None)
+    live = list(c.running_scheduler.vms.values())
+    in_use = [_vm_model_view(vm, now, c.config.driver.time_scale) for vm in live]
     return json_response(
         {
             "configured": {
@@ -90,10 +128,8 @@ async def list_models(request: web.Request) -> web.Response:
                 "shipped_models": len(c.book.defaults.entries),
             },
             "learned": learned,
-            "in_use": [
-                _vm_model_view(vm, now, c.config.driver.time_scale)
-                for vm in c.running_scheduler.vms.values()
-            ],
+            "in_use": in_use,
+            "curves": _model_curves(live, in_use),
         }
     )
 

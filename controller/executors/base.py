@@ -26,8 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from controller.bagspec import ParamValue, SimulationHints
+from controller.bagspec import SimulationHints
 from controller.errors import SpotbagError
+from controller.job_command import ParamValue
 from drivers.base import VmType
 
 

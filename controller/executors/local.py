@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.bagspec import job_environment
 from controller.executors.attempt_files import (
     WRAPPER,
     WRAPPER_INTO_GIVEN_FILE,
@@ -41,6 +40,7 @@ from controller.executors.base import (
     LiveAttempt,
     Outcome,
 )
+from controller.job_command import job_environment
 from drivers.base import VmType
 
 RUN_KEY = "SPOTBAG_RUN_KEY"

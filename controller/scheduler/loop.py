@@ -411,11 +411,6 @@ class Scheduler(
         self._wake.set()
         return moved
 
-    @property
-    def _backoff(self) -> dict[str, tuple[float, float]]:
-        """The VM types backed off: type -> (blocked until, last delay) (tests read it)."""
-        return self.backoff.types
-
     # --- observability ---------------------------------------------------------------------
 
     def gauges(self) -> dict[str, dict[str, int]]:

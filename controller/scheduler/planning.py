@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from controller.bagspec import render_command
 from controller.executors.base import AttemptSpec
+from controller.job_command import render_command
 from controller.models import AttemptState, JobState
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
 from controller.runtime import AttemptRun, BagRun, VmBilling, VmRun, capacity_of

@@ -6,7 +6,8 @@ import shlex
 
 import pytest
 
-from controller.bagspec import BagSpecError, job_environment, parse_bag, render_command
+from controller.bagspec import BagSpecError, parse_bag
+from controller.job_command import job_environment, render_command
 
 BASE = {"account": "lab", "command": "prog", "max_runtime_s": 60}
 

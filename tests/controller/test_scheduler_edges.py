@@ -234,13 +234,13 @@ async def test_backoff_is_counted_once_per_pass_and_decays(tmp_path):
         scheduler, cfg, bag(10, resources={"cpus": 1, "memory_gb": 1, "vm_types": ["small"]})
     )
     await scheduler.tick()  # five small launches fail in one pass
-    assert scheduler._backoff["small"] == (10.0, 10.0)
+    assert scheduler.backoff.types["small"] == (10.0, 10.0)
     clock.advance_to(15.0)
     await scheduler.tick()  # fails again soon after the back-off ended: doubled
-    assert scheduler._backoff["small"] == (35.0, 20.0)
+    assert scheduler.backoff.types["small"] == (35.0, 20.0)
     clock.advance_to(2000.0)
     await scheduler.tick()  # a failure long after: back to the base delay
-    assert scheduler._backoff["small"] == (2010.0, 10.0)
+    assert scheduler.backoff.types["small"] == (2010.0, 10.0)
     await scheduler.store.close()
 
 

@@ -496,7 +496,13 @@ def test_the_fleet_page_draws_the_bathtub_of_a_daemon_that_assumes_one(browser, 
         views = client.request("GET", "/v1/models")["in_use"]
         return [v for v in views if v["model"] == "bathtub" and v["age_h"] > 2]
 
-    wait_until(old_vms, 30, what="a VM two model hours old")
+    old = wait_until(old_vms, 30, what="a VM two model hours old")[0]  # type: ignore[index]
+    # The daemon serves the curve the page draws (policies/preemption.py computes it).
+    models = client.request("GET", "/v1/models")
+    curve = models["curves"][old["key"]]
+    assert curve["model"] == "bathtub" and curve["age_h"][-1] == 24.0
+    assert curve["survival"][0] == 1.0 and curve["survival"][-1] == 0.0
+    assert 0 < old["survival"] < 1 and 0 < old["expected_remaining_h"] < 24 - old["age_h"]
     browser.get(url_of(daemon, "/ui/login"))
     browser.delete_all_cookies()
     browser.get_log("browser")

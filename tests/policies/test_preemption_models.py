@@ -205,3 +205,25 @@ def test_models_rebuild_from_their_parameters():
         make_model("lognormal", {}, None)
     with pytest.raises(ValueError, match="tau1 must be > 0"):
         Bathtub(A=0.3, tau1=0.0, tau2=1.0, b=23.0)
+
+
+def test_mean_residual_life_is_memoryless_for_the_exponential_and_shrinks_to_the_deadline():
+    exponential = Exponential(mttf_h=5.0)
+    assert exponential.mean_residual_life_h([0.0, 3.0, 10.0]) == pytest.approx(5.0, rel=1e-3)
+    assert NoPreemption().mean_residual_life_h(7.0) == math.inf
+    bathtub = Bathtub(A=0.35, tau1=2.3, tau2=0.8, b=24.0, L=24.0)
+    # At age 0 it is the expected lifetime; a VM alive at the deadline has nothing left.
+    assert bathtub.mean_residual_life_h(0.0) == pytest.approx(
+        bathtub.expected_lifetime_h(), rel=1e-3
+    )
+    ages = np.array([6.0, 12.0, 18.0, 23.0, 24.0])
+    left = bathtub.mean_residual_life_h(ages)
+    assert np.all(left <= 24.0 - ages + 1e-9) and left[-1] == 0.0
+    assert np.all(np.diff(left[:-1]) < 0)  # in the stable middle and after, life left shrinks
+
+
+def test_the_drawing_horizon_is_the_deadline_or_where_nearly_all_have_died():
+    assert Bathtub(A=0.35, tau1=2.3, tau2=0.8, b=24.0, L=24.0).drawing_horizon_h() == 24.0
+    horizon = Exponential(mttf_h=5.0).drawing_horizon_h()
+    assert Exponential(mttf_h=5.0).cdf(horizon) >= 0.99 and horizon < 64
+    assert Exponential(mttf_h=5.0).drawing_horizon_h(oldest_age_h=100.0) == pytest.approx(110.0)

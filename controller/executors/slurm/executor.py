@@ -20,7 +20,7 @@ from controller.executors.slurm.callbacks import Callbacks
 from controller.executors.slurm.nodes import NodeManager
 from controller.executors.slurm.signals import JobSignals
 from controller.executors.slurm.state import SlurmExecutorSettings, SlurmState
-from controller.executors.slurm.submission import Submitter, job_script
+from controller.executors.slurm.submission import Submitter
 from controller.executors.slurm.watch import Watcher
 from controller.slurm.commands import SlurmTools
 from drivers.base import VmType
@@ -116,11 +116,6 @@ class SlurmExecutor:
         """Submit the attempt as a Slurm job on its VM's node (submission.py); its job id,
         or "" when Slurm's answer was lost and the job is looked for later."""
         return await self._submitter.start(spec)
-
-    def _script(self, spec: AttemptSpec, log_path: Path, checkpoint_dir: Path) -> str:
-        """The attempt's batch script (kept for bench/slurm_dispatch.py, which submits
-        it by hand to compare with plain Slurm)."""
-        return job_script(spec, log_path, checkpoint_dir)
 
     async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
         self._signals.signal_checkpoint(attempt_id, timeout_s)

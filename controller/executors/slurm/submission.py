@@ -24,7 +24,6 @@ import math
 from collections import OrderedDict
 from pathlib import Path
 
-from controller.bagspec import job_environment
 from controller.executors.attempt_files import (
     IGNORE_CHECKPOINT_SIGNAL,
     WRAPPER_BODY,
@@ -34,6 +33,7 @@ from controller.executors.attempt_files import (
 from controller.executors.base import AttemptSpec, ExecutorError, ExecutorUnavailable
 from controller.executors.slurm.state import Attempt, Node, SlurmExecutorSettings, SlurmState
 from controller.executors.slurm.watch import Watcher
+from controller.job_command import job_environment
 from controller.slurm.commands import SlurmError, SlurmRefused, SlurmTools, SlurmUnavailable
 from controller.slurm.naming import job_name
 

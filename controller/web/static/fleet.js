@@ -1,92 +1,15 @@
 // The fleet page: live VMs (GET /v1/vms) grouped by type, with age, state, jobs and cost
 // so far, and per type the preemption model the scheduler assumes (GET /v1/models): its
-// survival and hazard curves drawn with uPlot (vendored; the global `uPlot`), each live VM
-// placed on the curve at its age. Refreshed by polling; a chart is updated in place.
+// survival and hazard curves (computed by the daemon) drawn with uPlot (vendored; the
+// global `uPlot`), each live VM placed on the curve at its age. Refreshed by polling; a chart is updated in place.
 import { ApiError, api, duration, el, percent, poll, setStatus, usd } from "/ui/static/api.js";
 
 const REFRESH_MS = 2000;
-const POINTS = 240;
-const BATHTUB_L_H = 24; // the deadline of SPEC §2 (the API's parameters leave L out)
 const types = new Map(); // vm_type -> {section, chart, table}
 
-// --- the models (SPEC §2): F(t) and f(t) from the parameters the API gives --------------
-
-// A lifetime model as {cdf, pdf, end}: end is its deadline (hours) or null.
-function lifetimeModel(name, p) {
-  const clip = (x) => Math.min(1, Math.max(0, x));
-  switch (name) {
-    case "none":
-      return { cdf: () => 0, pdf: () => 0, end: null };
-    case "exponential":
-      return { cdf: (t) => -Math.expm1(-t / p.mttf_h), pdf: (t) => Math.exp(-t / p.mttf_h) / p.mttf_h, end: null };
-    case "weibull":
-      return {
-        cdf: (t) => -Math.expm1(-((t / p.lam) ** p.k)),
-        pdf: (t) => {
-          const z = (Math.max(t, 1e-9) / p.lam) ** p.k;
-          return (p.k / Math.max(t, 1e-9)) * z * Math.exp(-z);
-        },
-        end: null,
-      };
-    case "gompertz_makeham": {
-      const cumhaz = (t) => p.lam * t + (p.alpha / p.beta) * Math.expm1(p.beta * t);
-      return {
-        cdf: (t) => -Math.expm1(-cumhaz(t)),
-        pdf: (t) => (p.lam + p.alpha * Math.exp(p.beta * t)) * Math.exp(-cumhaz(t)),
-        end: null,
-      };
-    }
-    case "bathtub": {
-      // Paper eq. 1, shifted so that F(0) = 0, clipped to [0, 1]; every VM alive at L dies there.
-      const offset = p.A * Math.exp(-p.b / p.tau2);
-      const raw = (t) => p.A * (-Math.expm1(-t / p.tau1) + Math.exp((t - p.b) / p.tau2));
-      return {
-        cdf: (t) => (t >= BATHTUB_L_H ? 1 : clip(raw(t) - offset)),
-        pdf: (t) =>
-          t >= BATHTUB_L_H || raw(t) - offset >= 1
-            ? 0
-            : p.A * (Math.exp(-t / p.tau1) / p.tau1 + Math.exp((t - p.b) / p.tau2) / p.tau2),
-        end: BATHTUB_L_H,
-      };
-    }
-    default:
-      return null; // a model this page does not know: no curve
-  }
-}
-
-// Where to stop drawing: the deadline, else where 99 % of VMs have died (24 h if never).
-function horizon(model, oldest) {
-  let end = model.end;
-  if (end === null) {
-    end = 1;
-    while (end < 1e4 && model.cdf(end) < 0.99) end *= 2;
-    if (model.cdf(end) < 0.99) end = 24;
-  }
-  return Math.max(end, oldest * 1.1);
-}
-
-const survival = (model, t) => (model.end !== null && t >= model.end ? 0 : 1 - model.cdf(t));
-
-// E[remaining life | alive at age s] = ∫_s^end S(t) dt / S(s), by the trapezoid rule.
-function expectedRemaining(model, s) {
-  if (model.cdf(1e6) === 0 && model.end === null) return Infinity;
-  let end = model.end;
-  if (end === null) {
-    end = Math.max(1, s);
-    while (end < 1e6 && model.cdf(end) < 1 - 1e-6) end *= 2;
-  }
-  if (s >= end) return 0;
-  const atS = survival(model, s);
-  if (!(atS > 0)) return 0;
-  const n = 2000;
-  const step = (end - s) / n;
-  let area = 0;
-  for (let i = 0; i < n; i++) {
-    const a = s + i * step;
-    area += ((survival(model, a) + survival(model, Math.min(a + step, end - 1e-9))) / 2) * step;
-  }
-  return area / atS;
-}
+// The curves come from the API (GET /v1/models: `curves` per model key, and per VM its
+// survival to now and expected remaining life), computed by policies/preemption.py: the
+// page draws them and computes none.
 
 // --- the page ----------------------------------------------------------------------------
 
@@ -107,23 +30,13 @@ function verdict(view) {
   return view.stable ? "stable: kept as a hot spare when idle" : "early phase: released when idle";
 }
 
-function chartData(model, vms) {
-  const oldest = Math.max(0, ...vms.map((v) => v.age));
-  const end = horizon(model, oldest);
-  const xs = new Set();
-  for (let i = 0; i <= POINTS; i++) xs.add((end * i) / POINTS);
-  for (const v of vms) xs.add(v.age);
-  const x = [...xs].sort((a, b) => a - b);
-  const byAge = new Map();
-  for (const v of vms) byAge.set(v.age, [...(byAge.get(v.age) || []), v]);
-  const s = x.map((t) => survival(model, t));
-  const h = x.map((t, i) => {
-    const value = s[i] > 1e-3 ? model.pdf(t) / s[i] : null;
-    return Number.isFinite(value) ? value : null;
-  });
-  const point = (spare) =>
-    x.map((t, i) => ((byAge.get(t) || []).some((v) => v.spare === spare) ? s[i] : null));
-  return [x, s, h, point(false), point(true)];
+function chartData(curve, vms) {
+  // The curve's ages and the VMs' own ages on one x axis: a VM's dot sits at its survival.
+  const points = curve.age_h.map((t, i) => ({ t, s: curve.survival[i], h: curve.hazard[i], vms: [] }));
+  for (const v of vms) points.push({ t: v.age, s: v.view.survival, h: null, vms: [v] });
+  points.sort((a, b) => a.t - b.t);
+  const dot = (spare) => points.map((p) => (p.vms.some((v) => v.spare === spare) ? p.s : null));
+  return [points.map((p) => p.t), points.map((p) => p.s), points.map((p) => p.h), dot(false), dot(true)];
 }
 
 function makeChart(container, title) {
@@ -150,7 +63,9 @@ function makeChart(container, title) {
 }
 
 function vmRow(vm) {
-  const remaining = vm.model ? expectedRemaining(vm.model, vm.age) : null;
+  const view = vm.view;
+  const remaining = !view || !view.model ? "" : view.expected_remaining_h === null
+    ? "unbounded" : duration(view.expected_remaining_h * 3600);
   return el(
     "tr",
     { "data-vm": vm.id },
@@ -162,8 +77,8 @@ function vmRow(vm) {
     el("td", {}, duration(vm.age * 3600)),
     el("td", {}, vm.jobs),
     el("td", {}, usd(vm.cost_usd)),
-    el("td", {}, vm.model ? percent(survival(vm.model, vm.age)) : ""),
-    el("td", {}, remaining === null ? "" : remaining === Infinity ? "unbounded" : duration(remaining * 3600)),
+    el("td", {}, view && view.survival !== null ? percent(view.survival) : ""),
+    el("td", {}, remaining),
     el("td", {}, verdict(vm.view)),
   );
 }
@@ -198,7 +113,6 @@ function render(vms, models, usage) {
   for (const raw of vms) {
     const view = inUse.get(raw.id);
     const vm = { ...raw, view, age: ageHours(raw, inUse, nowS), spare: isHotSpare(raw, view) };
-    vm.model = view ? lifetimeModel(view.model, view.parameters || {}) : null;
     groups.set(vm.vm_type, [...(groups.get(vm.vm_type) || []), vm]);
   }
   for (const [vmType, entry] of types) {
@@ -217,8 +131,8 @@ function render(vms, models, usage) {
       `${group.length} live${spares ? ` · ${spares} hot spare${spares > 1 ? "s" : ""}` : ""}`;
     entry.section.querySelector("p.model").textContent = modelText(view);
     entry.table.tBodies[0].replaceChildren(...group.sort((a, b) => b.age - a.age).map(vmRow));
-    const model = view ? lifetimeModel(view.model, view.parameters || {}) : null;
-    if (model) {
+    const curve = view ? models.curves[view.key] : null;
+    if (curve) {
       const key = `${view.model}:${JSON.stringify(view.parameters)}`;
       if (!entry.chart || entry.modelKey !== key) {
         if (entry.chart) entry.chart.destroy();
@@ -226,7 +140,7 @@ function render(vms, models, usage) {
         entry.modelKey = key;
       }
       const onCurve = group.filter((v) => v.view && v.view.key === view.key);
-      entry.chart.setData(chartData(model, onCurve));
+      entry.chart.setData(chartData(curve, onCurve));
     }
   }
   document.getElementById("empty").hidden = vms.length > 0;
