@@ -60,6 +60,29 @@ def latest_per_series(samples: Sequence[PriceSample]) -> list[PriceSample]:
     return list(latest.values())
 
 
+def prices_by_type(
+    samples: Sequence[PriceSample],
+    catalog: Sequence[VmType],
+    position: dict[str, int] | None = None,
+) -> np.ndarray:
+    """Price per catalog type (NaN: none): its own zone's sample, else the cheapest
+    zone's. `position`: type name -> index in `catalog` (built when not given)."""
+    if position is None:
+        position = {t.name: i for i, t in enumerate(catalog)}
+    prices = np.full(len(catalog), np.nan)
+    own = np.zeros(len(catalog), dtype=bool)
+    for sample in samples:
+        i = position.get(sample.vm_type)
+        if i is None:
+            continue
+        mine = sample.zone == catalog[i].zone
+        if mine and not own[i]:
+            prices[i], own[i] = sample.price_per_hour, True
+        elif not own[i] and not sample.price_per_hour >= prices[i]:
+            prices[i] = sample.price_per_hour
+    return prices
+
+
 @dataclass(frozen=True)
 class MigrationCandidate:
     """A running VM whose jobs could all move (the hopper decides whether they do)."""
@@ -189,19 +212,7 @@ class Hopper:
             self.rows.append((at, self._prices_of(by_time[at])))
 
     def _prices_of(self, samples: Sequence[PriceSample]) -> np.ndarray:
-        """Price per catalog type: its own zone's sample, else the cheapest zone's."""
-        prices = np.full(len(self.names), np.nan)
-        own = np.zeros(len(self.names), dtype=bool)
-        for sample in samples:
-            i = self.position.get(sample.vm_type)
-            if i is None:
-                continue
-            mine = sample.zone == self.catalog[i].zone
-            if mine and not own[i]:
-                prices[i], own[i] = sample.price_per_hour, True
-            elif not own[i] and not sample.price_per_hour >= prices[i]:
-                prices[i] = sample.price_per_hour
-        return prices
+        return prices_by_type(samples, self.catalog, self.position)
 
     def market(self) -> TypeMarket | None:
         if not self.rows:

@@ -29,10 +29,11 @@ from controller.api.base import (
     require_account,
     visible_bag,
 )
-from controller.api.schemas import Bag, BagList
+from controller.api.schemas import Bag, BagList, Timeline
 from controller.bagspec import BagSpec
 from controller.errors import ApiError, Conflict, InvalidBag
 from controller.models import BagState
+from controller.store import job_id_of
 from controller.summary import bag_view
 
 # RFC 8941 sf-string-like: printable ASCII, no spaces at either end (HTTP trims them).
@@ -45,6 +46,18 @@ IDEMPOTENCY_KEY_SCHEMA = {
 }
 BAGS_LIMIT = bounded("limit", "At most this many bags.", 1, 1000, 50)
 BAGS_OFFSET = bounded("offset", "Skip this many bags.", 0, 10**9, 0)
+TIMELINE_SINCE = bounded(
+    "since",
+    "Only attempts live at or after this time (epoch seconds): still running, or ended "
+    "then or later. A page following a bag passes the previous answer's `now`, less a "
+    "margin.",
+    0,
+    10**11,
+    0,
+)
+TIMELINE_LIMIT = bounded(
+    "limit", "At most this many attempts: the newest by start.", 1, 10_000, 2000
+)
 
 
 async def create_bag(request: web.Request) -> web.Response:
@@ -110,6 +123,47 @@ async def get_bag(request: web.Request) -> web.Response:
     c = controller_of(request)
     bag = await visible_bag(request, bag_id_of(request))
     return json_response(bag_view(bag, c.clock.now()))
+
+
+async def bag_timeline(request: web.Request) -> web.Response:
+    """The bag's attempts per VM over time, with their checkpoints and VMs: what the web
+    UI's timeline draws (preemptions, retries, checkpoints; where work was lost)."""
+    c = controller_of(request)
+    bag_id = bag_id_of(request)
+    since = int_param(request, TIMELINE_SINCE)
+    limit = int_param(request, TIMELINE_LIMIT)
+    await visible_bag(request, bag_id)
+    now = c.clock.now()
+    found = await c.store.bag_timeline(bag_id, float(since), limit)
+    attempts = [
+        {"job": job_id_of(bag_id, a["idx"]), "index": a["idx"], **a} for a in found["attempts"]
+    ]
+    for a in attempts:
+        del a["idx"]
+    checkpoints = [
+        {
+            "id": k["id"],
+            "job": job_id_of(bag_id, k["idx"]),
+            "attempt": k["attempt"],
+            "requested_at": k["requested_at"],
+            "at": k["at"],
+            "ok": bool(k["ok"]),
+            "work_s": k["work_s"],
+        }
+        for k in found["checkpoints"]
+    ]
+    vms = [{**vm, "spot": bool(vm["spot"])} for vm in found["vms"]]
+    return json_response(
+        {
+            "bag_id": bag_id,
+            "now": now,
+            "since": since,
+            "truncated": found["truncated"],
+            "attempts": attempts,
+            "checkpoints": checkpoints,
+            "vms": vms,
+        }
+    )
 
 
 async def cancel_bag(request: web.Request) -> web.Response:
@@ -183,6 +237,15 @@ ROUTES: tuple[Route, ...] = (
         "A bag: job counts per state, progress, usage and cost.",
         params=(BAG_PATH,),
         responses={200: ("The bag.", Bag), 404: ("No such bag.", ERR)},
+    ),
+    Route(
+        "GET",
+        "/v1/bags/{bag_id}/timeline",
+        bag_timeline,
+        "A bag's attempts per VM over time, with their checkpoints and VMs (bounded: the "
+        "newest `limit` attempts live since `since`).",
+        params=(BAG_PATH, TIMELINE_SINCE, TIMELINE_LIMIT),
+        responses={200: ("The timeline.", Timeline), 404: ("No such bag.", ERR)},
     ),
     Route(
         "POST",

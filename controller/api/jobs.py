@@ -4,7 +4,9 @@ output of an attempt (read from the executor's log file, in byte ranges)."""
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -25,7 +27,8 @@ from controller.api.base import (
     visible_bag,
 )
 from controller.api.schemas import Job, JobList
-from controller.errors import NotFound
+from controller.bagspec import PARAM_NAME
+from controller.errors import ApiError, NotFound
 from controller.models import JobState
 from controller.summary import job_view
 
@@ -33,7 +36,56 @@ JOBS_LIMIT = bounded("limit", "At most this many jobs.", 1, 1000, 100)
 JOBS_AFTER = bounded("after", "Only jobs with a larger index (pagination).", -1, 10**12, -1)
 LOG_ATTEMPT = bounded("attempt", "Attempt number (default: the latest).", 1, 10**6, None)
 LOG_OFFSET = bounded("offset", "Start at this byte (to follow a growing log).", 0, 10**15, 0)
+MAX_PARAM_TERMS = 8
+MAX_PARAM_VALUE_CHARS = 1000
+JOBS_PARAM = Param(
+    "param",
+    "query",
+    "Only jobs with this parameter value, as name=value (e.g. seed=3; repeat for several, "
+    "all must hold). A number matches equal numbers (3 matches 3.0), true and false match "
+    "booleans, and any value matches the same text.",
+    {
+        "type": "array",
+        "maxItems": MAX_PARAM_TERMS,
+        "items": {
+            "type": "string",
+            "pattern": r"^[A-Za-z_][A-Za-z0-9_]{0,63}=",
+            "maxLength": 64 + 1 + MAX_PARAM_VALUE_CHARS,
+        },
+    },
+)
 LOG_LIMIT = bounded("limit", "At most this many bytes (default 1 MiB).", 1, 16 << 20, 1 << 20)
+
+
+def param_terms(request: web.Request) -> list[tuple[str, list[Any]]]:
+    """The `param` filters as (name, the values a job's parameter may have): the text
+    itself, and the number or boolean it spells (JSON keeps 3 and "3" apart)."""
+    raw = request.query.getall("param", [])
+    if len(raw) > MAX_PARAM_TERMS:
+        raise ApiError(
+            f"query parameter param: at most {MAX_PARAM_TERMS} terms", code="invalid_query"
+        )
+    terms = []
+    for term in raw:
+        name, equals, value = term.partition("=")
+        if not equals or not PARAM_NAME.fullmatch(name) or len(value) > MAX_PARAM_VALUE_CHARS:
+            raise ApiError(
+                f"query parameter param: {term[:80]!r} is not name=value (a parameter name, "
+                f"'=', at most {MAX_PARAM_VALUE_CHARS} characters of value)",
+                code="invalid_query",
+            )
+        values: list[Any] = [value]
+        if value in ("true", "false"):
+            values.append(int(value == "true"))  # json_extract gives JSON booleans as 1/0
+        else:
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number):
+                values.append(number)
+        terms.append((name, values))
+    return terms
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -42,8 +94,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     state = enum_query(request, "state", [s.value for s in JobState])
     limit = int_param(request, JOBS_LIMIT)
     after = int_param(request, JOBS_AFTER)
+    params = param_terms(request)
     await visible_bag(request, bag_id)
-    jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit)
+    jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit, params=params)
     views = [job_view(j) for j in jobs]
     next_after = jobs[-1]["idx"] if len(jobs) == limit else None
     return json_response({"jobs": views, "next_after": next_after})
@@ -101,12 +154,13 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/bags/{bag_id}/jobs",
         list_jobs,
-        "A bag's jobs in index order, optionally by state.",
+        "A bag's jobs in index order, optionally by state and parameter values.",
         params=(
             BAG_PATH,
             Param(
                 "state", "query", "Only jobs in this state.", {"enum": [s.value for s in JobState]}
             ),
+            JOBS_PARAM,
             JOBS_AFTER,
             JOBS_LIMIT,
         ),

@@ -1,14 +1,21 @@
 """Spot hopping: the hopper's policy, the live market per VM type (price now, window
-mean and deviation, on-demand price, price per unit of size) and its migrations."""
+mean and deviation, on-demand price, price per unit of size) and its migrations; and
+the recorded price samples per type beside the cloud index over them (the web UI's
+market page)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from controller.api.base import Route, bounded, controller_of, int_param, json_response
-from controller.api.schemas import Hopping
+from controller.api.schemas import Hopping, PriceHistory
+from controller.hopper import prices_by_type
+from drivers.base import PriceSample
+from policies.index import index_series
 
 HOPPING_LIMIT = bounded("limit", "At most this many migrations.", 1, 10_000, 200)
 
@@ -40,6 +47,74 @@ async def hopping(request: web.Request) -> web.Response:
     )
 
 
+PRICES_SINCE = bounded(
+    "since",
+    "Only samples taken at or after this time (epoch seconds); default: the hopper's "
+    "window before now.",
+    0,
+    10**11,
+    None,
+)
+PRICES_LIMIT = bounded("limit", "At most this many samples: the newest.", 1, 100_000, 20_000)
+
+
+async def price_history(request: web.Request) -> web.Response:
+    """Per catalog type its price samples, and the cloud index 𝕀(t) at each sampling
+    time (policies.index.index_series: the mean normalised price P / sqrt(vCPU·GB) of
+    the types priced then, capped prices left out), as the hopper sees them (per type
+    its own zone's sample, else the cheapest zone's)."""
+    c = controller_of(request)
+    since = int_param(request, PRICES_SINCE)
+    limit = int_param(request, PRICES_LIMIT)
+    now = c.clock.now()
+    settings = c.config.hopping
+    if since is None:
+        since = max(0, int(now - settings.window_s / c.config.driver.time_scale))
+    rows, truncated = await c.store.recent_price_samples(float(since), limit)
+    by_time: dict[float, list[PriceSample]] = {}
+    for type_name, zone, at, price in rows:
+        by_time.setdefault(at, []).append(PriceSample(type_name, zone, price, at))
+    times = sorted(by_time)
+    if truncated and len(times) > 1:
+        times = times[1:]  # the oldest time may have lost some of its samples to `limit`
+    catalog = c.catalog
+    cpus = np.array([t.cpus for t in catalog], dtype=float)
+    memory_gb = np.array([t.memory_gb for t in catalog], dtype=float)
+    on_demand = np.array([t.on_demand_price_per_hour or math.inf for t in catalog])
+    prices = np.array([prices_by_type(by_time[at], catalog) for at in times], dtype=float).reshape(
+        len(times), len(catalog)
+    )
+    index = index_series(prices, cpus, memory_gb, on_demand) if times else np.array([])
+    types: list[dict[str, Any]] = []
+    for i, vm_type in enumerate(catalog):
+        size = math.sqrt(vm_type.cpus * vm_type.memory_gb)
+        priced = [j for j in range(len(times)) if math.isfinite(prices[j, i])]
+        types.append(
+            {
+                "vm_type": vm_type.name,
+                "zone": vm_type.zone,
+                "cpus": vm_type.cpus,
+                "memory_gb": vm_type.memory_gb,
+                "size": size,
+                "on_demand": _finite(on_demand[i]),
+                "at": [times[j] for j in priced],
+                "price": [float(prices[j, i]) for j in priced],
+                "normalized": [float(prices[j, i]) / size for j in priced],
+            }
+        )
+    return json_response(
+        {
+            "enabled": settings.enabled,
+            "policy": settings.policy,
+            "now": now,
+            "since": since,
+            "truncated": truncated,
+            "types": types,
+            "index": {"at": times, "value": [_finite(v) for v in index]},
+        }
+    )
+
+
 def _finite(value: float) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
@@ -54,5 +129,15 @@ ROUTES: tuple[Route, ...] = (
         admin_only=True,
         params=(HOPPING_LIMIT,),
         responses={200: ("Market and migrations.", Hopping)},
+    ),
+    Route(
+        "GET",
+        "/v1/hopping/prices",
+        price_history,
+        "Spot price samples per VM type beside the cloud index over them (bounded: the "
+        "newest `limit` samples since `since`).",
+        admin_only=True,
+        params=(PRICES_SINCE, PRICES_LIMIT),
+        responses={200: ("Prices and the index.", PriceHistory)},
     ),
 )

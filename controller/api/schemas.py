@@ -229,6 +229,59 @@ class JobList(_Response):
     next_after: int | None
 
 
+class TimelineAttempt(_Response):
+    job: str = Field(description="The job's id (<bag id>-<index>).")
+    index: int
+    number: int = Field(description="1 for its first attempt; more: a retry.")
+    vm_id: str
+    vm_type: str | None
+    state: str = Field(description="starting, running, succeeded, failed, preempted, ...")
+    started_at: float
+    ended_at: float | None = Field(description="null while it runs.")
+    exit_code: int | None
+    reason: str
+
+
+class TimelineCheckpoint(_Response):
+    id: int
+    job: str
+    attempt: int
+    requested_at: float = Field(description="When the job was signalled.")
+    at: float = Field(description="When the checkpoint was seen complete (or given up on).")
+    ok: bool = Field(description="Written; false: not within the time allowed.")
+    work_s: float = Field(description="Work saved by it, seconds of runtime.")
+
+
+class TimelineVm(_Response):
+    id: str
+    vm_type: str
+    zone: str
+    spot: bool
+    state: str = Field(description="pending, running, terminated, preempted or failed.")
+    reason: str
+    requested_at: float
+    running_at: float | None
+    ended_at: float | None = Field(description="When it ended (preempted: when it was lost).")
+
+
+class Timeline(_Response):
+    """A bag's attempts over time, per VM (the web UI's Gantt chart)."""
+
+    bag_id: str
+    now: float = Field(description="The daemon's clock at the answer: the next `since`.")
+    since: int
+    truncated: bool = Field(
+        description="More attempts were live since `since` than `limit`: the oldest were left out."
+    )
+    attempts: list[TimelineAttempt] = Field(
+        description="Attempts live at or after `since`, oldest start first."
+    )
+    checkpoints: list[TimelineCheckpoint] = Field(
+        description="Checkpoints completed from the first attempt's start (and `since`) on."
+    )
+    vms: list[TimelineVm] = Field(description="The VMs those attempts ran on.")
+
+
 class LearnedModel(_Response):
     key: str = ABSENT
     model: str = ABSENT
@@ -270,6 +323,40 @@ class Hopping(_Response):
     )
     migrations: list[dict[str, Any]] = Field(
         description="The hopper's moves, newest first, with reason, prices and index."
+    )
+
+
+class TypePrices(_Response):
+    vm_type: str
+    zone: str
+    cpus: int
+    memory_gb: float
+    size: float = Field(description="sqrt(vCPUs × GB): the unit prices are normalised by.")
+    on_demand: float | None = Field(description="USD/h; null when the catalog has none.")
+    at: list[float] = Field(description="Sampling times (epoch seconds) with a price.")
+    price: list[float] = Field(description="USD/h at those times.")
+    normalized: list[float] = Field(description="price / size (USD/h per unit).")
+
+
+class IndexSeries(_Response):
+    at: list[float] = Field(description="Every sampling time (epoch seconds).")
+    value: list[float | None] = Field(
+        description="The index then (USD/h per unit); null: no type priced."
+    )
+
+
+class PriceHistory(_Response):
+    """Recorded spot prices per VM type and the cloud index (policies/index.py)."""
+
+    enabled: bool = Field(description="[hopping] enabled: the hopper samples prices.")
+    policy: str
+    now: float
+    since: int
+    truncated: bool = Field(description="More samples than `limit`: the oldest left out.")
+    types: list[TypePrices] = Field(description="Every catalog type, in catalog order.")
+    index: IndexSeries = Field(
+        description="The equal-weight mean of the types' normalised prices, capped ones "
+        "left out (SPEC.md §5)."
     )
 
 

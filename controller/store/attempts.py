@@ -1,11 +1,14 @@
-"""Attempts of jobs: one attempt, or a job's latest (the API's log and status reads)."""
+"""Attempts of jobs: one attempt, or a job's latest (the API's log and status reads), and
+a bag's attempts over time with their checkpoints and VMs (the web UI's timeline)."""
 
 from __future__ import annotations
 
 import sqlite3
 
 from controller.store.engine import Engine, dict_rows
-from controller.store.rows import AttemptRow
+from controller.store.rows import AttemptRow, BagTimeline, TimelineVm
+
+VM_IDS_PER_QUERY = 500  # well under SQLite's limit on bound variables (999 in old builds)
 
 
 class AttemptQueries(Engine):
@@ -31,3 +34,52 @@ class AttemptQueries(Engine):
             return rows[0] if rows else None
 
         return await self.read(get)
+
+    async def bag_timeline(self, bag_id: str, since: float, limit: int) -> BagTimeline:
+        """A bag's attempts that were live at or after `since` (still running, or ended
+        then or later), the newest `limit` of them by start, oldest first; the
+        checkpoints of the bag completed from the first of those starts (and from
+        `since`) on; and the VMs those attempts ran on.
+
+        One pass over the bag's attempts (its primary-key range): a page that follows a
+        running bag asks with `since` just before its previous answer, and gets the few
+        attempts that changed since."""
+
+        def read(conn: sqlite3.Connection) -> BagTimeline:
+            attempts = dict_rows(
+                conn,
+                "SELECT a.idx, a.number, a.vm_id, v.vm_type, a.state, a.started_at, "
+                "a.ended_at, a.exit_code, a.reason FROM attempts a "
+                "LEFT JOIN vms v ON v.id = a.vm_id "
+                "WHERE a.bag_id = ? AND (a.ended_at IS NULL OR a.ended_at >= ?) "
+                "ORDER BY a.started_at DESC, a.idx DESC, a.number DESC LIMIT ?",
+                (bag_id, since, limit + 1),
+            )
+            truncated = len(attempts) > limit
+            attempts = attempts[:limit][::-1]
+            start = max(since, attempts[0]["started_at"]) if attempts else since
+            checkpoints = dict_rows(
+                conn,
+                "SELECT id, idx, number AS attempt, requested_at, at, ok, work_s "
+                "FROM checkpoints WHERE bag_id = ? AND at >= ? ORDER BY at DESC, id DESC "
+                "LIMIT ?",
+                (bag_id, start, limit),
+            )[::-1]
+            vm_ids = sorted({a["vm_id"] for a in attempts})
+            vms: list[TimelineVm] = []
+            for i in range(0, len(vm_ids), VM_IDS_PER_QUERY):
+                chunk = vm_ids[i : i + VM_IDS_PER_QUERY]
+                vms += dict_rows(
+                    conn,
+                    "SELECT id, vm_type, zone, spot, state, reason, requested_at, running_at, "
+                    f"ended_at FROM vms WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id",
+                    chunk,
+                )
+            return {
+                "attempts": attempts,
+                "checkpoints": checkpoints,
+                "vms": vms,
+                "truncated": truncated,
+            }
+
+        return await self.read(read)

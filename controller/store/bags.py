@@ -224,20 +224,30 @@ class BagQueries(Engine):
         return await self.read(list_)
 
     async def list_jobs(
-        self, bag_id: str, *, state: str | None, after_idx: int, limit: int
+        self,
+        bag_id: str,
+        *,
+        state: str | None,
+        after_idx: int,
+        limit: int,
+        params: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> list[JobRow]:
+        """A page of a bag's jobs in index order; `params`: (name, values) pairs, each a
+        parameter the job must have with one of the values (compared as SQLite does:
+        3 matches 3.0, not "3"). Names are identifiers (bagspec.PARAM_NAME), checked by
+        the caller; they are bound, not spliced, into the JSON path."""
+
         def list_(conn: sqlite3.Connection) -> list[JobRow]:
-            if state is None:
-                return dict_rows(
-                    conn,
-                    "SELECT * FROM jobs WHERE bag_id = ? AND idx > ? ORDER BY idx LIMIT ?",
-                    (bag_id, after_idx, limit),
-                )
+            sql = "SELECT * FROM jobs WHERE bag_id = ?"
+            args: list[Any] = [bag_id]
+            if state is not None:
+                sql += " AND state = ?"
+                args.append(state)
+            for name, values in params:
+                sql += f" AND json_extract(params, ?) IN ({', '.join('?' * len(values))})"
+                args += [f'$."{name}"', *values]
             return dict_rows(
-                conn,
-                "SELECT * FROM jobs WHERE bag_id = ? AND state = ? AND idx > ? "
-                "ORDER BY idx LIMIT ?",
-                (bag_id, state, after_idx, limit),
+                conn, sql + " AND idx > ? ORDER BY idx LIMIT ?", (*args, after_idx, limit)
             )
 
         return await self.read(list_)

@@ -46,6 +46,22 @@ class PriceQueries(Engine):
 
         return await self.read(select)
 
+    async def recent_price_samples(
+        self, since: float, limit: int
+    ) -> tuple[list[tuple[str, str, float, float]], bool]:
+        """The newest `limit` (vm_type, zone, at, price_per_hour) samples from `since` on,
+        oldest first, and whether older ones from `since` on were left out."""
+
+        def select(conn: sqlite3.Connection) -> tuple[list[tuple[str, str, float, float]], bool]:
+            rows = conn.execute(
+                "SELECT vm_type, zone, at, price_per_hour FROM price_samples WHERE at >= ? "
+                "ORDER BY at DESC LIMIT ?",
+                (since, limit + 1),
+            ).fetchall()
+            return [tuple(r) for r in rows[:limit][::-1]], len(rows) > limit
+
+        return await self.read(select)
+
     async def prune_price_samples(self, before: float) -> int:
         """Delete samples older than `before`, keeping each series' last one before it (the
         price in effect at `before`); the number deleted."""

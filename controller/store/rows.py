@@ -328,3 +328,53 @@ class ActiveState(TypedDict):
     vms: list[VmRow]
     ended_vms: list[VmRow]  # ended VMs that live attempts were on
     slurm_runs: list[SlurmRunRow]  # the running ones
+
+
+class TimelineAttempt(TypedDict):
+    """An attempt as a bag's timeline draws it: on which VM, from when to when, how it ended."""
+
+    idx: int
+    number: int
+    vm_id: str
+    vm_type: str | None
+    state: str
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+    reason: str
+
+
+class TimelineCheckpoint(TypedDict):
+    """A checkpoint of one of a bag's attempts."""
+
+    id: int
+    idx: int
+    attempt: int
+    requested_at: float
+    at: float
+    ok: int
+    work_s: float
+
+
+class TimelineVm(TypedDict):
+    """A VM a bag's attempts ran on, with when it came and went and why."""
+
+    id: str
+    vm_type: str
+    zone: str
+    spot: int
+    state: str
+    reason: str
+    requested_at: float
+    running_at: float | None
+    ended_at: float | None
+
+
+class BagTimeline(TypedDict):
+    """A bag's attempts live at or after a time (the newest `limit`), their checkpoints
+    and VMs (`bag_timeline`); `truncated`: older ones were left out."""
+
+    attempts: list[TimelineAttempt]
+    checkpoints: list[TimelineCheckpoint]
+    vms: list[TimelineVm]
+    truncated: bool
