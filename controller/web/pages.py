@@ -40,6 +40,7 @@ LOGIN_PATH = "/ui/login"
 BAGS_PATH = "/ui/bags"
 FLEET_PATH = "/ui/fleet"
 MONEY_PATH = "/ui/money"
+MARKET_PATH = "/ui/market"
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -155,7 +156,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/ui/logout", logout)
     app.router.add_get(BAGS_PATH, _shell("bags.html"))
     app.router.add_get(BAGS_PATH + "/{bag_id}", _shell("bag.html"))
+    app.router.add_get(BAGS_PATH + "/{bag_id}/timeline", _shell("timeline.html"))
     app.router.add_get(FLEET_PATH, _shell("fleet.html"))
     app.router.add_get(MONEY_PATH, _shell("money.html"))
+    app.router.add_get(MARKET_PATH, _shell("market.html"))
     app.router.add_get("/ui/static/{name}", asset)
     app.router.add_get("/ui/static/vendor/{library}/{file}", vendored)

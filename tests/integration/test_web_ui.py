@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FAST_CONFIG, REPO, Daemon, wait_until
+from tests.conftest import FAST_CONFIG, REPO, Daemon, wait_for_bag, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.processes]
 
@@ -520,4 +520,106 @@ def test_the_fleet_page_draws_the_bathtub_of_a_daemon_that_assumes_one(browser, 
     assert any(s != "100 %" for s in survival), survival  # an old VM is below the top
     assert not severe_console_messages(browser)
     screenshot(browser, "fleet-bathtub")
+    browser.delete_all_cookies()
+
+
+LOGISTIC = REPO / "examples" / "programs" / "logistic.py"
+
+
+def fresh_login(browser: Any, daemon: Daemon) -> None:
+    """The shared browser, its cookies and console cleared, logged in to `daemon`."""
+    browser.get(url_of(daemon, "/ui/login"))
+    browser.delete_all_cookies()
+    browser.get_log("browser")
+    log_in(browser, daemon, TOKEN)
+
+
+def test_an_injected_preemption_appears_on_the_timeline_without_a_reload(browser, make_daemon):
+    """Checkpointable jobs on VMs that one real second ages by one model hour (so that
+    they checkpoint every few seconds, as tests/integration/test_checkpoint_resume.py);
+    a VM is preempted through the fault-injection API while the timeline is open."""
+    import sys
+
+    from selenium.webdriver.common.by import By
+
+    daemon = make_daemon(
+        model="exponential", mttf_h=200.0, time_scale=3600.0, max_vms=2, token=TOKEN
+    )
+    client = daemon.start()
+    args = "--r 3.7 --iterations 400000 --chunks 400 --seconds 14 --progress"
+    bag = client.submit(
+        bag_spec(
+            "web",
+            f"{sys.executable} {LOGISTIC} {args} --x0 0.{{i}}5",
+            2,
+            name="timeline",
+            checkpointable=True,
+            checkpoint_cost_s=0.01,
+            estimated_runtime_s=14,
+            max_attempts=10,
+            workdir=str(REPO),
+        )
+    )
+    job_id = f"{bag['id']}-0"
+    fresh_login(browser, daemon)
+    browser.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+    link = wait_until(
+        lambda: (a := browser.find_element(By.ID, "timeline-link")).get_attribute("href") and a,
+        10,
+        what="the timeline link",
+    )
+    link.click()  # type: ignore[attr-defined]
+    wait_until(lambda: browser.current_url.endswith("/timeline"), 10, what="the timeline page")
+    browser.execute_script("window.notReloaded = true;")
+
+    def checkpointed() -> dict[str, Any] | None:
+        job = client.job(job_id)
+        number = job["attempts"]
+        written = [c for c in job["checkpoint_list"] if c["ok"] and c["attempt"] == number]
+        return job if job["state"] == "running" and written else None
+
+    job = wait_until(checkpointed, 60, 0.05, "a checkpoint")
+    vm_id = job["vm_id"]  # type: ignore[index]
+    attempt = f"{job_id}#{job['attempts']}"  # type: ignore[index]
+    wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, f".checkpoint[data-job='{job_id}']"),
+        10,
+        what="the checkpoint's tick on the timeline",
+    )
+    assert browser.find_elements(By.CSS_SELECTOR, f"g.vm-row[data-vm='{vm_id}']")
+    client.preempt(vm_id)
+    preempted = wait_until(
+        lambda: browser.find_elements(
+            By.CSS_SELECTOR, f"g.attempt[data-attempt='{attempt}'][data-state='preempted']"
+        ),
+        15,
+        what="the preempted attempt on the timeline",
+    )[0]  # type: ignore[index]
+    assert browser.find_elements(By.CSS_SELECTOR, f".preemption[data-vm='{vm_id}']")
+    # Split where its checkpoint was written: saved work before, lost work after.
+    assert preempted.find_elements(By.CSS_SELECTOR, "rect.saved")
+    assert preempted.find_elements(By.CSS_SELECTOR, "rect.lost")
+    row = wait_until(
+        lambda: browser.find_elements(
+            By.CSS_SELECTOR, f"#interruptions tr[data-attempt='{attempt}']"
+        ),
+        10,
+        what="the interruption in the table",
+    )[0]  # type: ignore[index]
+    assert vm_id in row.text and "preempted" in row.text
+    # The retry starts on another VM, linked to the attempt it replaces.
+    wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, f".retry-link[data-job='{job_id}']"),
+        30,
+        what="the retry on the timeline",
+    )
+    assert browser.execute_script("return window.notReloaded === true;")
+    done = wait_for_bag(client, bag["id"], 90)
+    assert done["state"] == "succeeded", daemon.log()
+    wait_until(lambda: text_of(browser, "bag-state") == "succeeded", 10, what="the end")
+    # What the page shows is what the API says.
+    facts = text_of(browser, "facts")
+    assert "Preempted\n1" in facts or "Preempted\n2" in facts
+    assert not severe_console_messages(browser)
+    screenshot(browser, "timeline")
     browser.delete_all_cookies()

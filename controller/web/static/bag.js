@@ -37,6 +37,7 @@ function renderBag() {
   document.title = `spotbag · ${bag.name}`;
   $("bag-name").textContent = bag.name;
   $("bag-id").textContent = bag.id;
+  $("timeline-link").href = `/ui/bags/${enc(bag.id)}/timeline`;
   $("progress").value = bag.progress;
   $("progress-text").textContent = `${percent(bag.progress)} of ${bag.job_count} jobs finished`;
   const state = bag.cancel_requested && bag.state === "active" ? "cancelling" : bag.state;
