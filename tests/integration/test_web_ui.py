@@ -623,3 +623,140 @@ def test_an_injected_preemption_appears_on_the_timeline_without_a_reload(browser
     assert not severe_console_messages(browser)
     screenshot(browser, "timeline")
     browser.delete_all_cookies()
+
+
+def market_page(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.LINK_TEXT, "Market").click()  # the navigation bar
+    wait_until(lambda: browser.current_url.endswith("/ui/market"), 10, what="the market page")
+
+
+def test_the_market_page_draws_each_types_prices_beside_the_index(page, daemon):
+    """The module's daemon samples the local driver's catalog prices (hopping on, moves
+    off): flat lines, but the page shows them as it would a cloud's."""
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    prices = wait_until(
+        lambda: (p := client.request("GET", "/v1/hopping/prices"))["index"]["at"] and p,
+        30,
+        what="the hopper's first samples",
+    )
+    index_now = prices["index"]["value"][-1]  # type: ignore[index]
+    log_in(page, daemon, TOKEN)
+    market_page(page)
+    section = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, "section.market-type[data-type='local-2']"),
+        15,
+        what="the local-2 chart",
+    )[0]  # type: ignore[index]
+    canvas = wait_until(
+        lambda: section.find_elements(By.CSS_SELECTOR, "canvas"), 10, what="a canvas"
+    )
+    assert canvas[0].size["width"] > 200  # type: ignore[index]
+    legend = section.find_element(By.CSS_SELECTOR, ".u-legend").text
+    assert "price / unit" in legend and "index" in legend
+    assert page.find_elements(By.CSS_SELECTOR, "section.market-type[data-type='local-4']")
+    row = page.find_element(By.CSS_SELECTOR, "#market-now tr[data-type='local-2']")
+    cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == "$0.02000" and cells[5] == f"{0.02 / 8**0.5:.3g}"
+    assert cells[6].startswith("below")  # 0.0071 per unit against an index of 0.0080
+    assert f"{index_now:.3g}" in text_of(page, "market-facts")
+    assert "migration is off" in text_of(page, "no-moves")
+    assert not page.find_element(By.ID, "no-market").is_displayed()
+    assert not severe_console_messages(page)
+    screenshot(page, "market-local")
+    # An account token: the market is the daemon's, as the API says.
+    client.create_account("frank", cpu_hours=1)
+    page.delete_all_cookies()
+    log_in(page, daemon, client.create_token("frank")["token"])
+    market_page(page)
+    wait_until(lambda: "daemon's token only" in text_of(page, "status"), 10, what="the refusal")
+
+
+def test_the_market_page_says_when_there_is_no_market(browser, make_daemon):
+    daemon = make_daemon(token=TOKEN)
+    daemon.config_path.write_text(
+        daemon.config_path.read_text().replace("migrate = false", "enabled = false")
+    )
+    daemon.start()
+    fresh_login(browser, daemon)
+    market_page(browser)
+    wait_until(lambda: "Updated" in text_of(browser, "status"), 10, what="the page to load")
+    assert "No market data: spot hopping is off" in text_of(browser, "no-market")
+    from selenium.webdriver.common.by import By
+
+    assert not browser.find_elements(By.CSS_SELECTOR, "section.market-type")
+    assert "spot hopping is off" in text_of(browser, "no-moves")
+    assert not severe_console_messages(browser)
+    screenshot(browser, "market-none")
+    browser.delete_all_cookies()
+
+
+def test_the_market_page_shows_the_hoppers_move_and_its_reason(browser, tmp_path):
+    """The hopping test's daemon (tests/integration/test_hopping.py): a replayed price
+    trace makes the type a checkpointable job runs on dear, and the hopper moves it."""
+    import signal
+    import sys
+
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.test_hopping import ARGS, CONFIG, PROGRAM, write_trace
+
+    state = tmp_path / "state"
+    state.mkdir()
+    trace = tmp_path / "prices.csv.gz"
+    write_trace(trace)
+    (state / "spotbag.toml").write_text(CONFIG.format(token=TOKEN, trace=trace))
+    daemon = Daemon(state, state / "spotbag.toml", TOKEN)
+    client = daemon.start()
+    try:
+        bag = client.submit(
+            {
+                "account": "lab",
+                "command": f"{sys.executable} {PROGRAM} {ARGS}",
+                "resources": {"cpus": 2, "memory_gb": 4},
+                "max_runtime_s": 120,
+                "estimated_runtime_s": 12,
+                "checkpointable": True,
+                "checkpoint_cost_s": 0.01,
+                "workdir": str(REPO),
+            }
+        )
+        fresh_login(browser, daemon)
+        market_page(browser)
+        browser.execute_script("window.notReloaded = true;")
+        move = wait_until(lambda: client.hopping()["migrations"], 60, what="the hopper's move")[0]  # type: ignore[index]
+        row = wait_until(
+            lambda: browser.find_elements(By.CSS_SELECTOR, f"#moves tr[data-move='{move['id']}']"),
+            15,
+            what="the move on the page",
+        )[0]  # type: ignore[index]
+        cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        assert cells[1] == move["vm_id"] and cells[2:5] == ["a-2", "b-2", "cost"]
+        assert cells[5] == "$0.09000" and cells[6] == "$0.05000"
+        assert cells[8] == f"{bag['id']}-0" and cells[9] == move["reason"]
+        assert move["reason"].startswith("cost: a-2 ")
+        for vm_type in ("a-2", "b-2"):
+            section = browser.find_element(
+                By.CSS_SELECTOR, f"section.market-type[data-type='{vm_type}']"
+            )
+            assert section.find_elements(By.CSS_SELECTOR, "canvas")
+            assert "moved away" in section.find_element(By.CSS_SELECTOR, ".u-legend").text
+        now = {
+            r.get_attribute("data-type"): r.find_elements(By.TAG_NAME, "td")[1].text
+            for r in browser.find_elements(By.CSS_SELECTOR, "#market-now tbody tr")
+        }
+        assert now == {"a-2": "$0.09000", "b-2": "$0.05000"}
+        assert browser.execute_script("return window.notReloaded === true;")
+        assert not severe_console_messages(browser)
+        browser.set_window_size(1280, 1450)  # the charts and the moves below them
+        try:
+            screenshot(browser, "market")
+        finally:
+            browser.set_window_size(1280, 1000)
+        assert wait_for_bag(client, bag["id"], 90)["state"] == "succeeded", daemon.log()
+    finally:
+        browser.delete_all_cookies()
+        daemon.stop(signal.SIGKILL)
