@@ -760,3 +760,68 @@ def test_the_market_page_shows_the_hoppers_move_and_its_reason(browser, tmp_path
     finally:
         browser.delete_all_cookies()
         daemon.stop(signal.SIGKILL)
+
+
+def test_the_search_box_finds_jobs_by_parameter_in_the_whole_bag(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    bag = client.submit(
+        bag_spec(
+            "web", "true", 0, name="search", parameters={"i": {"range": [0, 60]}, "k": ["x", "y"]}
+        )
+    )
+    wait_until(lambda: client.bag(bag["id"])["state"] == "succeeded", 90, what="the bag")
+    log_in(page, daemon, TOKEN)
+    page.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+
+    def rows() -> list[str]:
+        return page.execute_script(  # in one go: the rows are redrawn every refresh
+            "return [...document.querySelectorAll('#jobs tbody tr')].map(r => r.dataset.job);"
+        )
+
+    wait_until(lambda: len(rows()) == 50, 10, what="the first page of 120 jobs")
+    page.execute_script("window.notReloaded = true;")
+    box = page.find_element(By.ID, "param-filter")
+    box.send_keys("i=57 k=y")  # job 115: on the third page of the bag, found by the API
+    wait_until(lambda: rows() == [f"{bag['id']}-115"], 10, what="the one match")
+    box.clear()
+    box.send_keys("k=x")
+    wait_until(lambda: len(rows()) == 50, 10, what="the first page of matches")
+    assert all(r.endswith(tuple(f"-{n}" for n in range(0, 120, 2))) for r in rows())
+    page.find_element(By.ID, "next-page").click()
+    wait_until(lambda: len(rows()) == 10, 10, what="the second page of matches")
+    assert page.find_element(By.ID, "next-page").get_attribute("disabled") is not None
+    box.clear()
+    box.send_keys("k")
+    wait_until(
+        lambda: "Search: query parameter param" in text_of(page, "status"), 10, what="the error"
+    )
+    box.clear()
+    box.send_keys("i=500")
+    wait_until(lambda: page.find_element(By.ID, "no-jobs").is_displayed(), 10, what="no match")
+    assert page.execute_script("return window.notReloaded === true;")
+    screenshot(page, "bag-search")
+
+
+def test_the_bags_page_pages_through_every_bag(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    while len(client.bags(limit=1000)) < 53:
+        client.submit(bag_spec("web", "true", 1, name="many"))
+    every = [b["id"] for b in client.bags(limit=1000)]  # newest first, as the page lists them
+    log_in(page, daemon, TOKEN)
+
+    def rows() -> list[str]:
+        return page.execute_script(
+            "return [...document.querySelectorAll('#bags tbody tr')].map(r => r.dataset.bag);"
+        )
+
+    wait_until(lambda: rows() == every[:50], 15, what="the first 50 bags")
+    page.find_element(By.ID, "next-page").click()
+    wait_until(lambda: rows() == every[50:100], 15, what="the next page")
+    assert "page 2" in text_of(page, "page-text")
+    page.find_element(By.ID, "prev-page").click()
+    wait_until(lambda: rows() == every[:50], 15, what="the first page again")
+    assert page.find_element(By.ID, "prev-page").get_attribute("disabled") is not None

@@ -1,7 +1,7 @@
-// A bag's page: its progress and usage, its jobs (paged, by state), one job's attempts
-// and its log (the tail, then followed), and a cancel button; refreshed by polling the
-// same /v1 API the CLI uses. The API has no search by parameter, so the parameter box
-// filters the page of jobs shown.
+// A bag's page: its progress and usage, its jobs (paged, by state, searched by parameter
+// value: GET /v1/bags/{id}/jobs?param=name=value), one job's attempts and its log (the
+// tail, then followed), and a cancel button; refreshed by polling the same /v1 API the
+// CLI uses.
 import {
   ApiError,
   api,
@@ -84,11 +84,9 @@ function paramsText(params) {
     .join(" ");
 }
 
-function matchesFilter(job) {
-  const wanted = $("param-filter").value.trim().toLowerCase();
-  if (!wanted) return true;
-  const text = paramsText(job.params).toLowerCase();
-  return wanted.split(/\s+/).every((term) => text.includes(term));
+// The search box's terms: name=value, separated by spaces (each must hold).
+function paramTerms() {
+  return $("param-filter").value.trim().split(/\s+/).filter(Boolean);
 }
 
 function jobRow(job) {
@@ -107,7 +105,8 @@ function jobRow(job) {
 }
 
 function renderJobs() {
-  $("jobs").querySelector("tbody").replaceChildren(...jobs.filter(matchesFilter).map(jobRow));
+  $("jobs").querySelector("tbody").replaceChildren(...jobs.map(jobRow));
+  $("no-jobs").hidden = jobs.length > 0;
   const page = afters.length;
   $("page-text").textContent = `page ${page}`;
   $("prev-page").disabled = page === 1;
@@ -118,6 +117,7 @@ function renderJobs() {
 async function loadJobs() {
   const query = new URLSearchParams({ limit: String(PAGE_SIZE), after: String(afters.at(-1)) });
   if ($("job-state").value) query.set("state", $("job-state").value);
+  for (const term of paramTerms()) query.append("param", term);
   const page = await api(`/v1/bags/${enc(bagId)}/jobs?${query}`);
   jobs = page.jobs;
   nextAfter = page.next_after;
@@ -228,6 +228,10 @@ async function refresh() {
     if (shown.jobId !== null) await refreshJob();
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
+    if (error instanceof ApiError && error.code === "invalid_query") {
+      setStatus(`Search: ${error.message}`, true);
+      return;
+    }
     setStatus(
       error instanceof ApiError && error.status === 404
         ? `Bag ${bagId} does not exist, or this token may not see it.`
@@ -243,7 +247,15 @@ $("job-state").addEventListener("change", () => {
   afters = [-1];
   now();
 });
-$("param-filter").addEventListener("input", renderJobs);
+let searchTimer = null;
+$("param-filter").addEventListener("input", () => {
+  // Search once typing pauses; from the first page of matches.
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(() => {
+    afters = [-1];
+    now();
+  }, 300);
+});
 $("next-page").addEventListener("click", () => {
   if (nextAfter !== null) {
     afters.push(nextAfter);

@@ -1,8 +1,10 @@
-// The bags page: every bag the token may see, newest first, with its progress and its
-// jobs by state; refreshed by polling GET /v1/bags.
+// The bags page: every bag the token may see, newest first, a page at a time, with its
+// progress and its jobs by state; refreshed by polling GET /v1/bags.
 import { api, countsText, el, percent, poll, progressBar, setStatus, when } from "/ui/static/api.js";
 
 const REFRESH_MS = 2000;
+const PAGE_SIZE = 50;
+let offset = 0;
 const stateSelect = document.getElementById("state");
 const body = document.querySelector("#bags tbody");
 
@@ -28,12 +30,23 @@ function row(bag) {
 }
 
 async function refresh() {
-  const query = new URLSearchParams({ limit: "200" });
+  // One more than a page: whether there is a next page, without a count.
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE + 1), offset: String(offset) });
   if (stateSelect.value) query.set("state", stateSelect.value);
   try {
     const { bags } = await api(`/v1/bags?${query}`);
-    body.replaceChildren(...bags.map(row));
+    if (!bags.length && offset > 0) {
+      offset = Math.max(0, offset - PAGE_SIZE); // the page emptied (a filter, a purge)
+      return refresh();
+    }
+    body.replaceChildren(...bags.slice(0, PAGE_SIZE).map(row));
     document.getElementById("empty").hidden = bags.length > 0;
+    const page = offset / PAGE_SIZE + 1;
+    document.getElementById("page-text").textContent =
+      `page ${page} (bags ${offset + Math.min(1, bags.length)}–${offset + Math.min(bags.length, PAGE_SIZE)})`;
+    document.getElementById("prev-page").disabled = offset === 0;
+    document.getElementById("first-page").disabled = offset === 0;
+    document.getElementById("next-page").disabled = bags.length <= PAGE_SIZE;
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
     setStatus(`Cannot load the bags: ${error.message}`, true);
@@ -41,4 +54,11 @@ async function refresh() {
 }
 
 const now = poll(refresh, REFRESH_MS);
-stateSelect.addEventListener("change", now);
+function goTo(newOffset) {
+  offset = Math.max(0, newOffset);
+  now();
+}
+stateSelect.addEventListener("change", () => goTo(0));
+document.getElementById("first-page").addEventListener("click", () => goTo(0));
+document.getElementById("prev-page").addEventListener("click", () => goTo(offset - PAGE_SIZE));
+document.getElementById("next-page").addEventListener("click", () => goTo(offset + PAGE_SIZE));
