@@ -14,7 +14,8 @@ login form, then:
    median (and the range) of the 5 loads, and the page weight: the bytes of the HTML,
    JS, CSS and favicon the page loads (the files under controller/web/static/ that
    bag.html references, and the modules they import), beside what the browser itself
-   counted for the document and its resources, and the JSON of the first API answers.
+   counted for the document and its resources, and the JSON of the first API answers;
+   and the weight of every page the same way (the charts' pages load uPlot, 50 KiB).
 2. The daemon's extra CPU with 5 pages open: on a second daemon whose bag keeps running
    (16 jobs of `sleep 600` at a time, so no job ends during the measurement), the
    daemon process's CPU seconds (utime + stime from /proc/<pid>/stat) over 30 s with no
@@ -124,11 +125,14 @@ def log_in(browser: Any, url: str) -> None:
     wait_until(lambda: browser.current_url.endswith("/ui/bags"), 30, what="the bags page")
 
 
-def referenced_assets() -> list[Path]:
-    """bag.html and the static files it loads: its links and scripts, their imports."""
+PAGES_WEIGHED = ("bags", "bag", "timeline", "fleet", "money", "market")
+
+
+def referenced_assets(page: str = "bag") -> list[Path]:
+    """<page>.html and the static files it loads: its links and scripts, their imports."""
     pattern = re.compile(r'(?:href|src)="/ui/static/([^"]+)"|from "/ui/static/([^"]+)"')
     found: list[Path] = []
-    todo = [STATIC / "bag.html"]
+    todo = [STATIC / f"{page}.html"]
     while todo:
         path = todo.pop()
         if path in found:
@@ -286,6 +290,11 @@ def main() -> None:
         f"(the favicon aside) and {api_bytes / 1024:.1f} KiB of JSON in {api_requests} "
         f"API answers  (target —)"
     )
+    weights = []
+    for page in PAGES_WEIGHED:
+        files = referenced_assets(page)
+        weights.append(f"{page} {sum(p.stat().st_size for p in files) / 1024:.1f} ({len(files)})")
+    print(f"every page's weight, KiB (files): {', '.join(weights)}  (target —)")
     extra = pages_s - idle_s
     print(
         f"daemon CPU over {WINDOW_S:.0f} s on a running bag ({running} jobs running): "

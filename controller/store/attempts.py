@@ -46,13 +46,17 @@ class AttemptQueries(Engine):
         attempts that changed since."""
 
         def read(conn: sqlite3.Connection) -> BagTimeline:
+            # The newest `limit` first, then their VMs' types (a join before the limit
+            # would look up the VM of every attempt of the bag).
             attempts = dict_rows(
                 conn,
                 "SELECT a.idx, a.number, a.vm_id, v.vm_type, a.state, a.started_at, "
-                "a.ended_at, a.exit_code, a.reason FROM attempts a "
+                "a.ended_at, a.exit_code, a.reason FROM (SELECT idx, number, vm_id, state, "
+                "started_at, ended_at, exit_code, reason FROM attempts "
+                "WHERE bag_id = ? AND (ended_at IS NULL OR ended_at >= ?) "
+                "ORDER BY started_at DESC, idx DESC, number DESC LIMIT ?) a "
                 "LEFT JOIN vms v ON v.id = a.vm_id "
-                "WHERE a.bag_id = ? AND (a.ended_at IS NULL OR a.ended_at >= ?) "
-                "ORDER BY a.started_at DESC, a.idx DESC, a.number DESC LIMIT ?",
+                "ORDER BY a.started_at DESC, a.idx DESC, a.number DESC",
                 (bag_id, since, limit + 1),
             )
             truncated = len(attempts) > limit

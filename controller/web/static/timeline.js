@@ -22,6 +22,8 @@ const attempts = new Map(); // "job#number" -> attempt
 const checkpoints = new Map(); // id -> checkpoint
 const vms = new Map(); // id -> VM
 let lastNow = null; // the daemon's clock at the last answer
+let clockOffset = 0; // the daemon's clock minus this browser's, at the last answer
+let lastSignature = null; // what of the bag changes when its timeline does
 let truncated = false;
 let finishedRead = false; // the bag ended and its final timeline was read
 
@@ -47,6 +49,14 @@ function merge(answer) {
   for (const c of answer.checkpoints) checkpoints.set(c.id, c);
   for (const vm of answer.vms) vms.set(vm.id, vm);
   lastNow = answer.now;
+  clockOffset = answer.now - Date.now() / 1000;
+}
+
+// The bag's counts of jobs per state, ended attempts and checkpoints change whenever an
+// attempt starts or ends or a checkpoint is written: while they stay the same, the
+// timeline has nothing new (and the daemon is not asked to scan the bag's attempts).
+function signature(bag) {
+  return JSON.stringify([bag.counts, bag.usage.attempts, bag.usage.checkpoints, bag.state]);
 }
 
 // The last written checkpoint of each attempt: where its saved work ends.
@@ -243,19 +253,22 @@ async function refresh() {
     $("bag-state").textContent = bag.state;
     $("bag-state").className = `badge ${bag.state}`;
     const active = bag.state === "active";
-    if (!finishedRead) {
+    if (!finishedRead && signature(bag) !== lastSignature) {
       const since = lastNow === null ? 0 : Math.max(0, Math.floor(lastNow - SINCE_MARGIN_S));
       const answer = await api(`/v1/bags/${encodeURIComponent(bagId)}/timeline?since=${since}`);
       if (lastNow === null) truncated = answer.truncated;
       merge(answer);
+      lastSignature = signature(bag);
       finishedRead = !active;
     }
+    // Running attempts grow with the daemon's clock, read between answers.
+    const nowS = active ? Date.now() / 1000 + clockOffset : lastNow;
     $("truncated").hidden = !truncated;
     $("truncated").textContent = truncated
       ? `A big bag: the chart shows its newest ${attempts.size} attempts, not its older ones.`
       : "";
     summarize(bag);
-    draw(lastNow, active);
+    draw(nowS, active);
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
     setStatus(
@@ -269,5 +282,5 @@ async function refresh() {
 
 poll(refresh, REFRESH_MS);
 window.addEventListener("resize", () => {
-  if (lastNow !== null) draw(lastNow, !finishedRead);
+  if (lastNow !== null) draw(finishedRead ? lastNow : Date.now() / 1000 + clockOffset, !finishedRead);
 });
