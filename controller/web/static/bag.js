@@ -18,6 +18,7 @@ const REFRESH_MS = 2000;
 const PAGE_SIZE = 50;
 const TAIL_BYTES = 64 * 1024;
 const LOG_MAX_CHARS = 512 * 1024; // what the page keeps of a followed log
+const SEARCH_EVERY = 5; // refreshes (10 s) between two reads of a search's page
 
 const bagId = decodeURIComponent(window.location.pathname.split("/").pop());
 const $ = (id) => document.getElementById(id);
@@ -28,6 +29,8 @@ let bag = null;
 let afters = [-1];
 let nextAfter = null;
 let jobs = [];
+let jobsWanted = true; // read the jobs' page at the next refresh, search or not
+let searchTicks = 0;
 // The job shown below the table, and where its log was read to.
 let shown = { jobId: null, attempt: null, pinned: false, offset: 0 };
 
@@ -224,7 +227,12 @@ async function refresh() {
   try {
     bag = await api(`/v1/bags/${enc(bagId)}`);
     renderBag();
-    await loadJobs();
+    // A search may scan the whole bag (parameters are not indexed): while one is shown,
+    // its page is read again every SEARCH_EVERY refreshes, or at once after a user action.
+    if (jobsWanted || !paramTerms().length || ++searchTicks % SEARCH_EVERY === 0) {
+      jobsWanted = false;
+      await loadJobs();
+    }
     if (shown.jobId !== null) await refreshJob();
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
@@ -241,7 +249,11 @@ async function refresh() {
   }
 }
 
-const now = poll(refresh, REFRESH_MS);
+const poke = poll(refresh, REFRESH_MS);
+function now() {
+  jobsWanted = true;
+  poke();
+}
 $("cancel").addEventListener("click", cancelBag);
 $("job-state").addEventListener("change", () => {
   afters = [-1];
