@@ -277,7 +277,7 @@ class Timeline(_Response):
         description="Attempts live at or after `since`, oldest start first."
     )
     checkpoints: list[TimelineCheckpoint] = Field(
-        description="Checkpoints completed from the first attempt's start (and `since`) on."
+        description="The checkpoints of those attempts completed from `since` on."
     )
     vms: list[TimelineVm] = Field(description="The VMs those attempts ran on.")
 

@@ -37,9 +37,9 @@ class AttemptQueries(Engine):
 
     async def bag_timeline(self, bag_id: str, since: float, limit: int) -> BagTimeline:
         """A bag's attempts that were live at or after `since` (still running, or ended
-        then or later), the newest `limit` of them by start, oldest first; the
-        checkpoints of the bag completed from the first of those starts (and from
-        `since`) on; and the VMs those attempts ran on.
+        then or later), the newest `limit` of them by start, oldest first; their
+        checkpoints completed from `since` on (the newest `limit`); and the VMs they
+        ran on.
 
         One pass over the bag's attempts (its primary-key range): a page that follows a
         running bag asks with `since` just before its previous answer, and gets the few
@@ -69,6 +69,8 @@ class AttemptQueries(Engine):
                 "LIMIT ?",
                 (bag_id, start, limit),
             )[::-1]
+            shown = {(a["idx"], a["number"]) for a in attempts}
+            checkpoints = [k for k in checkpoints if (k["idx"], k["attempt"]) in shown]
             vm_ids = sorted({a["vm_id"] for a in attempts})
             vms: list[TimelineVm] = []
             for i in range(0, len(vm_ids), VM_IDS_PER_QUERY):
