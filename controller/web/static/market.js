@@ -163,7 +163,7 @@ async function refresh() {
     const facts = [
       ["Hopping", c.enabled ? `on, policy ${c.policy}` : "off"],
       ["Migration", c.enabled && c.migrate ? "on" : "off"],
-      ["Index now", indexNow === null ? "" : `${perUnit(indexNow)} USD/h per unit`],
+      ["Index now", indexNow === null ? "none" : `${perUnit(indexNow)} USD/h per unit`],
       ["Moves", moves.length],
     ];
     $("market-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));

@@ -13,6 +13,8 @@ const ROW_GAP = 8;
 const AXIS_H = 24;
 const SVG_NS = "http://www.w3.org/2000/svg";
 const ENDED_BADLY = new Set(["preempted", "lost"]);
+const MAX_ATTEMPTS = 4000; // kept by the page: a long watch of a big bag drops the oldest
+const MAX_ROWS = 200; // interrupted attempts listed, newest first
 
 const parts = window.location.pathname.split("/");
 const bagId = decodeURIComponent(parts[parts.length - 2]);
@@ -50,6 +52,13 @@ function merge(answer) {
   for (const vm of answer.vms) vms.set(vm.id, vm);
   lastNow = answer.now;
   clockOffset = answer.now - Date.now() / 1000;
+  if (attempts.size > MAX_ATTEMPTS) {
+    const ended = [...attempts.values()].filter((a) => a.ended_at).sort((x, y) => x.started_at - y.started_at);
+    for (const a of ended.slice(0, attempts.size - MAX_ATTEMPTS)) attempts.delete(keyOf(a));
+    truncated = true;
+    const shown = new Set(attempts.keys());
+    for (const [id, c] of checkpoints) if (!shown.has(`${c.job}#${c.attempt}`)) checkpoints.delete(id);
+  }
 }
 
 // The bag's counts of jobs per state, ended attempts and checkpoints change whenever an
@@ -240,7 +249,9 @@ function summarize(bag) {
   $("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   const retries = new Map(list.map((a) => [keyOf(a), a]));
   interrupted.sort((x, y) => y.ended_at - x.ended_at);
-  $("interruptions").tBodies[0].replaceChildren(...interrupted.map((a) => interruptionRow(a, last, retries)));
+  $("interruptions").tBodies[0].replaceChildren(
+    ...interrupted.slice(0, MAX_ROWS).map((a) => interruptionRow(a, last, retries)),
+  );
   $("interruptions-section").hidden = interrupted.length === 0;
 }
 
@@ -257,7 +268,7 @@ async function refresh() {
       const since = lastNow === null ? 0 : Math.max(0, Math.floor(lastNow - SINCE_MARGIN_S));
       const answer = await api(`/v1/bags/${encodeURIComponent(bagId)}/timeline?since=${since}`);
       if (lastNow === null) truncated = answer.truncated;
-      merge(answer);
+      merge(answer); // may set `truncated` when it drops the oldest
       lastSignature = signature(bag);
       finishedRead = !active;
     }
