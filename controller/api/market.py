@@ -5,6 +5,7 @@ market page)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -14,7 +15,7 @@ from aiohttp import web
 from controller.api.base import Route, bounded, controller_of, int_param, json_response
 from controller.api.schemas import Hopping, PriceHistory
 from controller.hopper import prices_by_type
-from drivers.base import PriceSample
+from drivers.base import PriceSample, VmType
 from policies.index import index_series
 
 HOPPING_LIMIT = bounded("limit", "At most this many migrations.", 1, 10_000, 200)
@@ -71,24 +72,43 @@ async def price_history(request: web.Request) -> web.Response:
     if since is None:
         since = max(0, int(now - settings.window_s / c.config.driver.time_scale))
     rows, truncated = await c.store.recent_price_samples(float(since), limit)
+    # Up to 100,000 samples to group and price: not on the event loop.
+    types, index = await asyncio.to_thread(_series, rows, truncated, list(c.catalog))
+    return json_response(
+        {
+            "enabled": settings.enabled,
+            "policy": settings.policy,
+            "now": now,
+            "since": since,
+            "truncated": truncated,
+            "types": types,
+            "index": index,
+        }
+    )
+
+
+def _series(
+    rows: list[tuple[str, str, float, float]], truncated: bool, catalog: list[VmType]
+) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+    """Per catalog type its samples, and the index at every sampling time."""
     by_time: dict[float, list[PriceSample]] = {}
     for type_name, zone, at, price in rows:
         by_time.setdefault(at, []).append(PriceSample(type_name, zone, price, at))
     times = sorted(by_time)
     if truncated and len(times) > 1:
         times = times[1:]  # the oldest time may have lost some of its samples to `limit`
-    catalog = c.catalog
+    position = {t.name: i for i, t in enumerate(catalog)}
     cpus = np.array([t.cpus for t in catalog], dtype=float)
     memory_gb = np.array([t.memory_gb for t in catalog], dtype=float)
     on_demand = np.array([t.on_demand_price_per_hour or math.inf for t in catalog])
-    prices = np.array([prices_by_type(by_time[at], catalog) for at in times], dtype=float).reshape(
-        len(times), len(catalog)
-    )
+    prices = np.full((len(times), len(catalog)), np.nan)
+    for j, at in enumerate(times):
+        prices[j] = prices_by_type(by_time[at], catalog, position)
     index = index_series(prices, cpus, memory_gb, on_demand) if times else np.array([])
     types: list[dict[str, Any]] = []
     for i, vm_type in enumerate(catalog):
         size = math.sqrt(vm_type.cpus * vm_type.memory_gb)
-        priced = [j for j in range(len(times)) if math.isfinite(prices[j, i])]
+        priced = np.flatnonzero(np.isfinite(prices[:, i]))
         types.append(
             {
                 "vm_type": vm_type.name,
@@ -102,17 +122,7 @@ async def price_history(request: web.Request) -> web.Response:
                 "normalized": [float(prices[j, i]) / size for j in priced],
             }
         )
-    return json_response(
-        {
-            "enabled": settings.enabled,
-            "policy": settings.policy,
-            "now": now,
-            "since": since,
-            "truncated": truncated,
-            "types": types,
-            "index": {"at": times, "value": [_finite(v) for v in index]},
-        }
-    )
+    return types, {"at": times, "value": [_finite(v) for v in index]}
 
 
 def _finite(value: float) -> float | None:
