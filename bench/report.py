@@ -26,7 +26,7 @@ from tee import Tee
 
 from controller import report_render
 from controller.config import load_config
-from controller.report import build_report
+from controller.report import CostRule, build_report
 from controller.simulation import simulate
 from controller.store import Store
 
@@ -69,7 +69,7 @@ async def time_report(db: Path, bag_id: str, now: float, repeat: int = 5) -> Non
         times, report = [], None
         for _ in range(repeat):
             started = time.perf_counter()
-            report = await build_report(store, bag_id=bag_id, now=now, idle_timeout_s=300.0)
+            report = await build_report(store, bag_id=bag_id, now=now, rule=CostRule.of(CONFIG))
             times.append(time.perf_counter() - started)
     finally:
         await store.close()

@@ -162,12 +162,6 @@ class BagQueries(Engine):
                     "FROM attempts a WHERE a.state IN ('starting', 'running')",
                 ),
                 "vms": dict_rows(conn, "SELECT * FROM vms WHERE state IN ('pending', 'running')"),
-                # Ended VMs that live attempts were on (what their time cost).
-                "ended_vms": dict_rows(
-                    conn,
-                    "SELECT * FROM vms WHERE state NOT IN ('pending', 'running') AND id IN "
-                    "(SELECT vm_id FROM attempts WHERE state IN ('starting', 'running'))",
-                ),
                 "slurm_runs": dict_rows(conn, "SELECT * FROM slurm_runs WHERE state = 'running'"),
             }
 
@@ -188,9 +182,8 @@ class BagQueries(Engine):
             )
             bag["live_attempts"] = dict_rows(
                 conn,
-                "SELECT a.started_at, v.cpus, v.gpus, v.memory_gb, v.spot_price_per_hour, "
-                "v.on_demand_price_per_hour FROM attempts a JOIN vms v ON v.id = a.vm_id "
-                "WHERE a.bag_id = ? AND a.state IN ('starting', 'running')",
+                "SELECT started_at FROM attempts "
+                "WHERE bag_id = ? AND state IN ('starting', 'running')",
                 (bag_id,),
             )
             return bag

@@ -368,6 +368,16 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE idempotency_key IS NOT NULL;
         """,
     ),
+    (
+        # A bag's cost is the split of its VMs' cost (SPEC.md §7), computed from the VMs
+        # and attempts (controller/bag_cost.py); the interim per-attempt charges go.
+        "bag costs from the split-cost report: drop the interim cost totals",
+        """
+        ALTER TABLE bags DROP COLUMN vm_s;
+        ALTER TABLE bags DROP COLUMN spot_cost_usd;
+        ALTER TABLE bags DROP COLUMN on_demand_cost_usd;
+        """,
+    ),
 ]
 
 
