@@ -16,7 +16,10 @@ cost is final only when the bag and every VM its jobs ran on have ended.
 
 How T relates to now (the computation of a 100,000-job bag takes ~0.6-1 s, so it is
 not run for every view):
-- final: computed once and kept (the most recent MAX_ENTRIES bags).
+- final: computed once and kept, in memory (the most recent MAX_ENTRIES bags) and in
+  the store (`final_bag_costs`, with the split's settings: a change of `[cost]`
+  weights or of the idle timeout computes it again), so a restart serves it as it
+  was, exactly, without splitting a large bag again.
 - cheap (its last computation took at most `sync_budget_s`): computed for every view,
   T = now.
 - expensive: the last figures are served at once; once they are older than
@@ -26,13 +29,15 @@ not run for every view):
   now - T <= max_stale_s, and a bag polled steadily is recomputed at most once per
   stale_factor × its duration (a tenth of one CPU with the default).
 The SQL runs in the store's reader pool and the arithmetic in a thread: never on the
-event loop. Nothing is persisted: after a restart the first view recomputes from the
-store, and the same rows give the same figures, exactly.
+event loop. A cost not yet final is not kept in the store: after a restart the first
+view computes it again from the same rows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -40,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controller.errors import SpotbagError
 from controller.models import BagState
 from controller.report import CostRule, compute_report
 from controller.store import Store
@@ -140,6 +146,8 @@ class BagCosts:
         self.min_refresh_s = min_refresh_s
         self.max_stale_s = max_stale_s
         self.max_entries = max_entries
+        # What final costs are kept in the store under: the split's settings.
+        self.rule_key = json.dumps(dataclasses.asdict(rule), sort_keys=True)
         self._kept: OrderedDict[str, BagCost] = OrderedDict()
         # One computation per bag at a time: views that need it meanwhile await it.
         self._computing: dict[str, asyncio.Future[dict[str, BagCost]]] = {}
@@ -164,6 +172,13 @@ class BagCosts:
                 self.min_refresh_s, self.stale_factor * kept.took_s
             ):
                 self._refresh_in_background(bag_id)
+        unseen = [b for b in needed if b not in self._kept]
+        if unseen:
+            kept_rows = await self.store.final_bag_costs(unseen, self.rule_key)
+            for bag_id, vm_h, spot_usd, on_demand_usd, as_of in kept_rows:
+                out[bag_id] = BagCost(vm_h, spot_usd, on_demand_usd, as_of, True, 0.0)
+                self._keep(bag_id, out[bag_id])
+            needed = [b for b in needed if b not in out]
         if needed:
             out.update(await self._compute(needed))
         return out
@@ -211,9 +226,23 @@ class BagCosts:
             for bag_id, cost in costs.items():
                 self._keep(bag_id, cost)
             out.update(costs)
+            await self._store_final(costs)
         for result in await asyncio.gather(*waiting):
             out.update({b: c for b, c in result.items() if b in bag_ids})
         return out
+
+    async def _store_final(self, costs: dict[str, BagCost]) -> None:
+        final = [
+            (b, c.vm_hours, c.spot_cost_usd, c.on_demand_cost_usd, c.as_of)
+            for b, c in costs.items()
+            if c.final
+        ]
+        if not final:
+            return
+        try:
+            await self.store.keep_final_bag_costs(self.rule_key, final)
+        except SpotbagError as exc:  # the view goes on; a later one computes it again
+            log.warning("keeping the final costs of %d bags failed: %s", len(final), exc)
 
     def _keep(self, bag_id: str, cost: BagCost) -> None:
         kept = self._kept.get(bag_id)

@@ -1,5 +1,6 @@
 """What cost reports are built from (controller/report.py prices and splits it): the
-bags, VMs, attempts, price samples and Slurm pool runs in a report's scope."""
+bags, VMs, attempts, price samples and Slurm pool runs in a report's scope; and the
+bags' final costs, kept (controller/bag_cost.py)."""
 
 from __future__ import annotations
 
@@ -145,3 +146,30 @@ class ReportQueries(Engine):
             }
 
         return await self.read(select)
+
+    async def final_bag_costs(self, bag_ids: Sequence[str], rule: str) -> list[tuple]:
+        """The kept final costs of these bags computed under `rule`: (bag_id, vm_h,
+        spot_cost_usd, on_demand_cost_usd, as_of)."""
+
+        def select(conn: sqlite3.Connection) -> list[tuple]:
+            return conn.execute(
+                "SELECT bag_id, vm_h, spot_cost_usd, on_demand_cost_usd, as_of "
+                "FROM final_bag_costs WHERE rule = ? AND bag_id IN "
+                "(SELECT value FROM json_each(?))",
+                (rule, json.dumps(list(bag_ids))),
+            ).fetchall()
+
+        return await self.read(select)
+
+    async def keep_final_bag_costs(self, rule: str, costs: Sequence[tuple]) -> None:
+        """Keep bags' final costs: (bag_id, vm_h, spot_cost_usd, on_demand_cost_usd, as_of)."""
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR REPLACE INTO final_bag_costs "
+                "(bag_id, rule, vm_h, spot_cost_usd, on_demand_cost_usd, as_of) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(bag_id, rule, *figures) for bag_id, *figures in costs],
+            )
+
+        await self.write(insert)

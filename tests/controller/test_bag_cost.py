@@ -6,6 +6,7 @@ report of that instant and a plain re-reading of SPEC.md §7 over the store's ro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import sqlite3
@@ -18,7 +19,9 @@ from controller.admission import admit
 from controller.bag_cost import BagCosts
 from controller.clock import SimClock
 from controller.report import CostRule, build_report
+from controller.store import Store
 from controller.summary import bag_view
+from policies.allocation import Weights
 from tests.controller.simworld import bag, config, run_until, world
 
 BIG = {
@@ -193,4 +196,21 @@ async def test_a_final_cost_is_kept_and_an_expensive_one_is_served_then_refreshe
     clock.advance_to(50 * 3600.0)
     assert (await cheap.of(bag_ids))[bag_ids[1]] is final
     await costs.close()
+    await store.close()
+
+    # A restart serves the final costs kept in the store, exactly, without splitting
+    # again; under other split settings they are computed again.
+    store = Store(tmp_path / "spotbag.db")
+    await store.open()
+    restored = (await BagCosts(store, rule, clock.now).of(bag_ids))[bag_ids[1]]
+    assert restored.took_s == 0.0  # read, not computed
+    assert (restored.vm_hours, restored.spot_cost_usd, restored.on_demand_cost_usd) == (
+        final.vm_hours,
+        final.spot_cost_usd,
+        final.on_demand_cost_usd,
+    )
+    assert restored.final and restored.as_of == final.as_of
+    other_rule = dataclasses.replace(rule, weights=Weights(cpu=0.5, memory=0.5, gpu=9.0))
+    other = (await BagCosts(store, other_rule, clock.now).of(bag_ids))[bag_ids[1]]
+    assert other.took_s > 0.0 and other.spot_cost_usd != final.spot_cost_usd
     await store.close()
