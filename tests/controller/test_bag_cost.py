@@ -168,7 +168,7 @@ async def test_a_final_cost_is_kept_and_an_expensive_one_is_served_then_refreshe
     store = scheduler.store
     await run_until(scheduler, clock, 1800.0)
     # Every computation counts as expensive: served from what was computed, refreshed in
-    # the background after 10 × its duration (at least 1 s), waited for after 60 s.
+    # the background after 20 × its duration (at least 1 s), waited for after 60 s.
     costs = BagCosts(store, rule, clock.now, sync_budget_s=-1.0, min_refresh_s=1.0)
     first = (await costs.of(bag_ids[:1]))[bag_ids[0]]
     assert first.as_of == 1800.0 and not first.final
