@@ -14,22 +14,22 @@ it in proportion to their VM-hours on it. That last share moves while any of the
 lives on — also after the bag finished, while its VMs serve other bags — so a bag's
 cost is final only when the bag and every VM its jobs ran on have ended.
 
-How T relates to now (the computation of a 100,000-job bag takes ~0.6-1 s, so it is
-not run for every view):
+How T relates to now (the computation takes ~1 ms for a small bag, ~0.6-1 s for a
+100,000-job bag, so it is not run for every view):
 - final: computed once and kept, in memory (the most recent MAX_ENTRIES bags) and in
   the store (`final_bag_costs`, with the split's settings: a change of `[cost]`
   weights or of the idle timeout computes it again), so a restart serves it as it
   was, exactly, without splitting a large bag again.
-- cheap (its last computation took at most `sync_budget_s`): computed for every view,
-  T = now.
-- expensive: the last figures are served at once; once they are older than
-  `stale_factor` × the time computing them took (at least `min_refresh_s`), a view
-  starts one refresh in the background and still gets the last figures, unless they
-  are older than `max_stale_s`, when it waits for a fresh computation. So
-  now - T <= max_stale_s (plus one computation's duration), and a bag polled
-  steadily is recomputed at most once per stale_factor × its duration (5% of one
-  CPU with the default, 20: a 100,000-job bag watched in the web UI is re-split
-  every ~15-20 s).
+- fresh: the last figures are served while they are younger than `stale_factor` ×
+  the time computing them took, and at least `min_refresh_s` (1 s).
+- older, cheap (the last computation took at most `sync_budget_s`): the view waits
+  for a new computation, T = now.
+- older, expensive: the view gets the last figures at once and starts one refresh in
+  the background, unless they are older than `max_stale_s`, when it waits for a new
+  computation. So now - T <= max_stale_s (plus one computation's duration), and a
+  bag polled steadily is recomputed at most once per stale_factor × its duration
+  (5% of one CPU with the default 20: a 100,000-job bag watched in the web UI is
+  re-split every ~15-20 s).
 The SQL runs in the store's reader pool and the arithmetic in a thread: never on the
 event loop. A cost not yet final is not kept in the store: after a restart the first
 view computes it again from the same rows.
@@ -162,18 +162,19 @@ class BagCosts:
         needed: list[str] = []
         for bag_id in dict.fromkeys(bag_ids):
             kept = self._kept.get(bag_id)
-            if kept is None or (
-                not kept.final
-                and (kept.took_s <= self.sync_budget_s or now - kept.as_of > self.max_stale_s)
-            ):
-                needed.append(bag_id)
-                continue
-            self._kept.move_to_end(bag_id)
-            out[bag_id] = kept
-            if not kept.final and now - kept.as_of > max(
-                self.min_refresh_s, self.stale_factor * kept.took_s
-            ):
-                self._refresh_in_background(bag_id)
+            if kept is not None:
+                age_s = now - kept.as_of
+                fresh = kept.final or age_s <= max(
+                    self.min_refresh_s, self.stale_factor * kept.took_s
+                )
+                expensive = kept.took_s > self.sync_budget_s
+                if fresh or (expensive and age_s <= self.max_stale_s):
+                    self._kept.move_to_end(bag_id)
+                    out[bag_id] = kept
+                    if not fresh:
+                        self._refresh_in_background(bag_id)
+                    continue
+            needed.append(bag_id)
         unseen = [b for b in needed if b not in self._kept]
         if unseen:
             kept_rows = await self.store.final_bag_costs(unseen, self.rule_key)

@@ -157,8 +157,8 @@ class Usage(_Response):
     cost_as_of: float = Field(
         description="The instant (epoch seconds) the VM-hours and costs are of: the bag's "
         "report generated then gives the same figures. Running attempts count up to it. "
-        "For a large bag it may lag a few seconds behind now (the split is recomputed in "
-        "the background)."
+        "It may lag behind now by a second, or for a large bag (whose split is recomputed "
+        "in the background) by up to a minute."
     )
     cost_final: bool = Field(
         description="The bag and every VM its jobs ran on have ended: the cost will not change."

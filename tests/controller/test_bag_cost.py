@@ -184,10 +184,16 @@ async def test_a_final_cost_is_kept_and_an_expensive_one_is_served_then_refreshe
     clock.advance_to(1900.0)  # past max_stale_s: the view waits for a fresh computation
     assert (await costs.of(bag_ids[:1]))[bag_ids[0]].as_of == 1900.0
 
-    # A cheap cost is computed for every view: as of now.
+    # A cheap cost is served for a second, then computed again when a view asks.
     cheap = BagCosts(store, rule, clock.now)
     clock.advance_to(1900.25)
-    assert (await cheap.of(bag_ids))[bag_ids[1]].as_of == 1900.25
+    computed = (await cheap.of(bag_ids))[bag_ids[1]]
+    assert computed.as_of == 1900.25
+    clock.advance_to(1901.0)
+    assert (await cheap.of(bag_ids))[bag_ids[1]] is computed
+    clock.advance_to(1901.5)
+    assert (await cheap.of(bag_ids))[bag_ids[1]].as_of == 1901.5
+    assert not cheap._refreshes  # waited for, not in the background
 
     # Once the bags and their VMs have ended, the figures never change: kept as they are.
     await run_until(scheduler, clock, 40 * 3600.0)
