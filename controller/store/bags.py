@@ -180,9 +180,11 @@ class BagQueries(Engine):
                     "SELECT state, n FROM bag_job_counts WHERE bag_id = ?", (bag_id,)
                 ).fetchall()
             )
+            # The partial index of live attempts, named: left to itself SQLite walks all
+            # of the bag's attempts by primary key (20-50 ms for a 100,000-job bag).
             bag["live_attempts"] = dict_rows(
                 conn,
-                "SELECT started_at FROM attempts "
+                "SELECT started_at FROM attempts INDEXED BY attempts_live "
                 "WHERE bag_id = ? AND state IN ('starting', 'running')",
                 (bag_id,),
             )

@@ -121,6 +121,7 @@ async def test_bag_views_cost_what_their_reports_and_spec_7_say_at_every_instant
     rule = CostRule.of(cfg)
     costs = BagCosts(scheduler.store, rule, clock.now)
     db = tmp_path / "spotbag.db"
+    running_seen = set()
     # Mid-run (attempts of both bags running), after some ended, and long after the end.
     for stop in (1800.0, 5000.0, 7000.0, 40 * 3600.0):
         await run_until(scheduler, clock, stop)
@@ -144,6 +145,15 @@ async def test_bag_views_cost_what_their_reports_and_spec_7_say_at_every_instant
             assert view["usage"]["spot_cost_usd"] == cost.spot_cost_usd
             assert view["usage"]["vm_hours"] == cost.vm_hours
             assert view["usage"]["cost_as_of"] == now
+            # Its attempts' time: the ended ones' kept totals and the running ones so far.
+            with sqlite3.connect(db) as conn:
+                ((attempt_h, running),) = conn.execute(
+                    "SELECT sum(coalesce(ended_at, ?) - started_at) / 3600.0, "
+                    "sum(ended_at IS NULL) FROM attempts WHERE bag_id = ?",
+                    (now, bag_id),
+                ).fetchall()
+            assert view["usage"]["attempt_hours"] == pytest.approx(attempt_h, rel=1e-9)
+            running_seen.add(running > 0)
     # The jobs shared VMs (both bags on one VM at once), so the split mattered.
     with sqlite3.connect(db) as conn:
         (shared,) = conn.execute(
@@ -154,7 +164,7 @@ async def test_bag_views_cost_what_their_reports_and_spec_7_say_at_every_instant
             "SELECT sum((ended_at - running_at) * spot_price_per_hour) / 3600.0, "
             "sum(ended_at - running_at) / 3600.0 FROM vms WHERE running_at IS NOT NULL"
         ).fetchall()
-    assert shared > 0
+    assert shared > 0 and running_seen == {True, False}
     # Everything has ended: the costs are final and the two bags paid the VMs' whole cost.
     assert all(got[b].final for b in bag_ids)
     assert sum(got[b].spot_cost_usd for b in bag_ids) == pytest.approx(vm_usd, rel=1e-12)
