@@ -21,7 +21,9 @@ Per group (the whole scope, each VM type and market, each bag):
     cpu_h                rate × the attempts' time (what the ledger charges)
 
 The numbers come from arrays (numpy), so a report over 100,000 jobs takes well under
-a second; rendering (table, CSV, HTML) is in controller/report_render.py.
+a second; rendering (table, CSV, HTML) is in controller/report_render.py. A bag's
+view (GET /v1/bags/{id}) shows its `by_bag` figures of this same computation
+(controller/bag_cost.py), so the two never disagree.
 """
 
 from __future__ import annotations
