@@ -7,7 +7,10 @@ and its cost is split among them, with preemptions (exponential lifetimes, 24 h 
 24 h deadline) and retries. Then, on the resulting SQLite store, times building the
 report (the store's queries and the cost arithmetic, as GET /v1/reports does) and
 rendering it as CSV and as the self-contained HTML page, and checks that the report's
-cost equals the VMs' whole cost (price × life, summed over the VMs).
+cost equals the VMs' whole cost (price × life, summed over the VMs). Then times the
+bag's view as GET /v1/bags/{id} builds it (controller/bag_cost.py: the first view
+computes the report's split, later ones are served from it) and checks that its cost
+is the report's.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tee import Tee
 
 from controller import report_render
+from controller.bag_cost import BagCosts
 from controller.config import load_config
-from controller.report import build_report
+from controller.report import CostRule, build_report
 from controller.simulation import simulate
 from controller.store import Store
+from controller.summary import bag_view
 
 N = 100_000
 CONFIG = load_config(
@@ -62,14 +67,14 @@ BAG = {
 }
 
 
-async def time_report(db: Path, bag_id: str, now: float, repeat: int = 5) -> None:
+async def time_report(db: Path, bag_id: str, now: float, repeat: int = 5) -> float:
     store = Store(db)
     await store.open()
     try:
         times, report = [], None
         for _ in range(repeat):
             started = time.perf_counter()
-            report = await build_report(store, bag_id=bag_id, now=now, idle_timeout_s=300.0)
+            report = await build_report(store, bag_id=bag_id, now=now, rule=CostRule.of(CONFIG))
             times.append(time.perf_counter() - started)
     finally:
         await store.close()
@@ -110,6 +115,31 @@ async def time_report(db: Path, bag_id: str, now: float, repeat: int = 5) -> Non
         f"  the report's cost equals the VMs' whole cost: ${totals['spot_cost_usd']:,.6f} vs "
         f"${vm_cost:,.6f} (difference {abs(totals['spot_cost_usd'] - vm_cost):.2e})"
     )
+    return float(totals["spot_cost_usd"])
+
+
+async def time_bag_view(db: Path, bag_id: str, now: float, report_usd: float) -> None:
+    store = Store(db)
+    await store.open()
+    costs = BagCosts(store, CostRule.of(CONFIG), lambda: now)
+    try:
+        times, view = [], None
+        for _ in range(21):
+            started = time.perf_counter()
+            bag = await store.get_bag(bag_id)
+            assert bag is not None
+            view = bag_view(bag, now, (await costs.of([bag_id]))[bag_id])
+            times.append(time.perf_counter() - started)
+    finally:
+        await costs.close()
+        await store.close()
+    assert view is not None
+    usage = view["usage"]
+    print(
+        f"bag view (GET /v1/bags/{{id}}): first {times[0]:.3f} s (computes the split), then "
+        f"median {statistics.median(times[1:]) * 1000:.1f} ms (final: {usage['cost_final']}); "
+        f"its cost ${usage['spot_cost_usd']:,.6f} vs the report's ${report_usd:,.6f}"
+    )
 
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -133,7 +163,8 @@ def run() -> None:
         print(f"simulated the bag in {time.perf_counter() - started:.1f} s wall")
         with sqlite3.connect(Path(tmp) / "spotbag.db") as conn:
             now = conn.execute("SELECT max(ended_at) FROM vms").fetchone()[0]
-        asyncio.run(time_report(Path(tmp) / "spotbag.db", result.bag["id"], now))
+        report_usd = asyncio.run(time_report(Path(tmp) / "spotbag.db", result.bag["id"], now))
+        asyncio.run(time_bag_view(Path(tmp) / "spotbag.db", result.bag["id"], now, report_usd))
 
 
 if __name__ == "__main__":

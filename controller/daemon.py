@@ -26,6 +26,7 @@ import numpy as np
 from aiohttp import web
 
 from controller.api import build_app, server_logger
+from controller.bag_cost import BagCosts
 from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
@@ -36,6 +37,7 @@ from controller.ids import RandomIds
 from controller.learning import Learner
 from controller.metrics import Metrics
 from controller.price_trace import TraceError, TraceReplay, read_trace
+from controller.report import CostRule
 from controller.scheduler import PoolRunEvent, Scheduler
 from controller.sdnotify import notify
 from controller.slurm.callbacks import POWER_EVENTS, SlurmEvent
@@ -70,6 +72,8 @@ class Controller:
         self.catalog = config.catalog()
         self.metrics = Metrics()
         self.store = Store(self.state_dir / "spotbag.db")
+        # Every bag's cost shown by the API: its split-cost report's (bag_cost.py).
+        self.bag_costs = BagCosts(self.store, CostRule.of(config), self.clock.now)
         self.token = ""
         self.tokens = Tokens("")
         self.controller_id = ""
@@ -334,6 +338,7 @@ class Controller:
             )
         if self.driver is not None and hasattr(self.driver, "close"):
             await _step("closing the driver", self.driver.close())
+        await _step("stopping bag cost refreshes", self.bag_costs.close())
         await _step("closing the store", self.store.close())
         if self._lock_file is not None:
             self._lock_file.close()

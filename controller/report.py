@@ -21,7 +21,9 @@ Per group (the whole scope, each VM type and market, each bag):
     cpu_h                rate × the attempts' time (what the ledger charges)
 
 The numbers come from arrays (numpy), so a report over 100,000 jobs takes well under
-a second; rendering (table, CSV, HTML) is in controller/report_render.py.
+a second; rendering (table, CSV, HTML) is in controller/report_render.py. A bag's
+view (GET /v1/bags/{id}) shows its `by_bag` figures of this same computation
+(controller/bag_cost.py), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from controller.config import Config
 from controller.errors import SpotbagError
 from controller.store import Store
 from policies.allocation import DEFAULT_WEIGHTS, Weights
@@ -172,35 +176,62 @@ class ReportScopeEmpty(SpotbagError, LookupError):
     code = "not_found"
 
 
+@dataclass(frozen=True)
+class CostRule:
+    """The settings of the split (SPEC.md §7): the resource weights, the idle timeout
+    that tells idle from spare time, and the ledger's GPU weight (for CPU-hours). The
+    reports and the bag views (controller/bag_cost.py) take the same one from the config,
+    so they never disagree."""
+
+    weights: Weights = DEFAULT_WEIGHTS
+    idle_timeout_s: float = 0.0
+    gpu_weight: float = GPU_WEIGHT
+
+    @classmethod
+    def of(cls, config: Config) -> CostRule:
+        cost = config.cost
+        return cls(
+            Weights(cost.cpu_weight, cost.memory_weight, cost.gpu_weight),
+            config.scheduler.idle_timeout_s,
+            config.ledger.gpu_weight,
+        )
+
+
 async def build_report(
     store: Store,
     *,
     bag_id: str | None = None,
     account: str | None = None,
+    bag_ids: Sequence[str] | None = None,
     now: float,
-    weights: Weights = DEFAULT_WEIGHTS,
-    idle_timeout_s: float = 0.0,
-    gpu_weight: float = GPU_WEIGHT,
+    rule: CostRule = CostRule(),
 ) -> dict[str, Any]:
-    """The report of a bag or of an account (the arithmetic runs off the event loop)."""
-    rows = await store.report_rows(bag_id=bag_id, account=account)
-    scope: dict[str, str | None] = {"bag": bag_id} if bag_id is not None else {"account": account}
-    return await asyncio.to_thread(
-        compute_report, rows, scope, now, weights, idle_timeout_s, gpu_weight
-    )
+    """The report of a bag, of an account or of a set of bags (the arithmetic runs off
+    the event loop)."""
+    rows = await store.report_rows(bag_id=bag_id, account=account, bag_ids=bag_ids)
+    scope: dict[str, Any]
+    if bag_ids is not None:
+        scope = {"bags": list(bag_ids)}
+    else:
+        scope = {"bag": bag_id} if bag_id is not None else {"account": account}
+    return await asyncio.to_thread(compute_report, rows, scope, now, rule)
 
 
 def compute_report(
     rows: dict[str, list[tuple]],
-    scope: dict[str, str | None],
+    scope: dict[str, Any],
     now: float,
-    weights: Weights = DEFAULT_WEIGHTS,
-    idle_timeout_s: float = 0.0,
-    gpu_weight: float = GPU_WEIGHT,
+    rule: CostRule = CostRule(),
 ) -> dict[str, Any]:
+    weights, idle_timeout_s, gpu_weight = rule.weights, rule.idle_timeout_s, rule.gpu_weight
     bags = rows["bags"]
     if not any(bag[11] for bag in bags):
-        what = f"bag {scope['bag']}" if "bag" in scope else f"account {scope['account']!r}"
+        if "bag" in scope:
+            what = f"bag {scope['bag']}"
+        elif "bags" in scope:
+            what = f"bags {', '.join(scope['bags']) or '(none)'}"
+        else:
+            what = f"account {scope['account']!r}"
         raise ReportScopeEmpty(f"{what} has nothing to report (no such bag, or no bags)")
     bag_index = {bag[0]: i for i, bag in enumerate(bags)}
     bag_resources = np.array([(b[8], b[10], b[9]) for b in bags], dtype=float).reshape(-1, 3)

@@ -13,7 +13,6 @@ from controller.model_book import Belief
 from controller.models import AttemptState, JobState
 from controller.store import job_id_of
 from drivers.base import VmState, VmType
-from policies.cost import vm_share
 from policies.packing import Shape
 from policies.reuse import ReuseTable
 from policies.runtime_estimate import runtime_estimate_s
@@ -90,25 +89,6 @@ class JobRun:
         self.id = job_id_of(self.bag_id, self.idx)
 
 
-@dataclass(frozen=True, slots=True)
-class VmBilling:
-    """What an attempt's time costs on its VM: its share of the VM (policies.cost.vm_share)
-    and the VM's prices. Kept with the attempt, so that an attempt whose VM is gone by
-    the time its end is known (it ended while the daemon was down) is still accounted."""
-
-    share: float
-    spot_price_per_hour: float
-    on_demand_price_per_hour: float
-
-    @classmethod
-    def of(cls, shape: Shape, vm_type: VmType) -> VmBilling:
-        return cls(
-            vm_share(shape, capacity_of(vm_type)),
-            vm_type.spot_price_per_hour,
-            vm_type.on_demand_price_per_hour,
-        )
-
-
 @dataclass(slots=True)
 class AttemptRun:
     bag_id: str
@@ -120,7 +100,6 @@ class AttemptRun:
     log_path: str
     shape: Shape
     ref: str = ""  # the executor's reference (the Slurm job id)
-    billing: VmBilling | None = None  # None: its VM is unknown, its time costs nothing
     cancelling: bool = False
     # Checkpoints. Work is measured in seconds of the job's runtime: `saved_s` is what
     # the job had saved at `mark_at` (the attempt's start, or its last checkpoint), so

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from controller.admission import admit
+from controller.bag_cost import compute_bag_costs
 from controller.clock import SimClock
 from controller.config import Config
 from controller.errors import SpotbagError
 from controller.executors.sim import SimExecutor
 from controller.ids import SequentialIds
+from controller.report import CostRule
 from controller.scheduler import Scheduler
 from controller.store import Store
 from controller.summary import bag_view, fleet_view
@@ -99,8 +101,9 @@ async def simulate(
         bag = await store.get_bag(bag_row["id"])
         assert bag is not None  # the simulation's own bag, never deleted
         fleet = fleet_view(await store.vm_usage(clock.now()))
+        costs = await compute_bag_costs(store, [bag["id"]], clock.now(), CostRule.of(config))
         return SimulationResult(
-            bag_view(bag, clock.now()),
+            bag_view(bag, clock.now(), costs[bag["id"]]),
             fleet,
             scheduler.ticks,
             time.perf_counter() - wall_start,

@@ -1,8 +1,9 @@
 """Views of bags, jobs and VMs as the API shows them (their text summary, which the
 CLI and `spotbag simulate` print, is `controller.cli.render.render_summary`).
 
-Bag usage = the ended attempts' totals kept in the store + the running attempts
-up to now (each attempt charged its share of its VM, policies.cost.vm_share).
+A bag's usage: its attempts' times (the ended ones' totals kept in the store, plus the
+running ones up to now) and its cost, which is its cost report's (controller/bag_cost.py:
+SPEC.md §7's split of its VMs' cost, as of `cost.as_of`).
 """
 
 from __future__ import annotations
@@ -11,38 +12,19 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controller.bag_cost import BagCost
 from controller.models import JobState
 from controller.store import job_id_of
-from policies.cost import vm_share
-from policies.packing import Shape
 
 
 def _hours(seconds: float) -> float:
     return seconds / 3600.0
 
 
-def bag_view(bag: Mapping[str, Any], now: float) -> dict[str, Any]:
+def bag_view(bag: Mapping[str, Any], now: float, cost: BagCost) -> dict[str, Any]:
     spec = json.loads(bag["spec"])
-    resources = spec.get("resources", {})
-    job_shape = Shape(
-        resources.get("cpus", 1), resources.get("gpus", 0), resources.get("memory_gb", 1.0)
-    )
-    attempt_s, vm_s, spot, on_demand = (
-        bag["attempt_s"],
-        bag["vm_s"],
-        bag["spot_cost_usd"],
-        bag["on_demand_cost_usd"],
-    )
     live = bag.get("live_attempts", [])
-    for attempt in live:
-        elapsed = max(0.0, now - attempt["started_at"])
-        share_s = elapsed * vm_share(
-            job_shape, Shape(attempt["cpus"], attempt["gpus"], attempt["memory_gb"])
-        )
-        attempt_s += elapsed
-        vm_s += share_s
-        spot += share_s * attempt["spot_price_per_hour"] / 3600.0
-        on_demand += share_s * attempt["on_demand_price_per_hour"] / 3600.0
+    attempt_s = bag["attempt_s"] + sum(max(0.0, now - a["started_at"]) for a in live)
     counts = {state.value: bag["counts"].get(state.value, 0) for state in JobState}
     finished = sum(counts[s.value] for s in JobState.terminal())
     end = bag["finished_at"] if bag["finished_at"] is not None else now
@@ -66,10 +48,12 @@ def bag_view(bag: Mapping[str, Any], now: float) -> dict[str, Any]:
             "lost_hours": _hours(bag.get("lost_s", 0.0)),
             "checkpoints": bag.get("checkpoints", 0),
             "checkpoint_hours": _hours(bag.get("checkpoint_s", 0.0)),
-            "vm_hours": _hours(vm_s),
-            "spot_cost_usd": spot,
-            "on_demand_cost_usd": on_demand,
-            "savings_usd": on_demand - spot,
+            "vm_hours": cost.vm_hours,
+            "spot_cost_usd": cost.spot_cost_usd,
+            "on_demand_cost_usd": cost.on_demand_cost_usd,
+            "savings_usd": cost.savings_usd,
+            "cost_as_of": cost.as_of,
+            "cost_final": cost.final,
         },
         "spec": spec,
     }

@@ -106,6 +106,10 @@ def split_vm_costs(
     if not (np.isfinite(idle_timeout_s) and idle_timeout_s >= 0):
         raise ValueError(f"idle_timeout_s must be a finite number >= 0, not {idle_timeout_s!r}")
 
+    if n_vms == 0:  # no VM, so no attempt either: nothing to split
+        empty = np.zeros(0)
+        return VmCosts(*(empty,) * 15)
+
     # Attempts clipped to their VM's life; those of no length take no part.
     a_start = np.clip(a_start, start[vm], end[vm])
     a_end = np.clip(a_end, a_start, end[vm])

@@ -96,7 +96,7 @@ async def create_bag(request: web.Request) -> web.Response:
         idempotency_key=key,
         workdir_problem=getattr(c.executor, "workdir_problem", None),
     )
-    view = bag_view(await visible_bag(request, bag["id"]), c.clock.now())
+    view = await _view(request, bag["id"])
     return json_response(view, status=201 if created else 200)
 
 
@@ -112,17 +112,24 @@ async def list_bags(request: web.Request) -> web.Response:
     elif not principal.is_admin:
         account = principal.account
     bags = await c.store.list_bags(state=state, account=account, limit=limit, offset=offset)
+    costs = await c.bag_costs.of([b["id"] for b in bags])
     now = c.clock.now()
-    views = [bag_view(b, now) for b in bags]
+    views = [bag_view(b, now, costs[b["id"]]) for b in bags]
     for view in views:
         del view["spec"]
     return json_response({"bags": views, "limit": limit, "offset": offset})
 
 
-async def get_bag(request: web.Request) -> web.Response:
+async def _view(request: web.Request, bag_id: str) -> dict:
+    """The bag as the API shows it, its cost from the split-cost report (bag_cost.py)."""
     c = controller_of(request)
-    bag = await visible_bag(request, bag_id_of(request))
-    return json_response(bag_view(bag, c.clock.now()))
+    bag = await visible_bag(request, bag_id)
+    costs = await c.bag_costs.of([bag_id])
+    return bag_view(bag, c.clock.now(), costs[bag_id])
+
+
+async def get_bag(request: web.Request) -> web.Response:
+    return json_response(await _view(request, bag_id_of(request)))
 
 
 async def bag_timeline(request: web.Request) -> web.Response:
@@ -176,7 +183,7 @@ async def cancel_bag(request: web.Request) -> web.Response:
         )
     await c.store.request_cancel(bag_id, c.clock.now())
     c.running_scheduler.cancel_requested(bag_id)
-    return json_response(bag_view(await visible_bag(request, bag_id), c.clock.now()), status=202)
+    return json_response(await _view(request, bag_id), status=202)
 
 
 ROUTES: tuple[Route, ...] = (

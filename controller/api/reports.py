@@ -20,8 +20,7 @@ from controller.api.base import (
 )
 from controller.errors import ApiError, NotFound
 from controller.ids import BAG_ID
-from controller.report import ReportScopeEmpty, build_report
-from policies.allocation import Weights
+from controller.report import CostRule, ReportScopeEmpty, build_report
 
 
 async def get_report(request: web.Request) -> web.Response:
@@ -36,16 +35,13 @@ async def get_report(request: web.Request) -> web.Response:
         await visible_bag(request, bag_id)
     elif account is not None:  # one of the two, checked above
         require_account(request, account)
-    cost = c.config.cost
     try:
         report = await build_report(
             c.store,
             bag_id=bag_id,
             account=account,
             now=c.clock.now(),
-            weights=Weights(cost.cpu_weight, cost.memory_weight, cost.gpu_weight),
-            idle_timeout_s=c.config.scheduler.idle_timeout_s,
-            gpu_weight=c.config.ledger.gpu_weight,
+            rule=CostRule.of(c.config),
         )
     except ReportScopeEmpty as exc:
         raise NotFound(str(exc)) from None

@@ -146,10 +146,23 @@ class Usage(_Response):
     )
     checkpoints: int = Field(description="Checkpoints the bag's jobs wrote.")
     checkpoint_hours: float = Field(description="Time spent writing them.")
-    vm_hours: float = Field(description="The bag's share of its VMs' time.")
-    spot_cost_usd: float
+    vm_hours: float = Field(
+        description="The bag's share of its VMs' time, split as its cost report splits it "
+        "(SPEC.md §7): its jobs' split VM-hours and its share of the VMs' idle, spare and "
+        "unreserved time."
+    )
+    spot_cost_usd: float = Field(description="What those VM-hours cost (the report's cost).")
     on_demand_cost_usd: float = Field(description="The same VM-hours at on-demand prices.")
     savings_usd: float
+    cost_as_of: float = Field(
+        description="The instant (epoch seconds) the VM-hours and costs are of: the bag's "
+        "report generated then gives the same figures. Running attempts count up to it. "
+        "It may lag behind now by a second, or for a large bag (whose split is recomputed "
+        "in the background) by up to a minute."
+    )
+    cost_final: bool = Field(
+        description="The bag and every VM its jobs ran on have ended: the cost will not change."
+    )
 
 
 class Bag(_Response):

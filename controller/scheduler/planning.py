@@ -25,7 +25,7 @@ from controller.executors.base import AttemptSpec
 from controller.job_command import render_command
 from controller.models import AttemptState, JobState
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
-from controller.runtime import AttemptRun, BagRun, VmBilling, VmRun, capacity_of
+from controller.runtime import AttemptRun, BagRun, VmRun, capacity_of
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import WriteBatch
 from drivers.base import VmState
@@ -174,7 +174,6 @@ class PlanningMixin(TransitionsMixin):
             self.executor.log_path(bag.id, job.id, job.attempts),
             bag.shape,
             saved_s=job.work_saved_s,
-            billing=VmBilling.of(bag.shape, vm.vm_type),
         )
         self.attempts[attempt.id] = attempt
         bag.live_attempts += 1

@@ -24,7 +24,7 @@ from collections import deque
 from controller.bagspec import BagSpec
 from controller.executors.base import AttemptEvent, LiveAttempt
 from controller.models import AttemptState, JobState
-from controller.runtime import AttemptRun, BagRun, JobRun, VmBilling, VmRun, capacity_of, shape_of
+from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
 from controller.scheduler.actions import ActionsMixin
 from controller.scheduler.inputs import _Cancel
 from controller.store.rows import VmRow
@@ -134,13 +134,8 @@ class RecoveryMixin(ActionsMixin):
         # Every live attempt first (a bag with live attempts is not done), then the
         # ones the executor does not run any more are lost.
         attempts = []
-        ended_vm_types = {row["id"]: self._vm_type_of_row(row) for row in state["ended_vms"]}
         for attempt_row in state["attempts"]:
             bag = self.bags[attempt_row["bag_id"]]  # a live attempt keeps its bag active
-            host = self.vms.get(attempt_row["vm_id"])
-            host_type = (
-                host.vm_type if host is not None else ended_vm_types.get(attempt_row["vm_id"])
-            )
             attempt = AttemptRun(
                 bag_id=attempt_row["bag_id"],
                 idx=attempt_row["idx"],
@@ -151,7 +146,6 @@ class RecoveryMixin(ActionsMixin):
                 log_path=attempt_row["log_path"],
                 shape=bag.shape,
                 ref=attempt_row["ref"],
-                billing=VmBilling.of(bag.shape, host_type) if host_type is not None else None,
                 mark_at=attempt_row["checkpointed_at"] or attempt_row["started_at"],
             )
             open_job = self.jobs.get((attempt.bag_id, attempt.idx))

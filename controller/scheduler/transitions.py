@@ -4,8 +4,8 @@ Each change is checked against the state machines of controller/models.py
 (`check_transition`), made in memory, and written to the pass's
 `WriteBatch` with its transition row and reason, so that memory and the store move
 together: an attempt's end settles its CPU-hours in the ledger (controller/ledger.py,
-SPEC.md §6) and adds its time and its share of its VM's cost to its bag's usage
-(`VmBilling`, policies.cost.vm_share); a job's end may finish its bag; a VM's end
+SPEC.md §6) and adds its time to its bag's usage (what it cost is the cost report's
+split, controller/report.py); a job's end may finish its bag; a VM's end
 preempts what ran on it. The VM indexes (pending, roomy, idle, draining, pool) that
 the planner's snapshot reads are kept in step here too.
 
@@ -171,18 +171,13 @@ class TransitionsMixin(SchedulerState):
     def _record_usage(
         self, attempt: AttemptRun, state: AttemptState, at: float, batch: WriteBatch
     ) -> None:
-        """Add the ended attempt to its bag's usage: its time, and its share of its VM's
-        time and cost (policies.cost.vm_share)."""
-        elapsed_s = max(0.0, at - attempt.started_at)
-        billing = attempt.billing
-        vm_s = elapsed_s * billing.share if billing is not None else 0.0
+        """Add the ended attempt's time to its bag's usage. (What it cost is not kept
+        here: the split of its VM's cost depends on its neighbours, and is computed from
+        the attempts and VMs by the cost report, controller/report.py.)"""
         batch.usage(
             attempt.bag_id,
             preempted=state is AttemptState.PREEMPTED,
-            attempt_s=elapsed_s,
-            vm_s=vm_s,
-            spot_cost_usd=vm_s * billing.spot_price_per_hour / 3600.0 if billing else 0.0,
-            on_demand_cost_usd=vm_s * billing.on_demand_price_per_hour / 3600.0 if billing else 0.0,
+            attempt_s=max(0.0, at - attempt.started_at),
         )
 
     def _job_to(

@@ -162,12 +162,6 @@ class BagQueries(Engine):
                     "FROM attempts a WHERE a.state IN ('starting', 'running')",
                 ),
                 "vms": dict_rows(conn, "SELECT * FROM vms WHERE state IN ('pending', 'running')"),
-                # Ended VMs that live attempts were on (what their time cost).
-                "ended_vms": dict_rows(
-                    conn,
-                    "SELECT * FROM vms WHERE state NOT IN ('pending', 'running') AND id IN "
-                    "(SELECT vm_id FROM attempts WHERE state IN ('starting', 'running'))",
-                ),
                 "slurm_runs": dict_rows(conn, "SELECT * FROM slurm_runs WHERE state = 'running'"),
             }
 
@@ -186,11 +180,12 @@ class BagQueries(Engine):
                     "SELECT state, n FROM bag_job_counts WHERE bag_id = ?", (bag_id,)
                 ).fetchall()
             )
+            # The partial index of live attempts, named: left to itself SQLite walks all
+            # of the bag's attempts by primary key (20-50 ms for a 100,000-job bag).
             bag["live_attempts"] = dict_rows(
                 conn,
-                "SELECT a.started_at, v.cpus, v.gpus, v.memory_gb, v.spot_price_per_hour, "
-                "v.on_demand_price_per_hour FROM attempts a JOIN vms v ON v.id = a.vm_id "
-                "WHERE a.bag_id = ? AND a.state IN ('starting', 'running')",
+                "SELECT started_at FROM attempts INDEXED BY attempts_live "
+                "WHERE bag_id = ? AND state IN ('starting', 'running')",
                 (bag_id,),
             )
             return bag

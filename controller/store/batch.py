@@ -124,18 +124,12 @@ class Usage:
     preemptions: int = 0
     attempt_s: float = 0.0
     preempted_s: float = 0.0
-    vm_s: float = 0.0
-    spot_cost_usd: float = 0.0
-    on_demand_cost_usd: float = 0.0
 
     def add(self, other: Usage) -> None:
         self.attempts_ended += other.attempts_ended
         self.preemptions += other.preemptions
         self.attempt_s += other.attempt_s
         self.preempted_s += other.preempted_s
-        self.vm_s += other.vm_s
-        self.spot_cost_usd += other.spot_cost_usd
-        self.on_demand_cost_usd += other.on_demand_cost_usd
 
 
 @dataclass(slots=True)
@@ -405,9 +399,6 @@ class WriteBatch:
         *,
         preempted: bool,
         attempt_s: float,
-        vm_s: float,
-        spot_cost_usd: float,
-        on_demand_cost_usd: float,
     ) -> None:
         """Add one ended attempt to its bag's running totals."""
         totals = self.usage_deltas.get(bag_id)
@@ -417,9 +408,6 @@ class WriteBatch:
         totals.preemptions += int(preempted)
         totals.attempt_s += attempt_s
         totals.preempted_s += attempt_s if preempted else 0.0
-        totals.vm_s += vm_s
-        totals.spot_cost_usd += spot_cost_usd
-        totals.on_demand_cost_usd += on_demand_cost_usd
 
     def checkpoint(
         self,
@@ -504,9 +492,7 @@ def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
     if batch.usage_deltas:
         conn.executemany(
             "UPDATE bags SET attempts_ended = attempts_ended + ?, preemptions = preemptions + ?, "
-            "attempt_s = attempt_s + ?, preempted_s = preempted_s + ?, vm_s = vm_s + ?, "
-            "spot_cost_usd = spot_cost_usd + ?, on_demand_cost_usd = on_demand_cost_usd + ? "
-            "WHERE id = ?",
+            "attempt_s = attempt_s + ?, preempted_s = preempted_s + ? WHERE id = ?",
             [(*_USAGE_PARAMS(usage), bag_id) for bag_id, usage in batch.usage_deltas.items()],
         )
     for account in batch.accounts:  # before the ledger entries that credit it

@@ -1,10 +1,12 @@
 """What cost reports are built from (controller/report.py prices and splits it): the
-bags, VMs, attempts, price samples and Slurm pool runs in a report's scope."""
+bags, VMs, attempts, price samples and Slurm pool runs in a report's scope; and the
+bags' final costs, kept (controller/bag_cost.py)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from controller.store.engine import Engine
@@ -13,8 +15,15 @@ from controller.store.engine import Engine
 class ReportQueries(Engine):
     """The report read."""
 
-    async def report_rows(self, *, bag_id: str | None = None, account: str | None = None) -> dict:
-        """What a cost report of one bag or one account is built from, as tuples:
+    async def report_rows(
+        self,
+        *,
+        bag_id: str | None = None,
+        account: str | None = None,
+        bag_ids: Sequence[str] | None = None,
+    ) -> dict:
+        """What a cost report of one bag, one account or a set of bags (`bag_ids`: the
+        bag views' costs, controller/bag_cost.py) is built from, as tuples:
 
         - bags: the bags in scope (id, name, account, state, job_count, created_at,
           finished_at, checkpoints, cpus, gpus, memory_gb), plus every other bag that
@@ -30,10 +39,19 @@ class ReportQueries(Engine):
         attempt (id: the run's key), in scope when of the account: their CPUs, and the
         share of their VM's memory those CPUs stand for.
         """
-        if (bag_id is None) == (account is None):
-            raise ValueError("a report is of one bag or of one account")
-        scope_sql = "SELECT id FROM bags WHERE " + ("id = :bag" if bag_id else "account = :account")
-        params: dict[str, Any] = {"bag": bag_id, "account": account}
+        if sum(scope is not None for scope in (bag_id, account, bag_ids)) != 1:
+            raise ValueError("a report is of one bag, one account or a set of bags")
+        if bag_ids is not None:
+            scope_sql = "SELECT id FROM bags WHERE id IN (SELECT value FROM json_each(:bags))"
+        else:
+            scope_sql = "SELECT id FROM bags WHERE " + (
+                "id = :bag" if bag_id else "account = :account"
+            )
+        params: dict[str, Any] = {
+            "bag": bag_id,
+            "account": account,
+            "bags": json.dumps(list(bag_ids or ())),
+        }
         # The scope's VMs, passed back as a JSON list (read connections are query-only:
         # no temporary table), so each query below looks them up by index.
         on_vms = "(SELECT value FROM json_each(:vms))"
@@ -128,3 +146,30 @@ class ReportQueries(Engine):
             }
 
         return await self.read(select)
+
+    async def final_bag_costs(self, bag_ids: Sequence[str], rule: str) -> list[tuple]:
+        """The kept final costs of these bags computed under `rule`: (bag_id, vm_h,
+        spot_cost_usd, on_demand_cost_usd, as_of)."""
+
+        def select(conn: sqlite3.Connection) -> list[tuple]:
+            return conn.execute(
+                "SELECT bag_id, vm_h, spot_cost_usd, on_demand_cost_usd, as_of "
+                "FROM final_bag_costs WHERE rule = ? AND bag_id IN "
+                "(SELECT value FROM json_each(?))",
+                (rule, json.dumps(list(bag_ids))),
+            ).fetchall()
+
+        return await self.read(select)
+
+    async def keep_final_bag_costs(self, rule: str, costs: Sequence[tuple]) -> None:
+        """Keep bags' final costs: (bag_id, vm_h, spot_cost_usd, on_demand_cost_usd, as_of)."""
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR REPLACE INTO final_bag_costs "
+                "(bag_id, rule, vm_h, spot_cost_usd, on_demand_cost_usd, as_of) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(bag_id, rule, *figures) for bag_id, *figures in costs],
+            )
+
+        await self.write(insert)

@@ -30,24 +30,16 @@ class BagRow(TypedDict):
     preemptions: int
     attempt_s: float
     preempted_s: float
-    vm_s: float
-    spot_cost_usd: float
-    on_demand_cost_usd: float
     request_hash: str
     checkpoints: int
     checkpoint_s: float
     lost_s: float
 
 
-class LiveAttemptCost(TypedDict):
-    """A running attempt of a bag, with what its VM costs (for the bag's running cost)."""
+class LiveAttempt(TypedDict):
+    """A running attempt of a bag (for the bag's attempt time so far)."""
 
     started_at: float
-    cpus: int
-    gpus: int
-    memory_gb: float
-    spot_price_per_hour: float
-    on_demand_price_per_hour: float
 
 
 class BagWithCounts(BagRow):
@@ -59,7 +51,7 @@ class BagWithCounts(BagRow):
 class BagDetail(BagWithCounts):
     """A bag with its job counts and its live attempts (`get_bag`)."""
 
-    live_attempts: list[LiveAttemptCost]
+    live_attempts: list[LiveAttempt]
 
 
 class JobRow(TypedDict):
@@ -326,7 +318,6 @@ class ActiveState(TypedDict):
     jobs: list[OpenJob]
     attempts: list[LiveAttemptRow]
     vms: list[VmRow]
-    ended_vms: list[VmRow]  # ended VMs that live attempts were on
     slurm_runs: list[SlurmRunRow]  # the running ones
 
 

@@ -368,6 +368,25 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE idempotency_key IS NOT NULL;
         """,
     ),
+    (
+        # A bag's cost is the split of its VMs' cost (SPEC.md §7), computed from the VMs
+        # and attempts (controller/bag_cost.py); the interim per-attempt charges go. Once
+        # it can change no more it is kept, so a restart need not split a large bag again.
+        "bag costs from the split-cost report: drop the interim cost totals, keep final costs",
+        """
+        ALTER TABLE bags DROP COLUMN vm_s;
+        ALTER TABLE bags DROP COLUMN spot_cost_usd;
+        ALTER TABLE bags DROP COLUMN on_demand_cost_usd;
+        CREATE TABLE final_bag_costs (
+            bag_id TEXT PRIMARY KEY,
+            rule TEXT NOT NULL,  -- the split's settings it was computed with (JSON)
+            vm_h REAL NOT NULL,
+            spot_cost_usd REAL NOT NULL,
+            on_demand_cost_usd REAL NOT NULL,
+            as_of REAL NOT NULL
+        ) WITHOUT ROWID;
+        """,
+    ),
 ]
 
 

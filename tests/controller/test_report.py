@@ -15,7 +15,7 @@ from controller import report_render
 from controller.admission import admit
 from controller.cli.render import report_tables
 from controller.clock import SimClock
-from controller.report import ReportScopeEmpty, build_report
+from controller.report import CostRule, ReportScopeEmpty, build_report
 from controller.simulation import simulate
 from controller.store import Store
 from tests.controller.simworld import bag, config, rows, run_until, world
@@ -40,7 +40,7 @@ async def report_of(state_dir, **scope) -> dict:
     await store.open()
     try:
         now = rows(state_dir, "SELECT max(ended_at) FROM vms")[0][0]
-        return await build_report(store, now=now, idle_timeout_s=120.0, **scope)
+        return await build_report(store, now=now, rule=CostRule(idle_timeout_s=120.0), **scope)
     finally:
         await store.close()
 

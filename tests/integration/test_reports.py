@@ -11,7 +11,7 @@ import json
 import pytest
 
 from controller.cli.client import ClientError
-from tests.conftest import wait_for_bag
+from tests.conftest import wait_for_bag, wait_until
 from tests.integration.test_cli import spotbag
 
 pytestmark = pytest.mark.integration
@@ -81,3 +81,56 @@ def test_reports_over_http_and_the_cli(make_daemon, tmp_path):
     with pytest.raises(ClientError) as caught:
         lab.report(bag=theirs["id"])
     assert caught.value.status == 404
+
+
+def test_a_bags_cost_is_its_reports_also_after_a_restart(make_daemon):
+    """Two bags whose jobs reserve unequal parts of one VM: GET /v1/bags/{id} shows the
+    cost its report splits (SPEC.md §7), and the same after a restart."""
+    daemon = make_daemon(max_vms=1)
+    admin = daemon.start()
+    admin.create_account("lab", cpu_hours=100)
+    base = {"account": "lab", "command": "sleep 1", "max_runtime_s": 60}
+    on_one_vm = {"vm_types": ["local-4"]}  # 4 CPUs, 8 GB: room for both bags' jobs at once
+    small = admin.submit(
+        dict(base, parameters={"i": [0, 1]}, resources={"cpus": 1, "memory_gb": 1, **on_one_vm})
+    )
+    large = admin.submit(
+        dict(base, parameters={"i": [0]}, resources={"cpus": 2, "memory_gb": 4, **on_one_vm})
+    )
+    bag_ids = [small["id"], large["id"]]
+    for bag_id in bag_ids:
+        assert wait_for_bag(admin, bag_id, 60)["state"] == "succeeded"
+    # The VM is released after its idle timeout; from then on the costs are final.
+    vms = wait_until(
+        lambda: [vm for vm in admin.vms(include_ended=True)["vms"] if vm["ended_at"]],
+        30,
+        what="the VM to end",
+    )
+    assert len(vms) == 1
+    (vm,) = vms
+    views = {bag_id: admin.bag(bag_id)["usage"] for bag_id in bag_ids}
+    for bag_id, usage in views.items():
+        report = admin.report(bag=bag_id)
+        assert [v["id"] for v in report["vms"]] == [vm["id"]]  # the VM both bags shared
+        totals = report["totals"]
+        assert usage["cost_final"]
+        assert usage["vm_hours"] == pytest.approx(totals["vm_h"], rel=1e-12)
+        assert usage["spot_cost_usd"] == pytest.approx(totals["spot_cost_usd"], rel=1e-12)
+        assert usage["on_demand_cost_usd"] == pytest.approx(totals["on_demand_cost_usd"], rel=1e-12)
+    # Between them the two bags paid the VM's whole life, unequally (unequal reservations).
+    life_h = (vm["ended_at"] - vm["running_at"]) / 3600.0
+    assert sum(u["vm_hours"] for u in views.values()) == pytest.approx(life_h, rel=1e-9)
+    assert sum(u["spot_cost_usd"] for u in views.values()) == pytest.approx(
+        life_h * vm["spot_price_per_hour"], rel=1e-9
+    )
+    assert views[small["id"]]["spot_cost_usd"] != pytest.approx(views[large["id"]]["spot_cost_usd"])
+    assert {b["id"]: b["usage"]["spot_cost_usd"] for b in admin.bags()} == {
+        bag_id: usage["spot_cost_usd"] for bag_id, usage in views.items()
+    }
+
+    assert daemon.stop() == 0
+    admin = daemon.start()
+    for bag_id, usage in views.items():
+        again = admin.bag(bag_id)["usage"]
+        for key in ("vm_hours", "spot_cost_usd", "on_demand_cost_usd", "savings_usd", "cost_final"):
+            assert again[key] == usage[key]  # restored exactly: the same rows, the same split

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.cost import vm_share
 from policies.packing import PricedType, Shape, cheapest_type, copies_that_fit, zone_allowed
 from policies.preemption import Exponential, NoPreemption
 from policies.preemption import fit as preemption_fit
@@ -54,12 +53,6 @@ def test_zone_allowed_matches_regions_and_their_zones():
     assert zone_allowed("us-central1-c", ["us-central1-c"])
     assert not zone_allowed("us-central10-a", ["us-central1"])
     assert zone_allowed("anything", None)
-
-
-def test_vm_share_is_the_largest_fraction_held():
-    assert vm_share(Shape(1, 0, 1.0), Shape(2, 0, 4.0)) == 0.5
-    assert vm_share(Shape(1, 0, 3.0), Shape(2, 0, 4.0)) == 0.75
-    assert vm_share(Shape(1, 1, 1.0), Shape(8, 1, 64.0)) == 1.0
 
 
 def test_exponential_sampling_matches_its_mean_and_deadline():

@@ -130,6 +130,12 @@ def test_attempts_of_no_length_and_bad_input():
         split_vm_costs([0], [1], [[1, 1, 0]], [1], [1], [0], [0], [1], [[-1, 1, 0]])
 
 
+def test_no_vms_split_nothing():
+    # A bag whose jobs have not run yet: its report, and so its view, costs nothing.
+    costs = split_vm_costs([], [], np.zeros((0, 3)), [], [], [], [], [], np.zeros((0, 3)))
+    assert costs.attempt_cost_usd.shape == costs.cost_usd.shape == costs.idle_h.shape == (0,)
+
+
 times = st.integers(0, 20).map(lambda k: k * 900.0)
 resources = st.tuples(st.integers(0, 8), st.integers(0, 32), st.integers(0, 2)).map(list)
 
