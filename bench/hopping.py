@@ -8,7 +8,7 @@
    minute over the hour of prices before it; stop-and-copy migration at 1 s per GB.
    Cost is normalised to the paper's reference: a VM costing the average price of all
    four VMs over the same time.
-2. The real 2015 us-east-1 trace (../shared/data/spot-prices): a job of at least
+2. The real 2015 us-east-1 trace (shipped: `spotbag data path spot-prices`): a job of at least
    2 vCPU/10 GB over the whole trace, 30 s per migration, 90 s per revocation, bid =
    on-demand, a decision every 5 minutes over a 1-day window; cost normalised to the
    cheapest fitting on-demand VM (r3.large, $0.175/h); the index's volatility against
@@ -33,6 +33,7 @@ from charts import plot_hopping
 from tee import Tee
 
 from controller.price_trace import read_trace
+from controller.reference_data import SPOT_PRICES
 from controller.tools.hopping_report import (
     compositions,
     replay_row,
@@ -44,10 +45,7 @@ from policies.hopping import Fleet, Phase, replay, synthetic_prices
 from policies.index import Market, Need, Policy, decide
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TRACE = (
-    Path(__file__).resolve().parent.parent.parent
-    / "shared/data/spot-prices/us-east-1_spot_2015-03_to_2015-08.csv.gz"
-)
+TRACE = SPOT_PRICES  # shipped with spotbag (controller/data/reference/)
 SEEDS = 500
 
 SYNTHETIC_FLEET = Fleet(
@@ -113,9 +111,6 @@ def synthetic(out, literal: bool = False, std_scale: float = 1.0) -> dict[str, d
 
 
 def real_trace(out) -> None:
-    if not TRACE.exists():
-        print(f"\n(no {TRACE}: the real-trace part is skipped)", file=out)
-        return
     started = time.perf_counter()
     trace = read_trace(TRACE)
     read_s = time.perf_counter() - started

@@ -2,7 +2,8 @@
 """Benchmark and evaluation of the preemption models (issue 3).
 
 Prints:
-1. the model comparison on the real lifetimes (../shared/data/goog-preemption),
+1. the model comparison on the real lifetimes (the shipped goog-preemption data,
+   controller/data/reference/),
    for n1-highcpu-16 and for all VMs pooled: R², KS, log-likelihood and AIC of the
    bathtub model against exponential, Weibull and Gompertz–Makeham, both as the
    classic models are published (no deadline) and with the 24 h point mass too;
@@ -29,12 +30,13 @@ sys.path.insert(0, str(ROOT))
 
 from charts import plot_reuse_evaluation  # noqa: E402  (bench/charts.py)
 
+from controller.reference_data import LIFETIMES  # noqa: E402
 from controller.tools.lifetime_data import read_lifetimes  # noqa: E402
 from controller.tools.plots import plot_fits  # noqa: E402
 from policies.fitting import at_deadline, fit, fit_all, kaplan_meier  # noqa: E402
 from policies.reuse import ReuseTable, failure_probability, should_reuse  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "goog-preemption" / "lifetimes.csv"
+DATA = LIFETIMES  # shipped with spotbag (controller/data/reference/)
 RESULTS = Path(__file__).resolve().parent / "results"
 LAUNCH_H = 1 / 60  # a fresh VM takes a minute to launch and boot
 
@@ -76,8 +78,6 @@ def monte_carlo_failure(
 
 
 def main() -> None:
-    if not DATA.exists():
-        sys.exit(f"{DATA} is missing")
     RESULTS.mkdir(exist_ok=True)
     t, preempted, types = load()
 
