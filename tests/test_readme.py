@@ -97,7 +97,8 @@ def test_every_sh_block_of_the_readme_is_of_a_known_kind():
     assert [b.kind for b in blocks].count("sh cloud") <= 1
 
 
-def test_the_make_targets_the_readme_names_exist(tmp_path):
+@pytest.mark.processes
+def test_the_make_targets_the_readme_names_exist():
     for block in sh_blocks(README.read_text()):
         if block.kind != "sh make":
             continue
