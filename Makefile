@@ -39,6 +39,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Every benchmark to the end, each figure printed beside its target (bench/targets.py).
+# From a fresh clone: 22:44 on the 2-CPU development machine while other test suites ran
+# (1:46 of it the virtualenv). The long ones: slurm_dispatch.py ~7 min (needs root, Slurm
+# and munge, as the Slurm tests do; without them it says "skipped"), simulate_fleet.py
+# ~3 min, big_bag.py ~2.5 min; web_ui.py needs chromium and chromium-driver.
 bench: $(STAMP)
 	$(BIN)/python bench/accept_bag.py
 	$(BIN)/python bench/simulate_fleet.py

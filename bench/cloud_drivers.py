@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from targets import against
 from tee import Tee
 
 N_VMS = 1000
@@ -129,7 +130,7 @@ async def bench(kind: str, conn, out) -> None:
     print(
         f"{kind}: describe {N_VMS} VMs ({running} running): median {statistics.median(walls):.3f} s "
         f"wall (min {min(walls):.3f}, max {max(walls):.3f}), driver CPU "
-        f"{statistics.median(cpus):.3f} s",
+        f"{statistics.median(cpus):.3f} s {against(statistics.median(walls), 1, 's')}",
         file=out,
     )
 

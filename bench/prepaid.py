@@ -5,8 +5,8 @@
    exponential lengths with a 3-hour mean, 1-64 cores): the sweep to the usage
    levels plus the optimum and its full savings curve (target <= 2 s), checked
    against the best point of that curve.
-2. `spotbag prepaid` on the real SWF trace of ../shared/data/hpc-traces (19,760
-   Slurm jobs, March-September 2020), skipped when the folder is absent, with
+2. `spotbag prepaid` on the real SWF trace shipped in controller/data/reference/
+   (19,760 Slurm jobs, March-September 2020), with
    ASSUMED prices (ours, not any provider's quote): on demand $0.0475 per
    core-hour (a c5-like price per vCPU), prepaid for 1 year at $0.0300 per
    core-hour (a 37% discount), and prepaid for 3 years at $500 upfront per core
@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 from tee import Tee  # noqa: E402  (bench/tee.py)
 
 from controller.cli.prepaid import render  # noqa: E402
+from controller.reference_data import SWF  # noqa: E402
 from controller.tools.prepaid_report import analyse, read_swf, write_plot  # noqa: E402
 from policies.prepaid import optimal_prepaid_cores, usage_levels  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SWF = ROOT.parent / "shared/data/hpc-traces/DOST-ASTI_COARE-Saliksik-2020-cln.swf"
 ON_DEMAND = 0.0475  # $ per core-hour, assumed (c5-like)
 PREPAID_1Y = 0.0300  # $ per core-hour of a 1-year commitment, assumed
 UPFRONT_3Y = 500.0  # $ per core for 3 years, assumed (= 500 / 26,280 h = $0.0190 per core-hour)
@@ -90,9 +90,6 @@ def random_intervals() -> None:
 
 def real_trace() -> None:
     print("== 2. spotbag prepaid on the SWF trace (assumed prices, see bench/prepaid.py)")
-    if not SWF.exists():
-        print(f"  skipped: {SWF} is not here")
-        return
     began = time.perf_counter()
     trace = read_swf(SWF)
     read_s = time.perf_counter() - began
@@ -101,7 +98,7 @@ def real_trace() -> None:
     analyse_s = time.perf_counter() - began
     print(f"  read {trace.starts.size:,} jobs in {read_s:.3f} s, analysed in {analyse_s:.3f} s")
     by_partition = read_swf(SWF, "partition")
-    shown = f"SWF ../{SWF.relative_to(ROOT.parent)}"
+    shown = f"SWF {SWF.relative_to(ROOT)}"
     trace.source = by_partition.source = shown
     reports = [
         ("1-year term, all jobs", one_year),

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from targets import against
 from tee import Tee
 
 from controller import report_render
@@ -94,7 +95,8 @@ async def time_report(db: Path, bag_id: str, now: float, repeat: int = 5) -> flo
     totals = report["totals"]
     print(
         f"report of a {N:,}-job bag ({attempts:,} attempts on {totals['vms']:,} VMs): "
-        f"median {statistics.median(times):.3f} s (runs: {', '.join(f'{t:.3f}' for t in times)} s)"
+        f"median {statistics.median(times):.3f} s (runs: {', '.join(f'{t:.3f}' for t in times)} s) "
+        f"{against(statistics.median(times), 1, 's')}"
     )
     print(
         f"  rendered as CSV in {csv_s * 1000:.1f} ms, as HTML ({len(page) / 1024:,.0f} KiB) "

@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from targets import against
+
 from controller.cli.render import render_summary
 from controller.config import load_config
 from controller.simulation import simulate
@@ -110,12 +112,15 @@ def main() -> None:
         runs = ", ".join(f"{t:.1f}" for t in times)
         print(
             f"simulate 100,000 one-hour jobs on 1,000 VMs (runtime cv {cv}): median "
-            f"{statistics.median(times):.1f} s wall (runs: {runs} s), {result.ticks:,} scheduler passes"
+            f"{statistics.median(times):.1f} s wall (runs: {runs} s), {result.ticks:,} scheduler "
+            f"passes {against(statistics.median(times), 30, 's')}"
         )
         print(render_summary(result.bag, result.fleet))
         print()
+    cli_s = time_cli(0.0)
     print(
-        f"the `spotbag simulate` command (new process, runtime cv 0.0): {time_cli(0.0):.1f} s wall"
+        f"the `spotbag simulate` command (new process, runtime cv 0.0): {cli_s:.1f} s wall "
+        f"{against(cli_s, 30, 's')}"
     )
 
 

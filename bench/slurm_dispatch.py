@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from targets import against
 from tee import Tee
 
 from controller.executors.base import AttemptSpec
@@ -296,7 +297,8 @@ def main() -> None:
         ended_s, retry_s = preemption_to_retry(client, cluster)
         print(
             f"preemption (API fault injection) -> Slurm ended the job (NODE_FAIL): {ended_s:.2f} s; "
-            f"-> its retry running on a new VM: {retry_s:.2f} s",
+            f"{against(ended_s, 1, 's')}; -> its retry running on a new VM: {retry_s:.2f} s "
+            f"{against(retry_s, 1, 's')}",
             file=out,
         )
     finally:

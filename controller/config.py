@@ -352,7 +352,7 @@ class HoppingConfig(_Section):
     )
     trace: str = Field(
         "",
-        description="local/sim drivers: a spot price trace (CSV, as in shared/data/spot-prices) "
+        description="local/sim drivers: a spot price trace (CSV, like the shipped spot-prices dataset) "
         "replayed as the live prices; empty: the catalog's prices.",
     )
     trace_speed: float = Field(1.0, gt=0, description="Trace seconds replayed per model second.")

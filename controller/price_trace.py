@@ -1,7 +1,8 @@
 """Spot price traces: reading them, putting them on a regular grid, and replaying them as
 a price source for the local and sim drivers.
 
-The format is the one of ../shared/data/spot-prices/ (CSV, gzipped or not; read by
+The format is the one of the shipped 2015 trace (controller/data/reference/spot-prices/;
+`spotbag data path spot-prices`), CSV, gzipped or not (read by
 controller.trace_io):
 
     region,az,instance_type,product,timestamp_utc,spot_price_usd_hr,ondemand_price_usd_hr

@@ -1,7 +1,7 @@
 """A real Slurm cluster for tests and benchmarks: munged and slurmctld on this host,
 VMs as network-namespace hosts (drivers/local_hosts.py) that join it.
 
-Follows ../shared/notes/SLURM.md: a fresh directory under /tmp (mode 0711, for
+Follows the project's Slurm notes (SLURM.md of the development machines): a fresh directory under /tmp (mode 0711, for
 munge), a free port, the slurm.conf recipe plus spotbag's fragment
 (controller/slurm/conf.py), slurmctld in the foreground, and a bridge whose first
 address is the head node's, where configless slurmds in the VM hosts fetch their

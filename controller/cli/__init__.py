@@ -18,6 +18,7 @@ or the daemon. The modules, by area:
 - `hopping`: index, simulate-hopping
 - `prepaid`: prepaid
 - `slurm`: slurm (conf, install-hooks)
+- `data`: data (list, path): where the shipped reference data is
 
 `client` is the HTTP client, `specfile` reads bag specs (YAML or JSON) for `submit`
 and `simulate`, `render` the tables and text summaries, `common` what every command
@@ -35,6 +36,8 @@ import importlib
 import sys
 
 import click
+
+from controller import __version__
 
 # Command name -> "module:attribute" of its click command, imported on first use.
 COMMANDS = {
@@ -59,6 +62,7 @@ COMMANDS = {
     "index": "controller.cli.hopping:index_command",
     "simulate-hopping": "controller.cli.hopping:simulate_hopping_command",
     "slurm": "controller.cli.slurm:slurm_group",
+    "data": "controller.cli.data:data_group",
 }
 
 
@@ -103,6 +107,7 @@ class LazyGroup(click.Group):
     type=click.Path(file_okay=False),
     help="State directory of the daemon (where api.url and token are found).",
 )
+@click.version_option(__version__, "--version", "-V", prog_name="spotbag")
 @click.pass_context
 def cli(ctx: click.Context, url: str | None, token: str | None, state_dir: str | None) -> None:
     """spotbag: run bags of jobs on preemptible (spot) VMs."""

@@ -1,4 +1,5 @@
-"""Reading VM lifetime records (the CSV format of ../shared/data/goog-preemption/).
+"""Reading VM lifetime records (the CSV format of the shipped
+controller/data/reference/goog-preemption/lifetimes.csv).
 
 Columns: name, machine_type, zone, insert_time, end_time, lifetime_s, event, idle;
 `event` is "preempted" or "stop" (stopped by its user: right-censored). Extra

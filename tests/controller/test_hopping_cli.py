@@ -14,12 +14,12 @@ from click.testing import CliRunner
 from controller.cli import cli
 from controller.cli.hopping import index_command, simulate_hopping_command
 from controller.price_trace import TraceReplay, read_trace
+from controller.reference_data import SPOT_PRICES
 from controller.tools.hopping_report import parse_job
 from controller.trace_io import TraceError
 from policies.hopping import Phase
-from tests.conftest import REPO
 
-REAL_TRACE = REPO.parent / "shared/data/spot-prices/us-east-1_spot_2015-03_to_2015-08.csv.gz"
+REAL_TRACE = SPOT_PRICES
 HEADER = "region,az,instance_type,product,timestamp_utc,spot_price_usd_hr,ondemand_price_usd_hr"
 
 
@@ -149,7 +149,6 @@ def test_a_replayed_trace_gives_the_price_in_effect_at_the_drivers_time(tmp_path
     assert first[0].price_per_hour == r3a[0] and ten_minutes_on[0].price_per_hour == r3a[1]
 
 
-@pytest.mark.skipif(not REAL_TRACE.exists(), reason="no ../shared/data")
 def test_the_real_trace_cost_centric_moves_far_more_than_balanced():
     result = CliRunner().invoke(
         simulate_hopping_command,

@@ -16,12 +16,13 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli.prepaid import prepaid_command
+from controller.reference_data import SWF
 from controller.tools.prepaid_report import analyse, read_csv, read_swf
 from controller.trace_io import TraceError, parse_time
 from policies.prepaid import optimal_prepaid_cores, usage_levels
 from tests.conftest import REPO
 
-REAL_SWF = REPO.parent / "shared/data/hpc-traces/DOST-ASTI_COARE-Saliksik-2020-cln.swf"
+REAL_SWF = SWF
 
 SWF_HEADER = """\
 ; Version: 2.2
@@ -408,7 +409,6 @@ def test_the_command_as_a_real_process(tmp_path):
 # --- the real trace ------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not REAL_SWF.exists(), reason="../shared/data is not here")
 def test_the_real_swf_trace():
     trace = read_swf(REAL_SWF, "partition")
     assert trace.starts.size == 19_760 and trace.skipped == 0

@@ -225,7 +225,7 @@ def test_logs_follow_a_job_through_its_retries(make_daemon, tmp_path):
 
 
 def write_lifetimes(path, n=400, seed=3):
-    """A lifetimes CSV in the format of ../shared/data/goog-preemption, from a known bathtub."""
+    """A lifetimes CSV in the format of the shipped lifetimes (controller/data/reference/), from a known bathtub."""
     import csv
 
     import numpy as np

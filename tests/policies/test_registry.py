@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from controller.model_book import load_registry
+from controller.reference_data import LIFETIMES
 from policies.fitting import fit
 from policies.preemption import Bathtub, Exponential
 from policies.registry import (
@@ -23,7 +23,6 @@ from policies.registry import (
     time_of_day,
 )
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "goog-preemption" / "lifetimes.csv"
 SATURDAY_NIGHT = dt.datetime(2026, 11, 21, 2, 30, tzinfo=dt.UTC)
 
 
@@ -94,11 +93,10 @@ def test_shipped_defaults_cover_the_dataset():
     assert registry.lookup("gce", "e2-medium", "asia-east1-a").key == ModelKey("gce")
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not available")
 def test_the_shipped_pooled_model_is_what_the_data_gives():
     import csv
 
-    rows = list(csv.DictReader(DATA.open()))
+    rows = list(csv.DictReader(LIFETIMES.open()))
     result = fit(
         [float(r["lifetime_s"]) / 3600 for r in rows], [r["event"] == "preempted" for r in rows]
     )
