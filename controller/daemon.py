@@ -32,6 +32,7 @@ from controller.clock import RealClock
 from controller.config import Config, ConfigError
 from controller.errors import SpotbagError
 from controller.executors.base import CallbackNoted
+from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
 from controller.learning import Learner
@@ -74,6 +75,7 @@ class Controller:
         self.store = Store(self.state_dir / "spotbag.db")
         # Every bag's cost shown by the API: its split-cost report's (bag_cost.py).
         self.bag_costs = BagCosts(self.store, CostRule.of(config), self.clock.now)
+        self.fleet_costs = FleetCosts(self.store, self.clock.now)
         self.token = ""
         self.tokens = Tokens("")
         self.controller_id = ""
@@ -176,6 +178,7 @@ class Controller:
             "preemption models: %s configured, %d learned", self.config.preemption.model, learned
         )
         await self.scheduler.recover()
+        self.fleet_costs.refresh_in_background()  # GET /v1/vms then waits less, if at all
         if self.config.hopping.enabled:
             self.hopper = Hopper(
                 settings=self.config.hopping,
@@ -339,6 +342,7 @@ class Controller:
         if self.driver is not None and hasattr(self.driver, "close"):
             await _step("closing the driver", self.driver.close())
         await _step("stopping bag cost refreshes", self.bag_costs.close())
+        await _step("stopping fleet cost refreshes", self.fleet_costs.close())
         await _step("closing the store", self.store.close())
         if self._lock_file is not None:
             self._lock_file.close()

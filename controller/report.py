@@ -42,7 +42,7 @@ from controller.store import Store
 from policies.allocation import DEFAULT_WEIGHTS, Weights
 from policies.index import DEFAULT_CAP_FACTOR as CAP_FACTOR
 from policies.ledger_rules import GPU_WEIGHT
-from policies.vm_cost import split_vm_costs
+from policies.vm_cost import VmCosts, split_vm_costs
 
 # The figures of every group, in the order tables and CSV show them.
 METRICS: tuple[tuple[str, str], ...] = (
@@ -117,33 +117,46 @@ class SampledMarket:
         return cls(series, index_at, index)
 
     def vm_price_samples(
-        self, vm_types, zones, spot
+        self, vm_types, zones, spot, start_s, end_s
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(vm index, at, price) for split_vm_costs: each spot VM's type in its zone, else
-        in any zone of that type; on-demand VMs keep their price."""
+        in any zone of that type; on-demand VMs keep their price. Each VM gets only the
+        samples of its billed life [start_s, end_s): the last at or before its start (the
+        price in effect then; split_vm_costs would let it win over earlier ones anyway)
+        and those after it, before its end (later ones change nothing), so that a fleet
+        of thousands of VMs over a month of samples stays a small array."""
         if not self.series:
             return None
         vm_of, ats, values = [], [], []
         by_type: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         for (vm_type, _), series in self.series.items():
             by_type.setdefault(vm_type, []).append(series)
-        for v, (vm_type, zone, is_spot) in enumerate(zip(vm_types, zones, spot, strict=True)):
+        any_zone: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for v, (vm_type, zone, is_spot, start, end) in enumerate(
+            zip(vm_types, zones, spot, start_s, end_s, strict=True)
+        ):
             if not is_spot:
                 continue
             pair = self.series.get((vm_type, zone))
             if pair is None and vm_type in by_type:
-                pairs = by_type[vm_type]
-                pair = (
-                    np.concatenate([a for a, _ in pairs]),
-                    np.concatenate([p for _, p in pairs]),
-                )
-                order = np.argsort(pair[0], kind="stable")
-                pair = (pair[0][order], pair[1][order])
+                pair = any_zone.get(vm_type)
+                if pair is None:
+                    pairs = by_type[vm_type]
+                    merged = (
+                        np.concatenate([a for a, _ in pairs]),
+                        np.concatenate([p for _, p in pairs]),
+                    )
+                    order = np.argsort(merged[0], kind="stable")
+                    pair = any_zone[vm_type] = (merged[0][order], merged[1][order])
             if pair is None:
                 continue
-            vm_of.append(np.full(len(pair[0]), v))
-            ats.append(pair[0])
-            values.append(pair[1])
+            lo = max(int(np.searchsorted(pair[0], start, side="right")) - 1, 0)
+            hi = int(np.searchsorted(pair[0], end, side="left"))
+            if hi <= lo:
+                continue
+            vm_of.append(np.full(hi - lo, v))
+            ats.append(pair[0][lo:hi])
+            values.append(pair[1][lo:hi])
         if not vm_of:
             return None
         return np.concatenate(vm_of), np.concatenate(ats), np.concatenate(values)
@@ -239,19 +252,7 @@ def compute_report(
 
     vms = rows["vms"]
     vm_index = {vm[0]: i for i, vm in enumerate(vms)}
-    vm_cols = list(zip(*vms, strict=True)) if vms else [()] * 14
-    ended = np.array([now if e is None else e for e in vm_cols[13]], dtype=float)
-    running = np.array(
-        [e if r is None else r for r, e in zip(vm_cols[12], ended, strict=True)], dtype=float
-    )
-    running = np.minimum(running, ended)
-    capacity = np.array(
-        list(zip(vm_cols[6], vm_cols[8], vm_cols[7], strict=True)), dtype=float
-    ).reshape(-1, 3)
-    spot = np.array(vm_cols[3], dtype=bool)
-    # A VM on the on-demand market pays the on-demand price.
-    paid = np.where(spot, np.array(vm_cols[9], dtype=float), np.array(vm_cols[10], dtype=float))
-    on_demand = np.array(vm_cols[10], dtype=float)
+    vm_cols, running, ended, capacity, spot, paid, on_demand = _vm_arrays(vms, now)
     vm_preempted = np.array([state == "preempted" for state in vm_cols[4]], dtype=bool)
     type_names = [
         f"{t} ({'spot' if s else 'on-demand'})" for t, s in zip(vm_cols[1], spot, strict=True)
@@ -278,7 +279,7 @@ def compute_report(
         a_reserved,
         weights=weights,
         idle_timeout_s=idle_timeout_s,
-        price_samples=market.vm_price_samples(vm_cols[1], vm_cols[2], spot),
+        price_samples=market.vm_price_samples(vm_cols[1], vm_cols[2], spot, running, ended),
     )
     # The index beside the price paid: ∫ 𝕀(t)·sqrt(C·M) dt over each VM's billed life.
     index_usd = market.index_cost_usd(running, ended, capacity[:, 0], capacity[:, 1])
@@ -387,6 +388,52 @@ def compute_report(
         "vms": timeline,
         "vms_truncated": len(used_vms) > MAX_TIMELINE_VMS,
     }
+
+
+def _vm_arrays(
+    vms: Sequence[tuple], now: float
+) -> tuple[list, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The columns of VM rows (`Store.report_rows`' vms), and as arrays each VM's
+    billed life as of `now` (running → ended, or now), capacity (cpu, memory_gb, gpu),
+    market (spot or not), the price it pays per hour and the on-demand price."""
+    vm_cols = list(zip(*vms, strict=True)) if vms else [()] * 14
+    ended = np.array([now if e is None else e for e in vm_cols[13]], dtype=float)
+    running = np.array(
+        [e if r is None else r for r, e in zip(vm_cols[12], ended, strict=True)], dtype=float
+    )
+    running = np.minimum(running, ended)
+    capacity = np.array(
+        list(zip(vm_cols[6], vm_cols[8], vm_cols[7], strict=True)), dtype=float
+    ).reshape(-1, 3)
+    spot = np.array(vm_cols[3], dtype=bool)
+    # A VM on the on-demand market pays the on-demand price.
+    paid = np.where(spot, np.array(vm_cols[9], dtype=float), np.array(vm_cols[10], dtype=float))
+    on_demand = np.array(vm_cols[10], dtype=float)
+    return vm_cols, running, ended, capacity, spot, paid, on_demand
+
+
+def vm_costs(vms: Sequence[tuple], prices: Sequence[tuple], now: float) -> VmCosts:
+    """What each VM cost over its billed life up to `now`, by the reports' rule: the
+    per-VM figures (life_h, cost_usd = ∫ price dt, on_demand_usd) of the same
+    split_vm_costs call, with the same price samples (SampledMarket.vm_price_samples:
+    a spot VM pays its type's sampled price in its zone, its own price before the first
+    sample), that a report splits among attempts. A VM's cost does not depend on who
+    ran on it, so no attempt is passed. `vms`: rows as `Store.report_rows`' vms;
+    `prices`: its prices over (at least) those VMs' lives."""
+    vm_cols, running, ended, capacity, spot, paid, on_demand = _vm_arrays(vms, now)
+    market = SampledMarket.from_rows(prices, ())
+    return split_vm_costs(
+        running,
+        ended,
+        capacity,
+        paid,
+        on_demand,
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0),
+        np.zeros(0),
+        np.zeros((0, 3)),
+        price_samples=market.vm_price_samples(vm_cols[1], vm_cols[2], spot, running, ended),
+    )
 
 
 def _grouped(

@@ -24,6 +24,7 @@ from controller.clock import SimClock
 from controller.config import Config
 from controller.errors import SpotbagError
 from controller.executors.sim import SimExecutor
+from controller.fleet_cost import compute_fleet_cost
 from controller.ids import SequentialIds
 from controller.report import CostRule
 from controller.scheduler import Scheduler
@@ -100,7 +101,7 @@ async def simulate(
         await run_scheduler(scheduler, clock, config.simulation.tick_s)
         bag = await store.get_bag(bag_row["id"])
         assert bag is not None  # the simulation's own bag, never deleted
-        fleet = fleet_view(await store.vm_usage(clock.now()))
+        fleet = fleet_view((await compute_fleet_cost(store, clock.now()))[0])
         costs = await compute_bag_costs(store, [bag["id"]], clock.now(), CostRule.of(config))
         return SimulationResult(
             bag_view(bag, clock.now(), costs[bag["id"]]),

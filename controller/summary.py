@@ -9,10 +9,11 @@ SPEC.md §7's split of its VMs' cost, as of `cost.as_of`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from controller.bag_cost import BagCost
+from controller.fleet_cost import FleetCost
 from controller.models import JobState
 from controller.store import job_id_of
 
@@ -100,27 +101,8 @@ def job_view(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def fleet_view(usage_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Totals over VMs: how many, how many were preempted, VM-hours (running time, idle
-    included) and their cost."""
-    total = {
-        "vms": 0,
-        "vms_preempted": 0,
-        "vm_hours": 0.0,
-        "spot_cost_usd": 0.0,
-        "on_demand_cost_usd": 0.0,
-    }
-    by_type = []
-    for row in usage_rows:
-        entry = {
-            "vm_type": row["vm_type"],
-            "vms": row["vms"],
-            "vms_preempted": row["preemptions"],
-            "vm_hours": _hours(row["vm_s"] or 0.0),
-            "spot_cost_usd": row["spot_cost_usd"] or 0.0,
-            "on_demand_cost_usd": row["on_demand_cost_usd"] or 0.0,
-        }
-        by_type.append(entry)
-        for key in total:
-            total[key] += entry[key]
-    return {"total": total, "by_vm_type": by_type}
+def fleet_view(fleet: FleetCost) -> dict[str, Any]:
+    """Totals over every VM that ran, and per VM type: how many, how many were
+    preempted, VM-hours (billed life, idle included) and their cost as of
+    `fleet.as_of`, priced as reports price them (controller/fleet_cost.py)."""
+    return {**fleet.totals, "cost_as_of": fleet.as_of}

@@ -374,8 +374,18 @@ class PriceHistory(_Response):
 
 
 class VmList(_Response):
-    vms: list[dict[str, Any]]
-    usage: dict[str, Any]
+    vms: list[dict[str, Any]] = Field(
+        description="The VMs' rows, each with billed_hours (running → ended, or "
+        "usage.cost_as_of), cost_usd (what it paid over them, priced as cost reports "
+        "price it: a spot VM its type's recorded spot prices while price samples exist, "
+        "else its own price) and on_demand_cost_usd (the same hours at its on-demand price)."
+    )
+    usage: dict[str, Any] = Field(
+        description="Every VM that ran, so far: total and by_vm_type (vms, vms_preempted, "
+        "vm_hours, spot_cost_usd, on_demand_cost_usd), the sums of the VMs' figures, so the "
+        "total equals the cost reports of all bags together; cost_as_of: the instant "
+        "(epoch s) the figures are of."
+    )
 
 
 class Account(_Response):

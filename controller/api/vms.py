@@ -1,4 +1,5 @@
-"""VMs: the fleet with what each VM has cost so far, the preemption models the
+"""VMs: the fleet with what each VM has cost so far (priced as reports price it:
+controller/fleet_cost.py), the preemption models the
 scheduler assumes (configured, learned, in use per live VM), and fault injection
 (preempt a VM now, on drivers that can)."""
 
@@ -39,25 +40,24 @@ async def list_vms(request: web.Request) -> web.Response:
     if state is None and not include_ended:
         states = [VmState.PENDING.value, VmState.RUNNING.value]
     live = c.running_scheduler.vms
-    now = c.clock.now()
+    fleet = await c.fleet_costs.get()
     vms: list[dict[str, Any]] = []
     for row in await c.store.list_vms(states=states, limit=limit):
         vm: dict[str, Any] = dict(row)
         vms.append(vm)
-        # What the VM has cost so far: its price over its billed life (running → ended).
-        billed_h = max(0.0, (vm["ended_at"] or now) - (vm["running_at"] or now)) / 3600.0
-        paid = vm["spot_price_per_hour"] if vm["spot"] else vm["on_demand_price_per_hour"]
-        vm["billed_hours"] = billed_h
-        vm["cost_usd"] = billed_h * paid
-        vm["on_demand_cost_usd"] = billed_h * vm["on_demand_price_per_hour"]
+        # What the VM has cost up to the fleet's instant, as reports price it (a VM not
+        # yet running then has cost nothing so far).
+        cost = fleet.vms.get(vm["id"])
+        vm["billed_hours"] = cost.billed_hours if cost else 0.0
+        vm["cost_usd"] = cost.cost_usd if cost else 0.0
+        vm["on_demand_cost_usd"] = cost.on_demand_cost_usd if cost else 0.0
         run = live.get(vm["id"])
         vm["jobs"] = len(run.attempts) if run is not None else 0
         # Its Slurm node: a pool node it serves, or the node named after it.
         node_of = getattr(c.executor, "node_of", None)
         vm["slurm_node"] = vm["pool_node"] or (node_of(vm["id"]) if node_of else "")
         vm["terminating"] = bool(run and run.terminating)
-    fleet = fleet_view(await c.store.vm_usage(c.clock.now()))
-    return json_response({"vms": vms, "usage": fleet})
+    return json_response({"vms": vms, "usage": fleet_view(fleet)})
 
 
 CURVE_POINTS = 240  # points of each model's S(t) and h(t) for the web page's charts

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from controller.store.engine import Engine
@@ -101,22 +101,12 @@ class ReportQueries(Engine):
                 f"FROM attempts WHERE vm_id IN {on_vms} AND bag_id NOT IN ({scope_sql})",
                 params,
             ).fetchall()
-            # The spot prices sampled while those VMs lived (from the last sample before the
-            # first of them started), and every type's size, for the index.
+            # The spot prices sampled while those VMs lived, and every type's size, for the index.
             first, last = conn.execute(
                 f"SELECT min(requested_at), max(coalesce(ended_at, 1e300)) FROM vms WHERE id IN {on_vms}",
                 params,
             ).fetchone()
-            prices: list[tuple] = []
-            if first is not None:
-                start = conn.execute(
-                    "SELECT max(at) FROM price_samples WHERE at <= ?", (first,)
-                ).fetchone()[0]
-                prices = conn.execute(
-                    "SELECT vm_type, zone, at, price_per_hour FROM price_samples "
-                    "WHERE at >= ? AND at <= ? ORDER BY at",
-                    (first if start is None else start, last),
-                ).fetchall()
+            prices = _prices_between(conn, first, last)
             sizes = conn.execute(
                 "SELECT vm_type, max(cpus), max(memory_gb), max(on_demand_price_per_hour) "
                 "FROM vms GROUP BY vm_type"
@@ -147,6 +137,29 @@ class ReportQueries(Engine):
 
         return await self.read(select)
 
+    async def fleet_cost_rows(self, known: Collection[str] = ()) -> dict:
+        """What the fleet's costs (controller/fleet_cost.py) are priced from, as tuples:
+        every VM that ran but those in `known` (the columns of `report_rows`' vms), and
+        the spot prices of their types sampled while they lived (as `report_rows`' are:
+        the same samples for every VM they share)."""
+
+        def select(conn: sqlite3.Connection) -> dict:
+            vms = [
+                vm
+                for vm in conn.execute(
+                    "SELECT id, vm_type, zone, spot, state, reason, cpus, gpus, memory_gb, "
+                    "spot_price_per_hour, on_demand_price_per_hour, requested_at, running_at, "
+                    "ended_at FROM vms WHERE running_at IS NOT NULL ORDER BY requested_at, id"
+                )
+                if vm[0] not in known
+            ]
+            first = min((vm[11] for vm in vms), default=None)
+            last = max((1e300 if vm[13] is None else vm[13] for vm in vms), default=None)
+            types = sorted({vm[1] for vm in vms if vm[3]})
+            return {"vms": vms, "prices": _prices_between(conn, first, last, types)}
+
+        return await self.read(select)
+
     async def final_bag_costs(self, bag_ids: Sequence[str], rule: str) -> list[tuple]:
         """The kept final costs of these bags computed under `rule`: (bag_id, vm_h,
         spot_cost_usd, on_demand_cost_usd, as_of)."""
@@ -173,3 +186,27 @@ class ReportQueries(Engine):
             )
 
         await self.write(insert)
+
+
+def _prices_between(
+    conn: sqlite3.Connection,
+    first: float | None,
+    last: float | None,
+    vm_types: Sequence[str] | None = None,
+) -> list:
+    """(vm_type, zone, at, price_per_hour) of the price samples (of `vm_types`, or all)
+    from `first` to `last`, oldest first, with each series' last sample at or before
+    `first` (its price in effect then): so every VM living in that span is priced from
+    the same samples, whichever other VMs (a bag's report, the fleet) it was taken over."""
+    if first is None or last is None or (vm_types is not None and not vm_types):
+        return []
+    of_types = "" if vm_types is None else " AND vm_type IN (SELECT value FROM json_each(:types))"
+    return conn.execute(
+        "SELECT vm_type, zone, at, price_per_hour FROM ("
+        # SQLite: with max(), the bare columns are those of the row holding the max.
+        f" SELECT vm_type, zone, max(at) AS at, price_per_hour FROM price_samples"
+        f" WHERE at <= :first{of_types} GROUP BY vm_type, zone"
+        f" UNION ALL SELECT vm_type, zone, at, price_per_hour FROM price_samples"
+        f" WHERE at > :first AND at <= :last{of_types}) ORDER BY at, vm_type, zone",
+        {"first": first, "last": last, "types": json.dumps(list(vm_types or ()))},
+    ).fetchall()

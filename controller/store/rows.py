@@ -145,17 +145,6 @@ class VmRow(TypedDict):
     pool_node: str
 
 
-class VmUsageRow(TypedDict):
-    """Usage of one VM type (`vm_usage`)."""
-
-    vm_type: str
-    vms: int
-    preemptions: int
-    vm_s: float
-    spot_cost_usd: float
-    on_demand_cost_usd: float
-
-
 class LifetimeRow(TypedDict):
     """How long a VM lived, in model seconds, and whether it was preempted."""
 

@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from controller.store.engine import Engine, dict_rows
-from controller.store.rows import LifetimeRow, VmRow, VmUsageRow
+from controller.store.rows import LifetimeRow, VmRow
 
 
 class VmQueries(Engine):
@@ -26,25 +26,6 @@ class VmQueries(Engine):
             return dict_rows(conn, "SELECT * FROM vms ORDER BY requested_at DESC LIMIT ?", (limit,))
 
         return await self.read(list_)
-
-    async def vm_usage(self, now: float) -> list[VmUsageRow]:
-        """Per VM type: VMs, preemptions, VM-seconds (running time) and their spot and on-demand cost."""
-
-        def usage(conn: sqlite3.Connection) -> list[VmUsageRow]:
-            return dict_rows(
-                conn,
-                "SELECT vm_type, count(*) AS vms, sum(state = 'preempted') AS preemptions, "
-                "sum(max(0, coalesce(ended_at, :now) - running_at)) AS vm_s, "
-                "sum(max(0, coalesce(ended_at, :now) - running_at) * CASE WHEN spot "
-                "THEN spot_price_per_hour ELSE on_demand_price_per_hour END) / 3600.0 "
-                "AS spot_cost_usd, "
-                "sum(max(0, coalesce(ended_at, :now) - running_at) * on_demand_price_per_hour) / 3600.0 "
-                "AS on_demand_cost_usd "
-                "FROM vms WHERE running_at IS NOT NULL GROUP BY vm_type ORDER BY vm_type",
-                {"now": now},
-            )
-
-        return await self.read(usage)
 
     async def lifetime_observations(
         self, driver: str, now: float, limit: int = 20_000

@@ -172,7 +172,16 @@ def test_sampled_prices_price_each_vm_and_give_the_index_beside():
     index_usd = market.index_cost_usd(start, end, np.array([2.0, 2.0]), np.array([2.0, 2.0]))
     np.testing.assert_allclose(index_usd, [(0.0125 * 0.5 + 0.02 * 0.5) * 2, 0.0125 * 0.5 * 2])
 
-    samples = market.vm_price_samples(["a", "a"], ["z1", "z9"], np.array([True, True]))
+    samples = market.vm_price_samples(["a", "a"], ["z1", "z9"], np.array([True, True]), start, end)
+    assert samples is not None
+    # Only each VM's life's samples: the one in effect at its start and the later ones
+    # before its end (VM 1, 0 s to 1800 s, gets one t=0 sample, the later row, and
+    # neither t=3600 one).
+    assert sorted(zip(samples[0].tolist(), samples[1].tolist(), strict=True)) == [
+        (0, 0.0),
+        (0, 3600.0),
+        (1, 0.0),
+    ]
     costs = split_vm_costs(
         start,
         end,

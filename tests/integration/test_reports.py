@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sqlite3
+import time
 
 import pytest
 
@@ -134,3 +136,48 @@ def test_a_bags_cost_is_its_reports_also_after_a_restart(make_daemon):
         again = admin.bag(bag_id)["usage"]
         for key in ("vm_hours", "spot_cost_usd", "on_demand_cost_usd", "savings_usd", "cost_final"):
             assert again[key] == usage[key]  # restored exactly: the same rows, the same split
+
+
+def test_the_fleet_over_http_costs_what_the_report_says_under_sampled_prices(make_daemon):
+    """GET /v1/vms prices each VM as reports do: spot prices recorded (unlike the
+    configured ones) while a bag runs alone on its VMs; once they ended, each VM's
+    cost, the fleet total, the bag's report and the bag's view all agree, and none is
+    the configured price × the billed hours."""
+    daemon = make_daemon(max_vms=2)
+    admin = daemon.start()
+    admin.create_account("lab", cpu_hours=100)
+    now = time.time()
+    with sqlite3.connect(daemon.state_dir / "spotbag.db") as conn:
+        conn.executemany(
+            "INSERT OR REPLACE INTO price_samples (vm_type, zone, at, price_per_hour) "
+            "VALUES (?, ?, ?, ?)",
+            [
+                (vm_type, "local", at, price)
+                for vm_type in ("local-2", "local-4")
+                for at, price in ((now, 0.9), (now + 1.5, 0.3))
+            ],
+        )
+    spec = {"command": "sleep 1", "parameters": {"i": list(range(4))}, "max_runtime_s": 60}
+    bag = admin.submit(dict(spec, account="lab"))
+    assert wait_for_bag(admin, bag["id"], 60)["state"] == "succeeded"
+    wait_until(lambda: not admin.vms()["vms"], 30, 0.2, "the VMs to end")
+    ended = max(vm["ended_at"] for vm in admin.vms(include_ended=True)["vms"])
+    fleet = wait_until(
+        lambda: (f := admin.vms(include_ended=True))["usage"]["cost_as_of"] >= ended and f,
+        30,
+        0.2,
+        "the fleet's cost after the VMs ended",
+    )
+    vms, total = fleet["vms"], fleet["usage"]["total"]
+    totals = admin.report(bag=bag["id"])["totals"]
+    view = admin.bag(bag["id"])["usage"]
+    assert view["cost_final"]
+    assert total["vms"] == totals["vms"] == len(vms)
+    assert total["spot_cost_usd"] == pytest.approx(totals["spot_cost_usd"], rel=1e-9)
+    assert total["vm_hours"] == pytest.approx(totals["vm_h"], rel=1e-9)
+    assert sum(vm["cost_usd"] for vm in vms) == pytest.approx(totals["spot_cost_usd"], rel=1e-9)
+    # The bag alone on its VMs costs what the fleet cost.
+    assert view["spot_cost_usd"] == pytest.approx(total["spot_cost_usd"], rel=1e-9)
+    assert view["vm_hours"] == pytest.approx(total["vm_hours"], rel=1e-9)
+    configured = sum(vm["billed_hours"] * vm["spot_price_per_hour"] for vm in vms)
+    assert total["spot_cost_usd"] > 5 * configured
