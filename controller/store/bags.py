@@ -8,7 +8,7 @@ Job ids are `<bag id>-<index>`: `job_id_of` and `split_job_id` convert.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from controller.errors import SpotbagError
@@ -50,7 +50,7 @@ class BagQueries(Engine):
         params_json: Iterable[str],
         idempotency_key: str | None,
         *,
-        ledger_rows: Sequence[tuple] = (),
+        ledger_rows: Iterable[tuple] = (),
         held_from: int | None = None,
         new_account: dict[str, Any] | None = None,
     ) -> tuple[BagRow, bool]:
