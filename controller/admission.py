@@ -156,7 +156,9 @@ async def admit(
         scheduler.accounts.undo(admission)  # the earlier bag holds its own reservations
         return bag_row, created
     # The bag is written: it must reach the scheduler even if this request is
-    # cancelled meanwhile (a client gone), so the hand-over runs shielded.
+    # cancelled meanwhile (a client gone), so the hand-over runs shielded; a cancel of
+    # the bag meanwhile is kept for it.
+    scheduler.bag_written(bag_id)
     await asyncio.shield(
         hand_over(scheduler, bag_id, spec.model_copy(update={"points": None}), expanded, admission)
     )

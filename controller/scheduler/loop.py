@@ -108,13 +108,22 @@ class Scheduler(
         a fraction of the memory of a million dicts)."""
         held = len(params_json) if held_from is None else held_from
         self._commands.append(_Admit(bag_id, spec, params_json, held))
+        if self._handing_over.pop(bag_id, False):
+            self._commands.append(_Cancel(bag_id))  # cancelled while handed over
         self._wake.set()
+
+    def bag_written(self, bag_id: str) -> None:
+        """A bag was written and will come with `bag_admitted` once its reservations
+        are open (admission.hand_over): a cancel meanwhile is kept for it."""
+        self._handing_over[bag_id] = False
 
     def credited(self) -> None:
         """An account got CPU-hours: held jobs may run (the next pass admits them)."""
         self._wake.set()
 
     def cancel_requested(self, bag_id: str) -> None:
+        if bag_id in self._handing_over:
+            self._handing_over[bag_id] = True
         self._commands.append(_Cancel(bag_id))
         self._wake.set()
 

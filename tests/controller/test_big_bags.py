@@ -173,3 +173,39 @@ def test_first_attempt_keys_are_the_reservation_keys():
     assert list(itertools.islice(keys, 2)) == expected[:2]
     with pytest.raises(IndexError):
         keys[5]
+
+
+async def test_a_cancel_while_a_bag_is_handed_over_is_not_lost(tmp_path):
+    """A cancel that comes after the bag is written but before the scheduler has it
+    (its reservations still being opened) cancels it: no job of it starts, every
+    job ends cancelled and every reservation is released."""
+    chunk = admission_module.OPEN_KEYS_CHUNK
+    n = 2 * chunk + 3
+    cfg = config()
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    bag_id = "b0000000001"
+    cancelled = asyncio.Event()
+
+    async def cancel_midway() -> None:
+        while not 0 < len(scheduler.accounts.ledger.open) < n:
+            await asyncio.sleep(0)
+        assert await scheduler.store.request_cancel(bag_id, clock.now())
+        scheduler.cancel_requested(bag_id)
+        cancelled.set()
+
+    canceller = asyncio.create_task(cancel_midway())
+    await admit_bag(scheduler, cfg, n, bag_id)
+    await canceller
+    assert cancelled.is_set()
+    passes = 0
+    while bag_id in scheduler.bags or scheduler.has_inputs():
+        await scheduler.tick()
+        assert not scheduler.attempts
+        passes += 1
+        assert passes < 1000, "the bag was never cancelled"
+    await scheduler.store.close()
+    assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
+    assert rows(tmp_path, "SELECT state, count(*) FROM jobs GROUP BY state") == [("cancelled", n)]
+    assert rows(tmp_path, "SELECT count(*) FROM ledger_open") == [(0,)]
+    assert scheduler.accounts.view("a")["reserved_cpu_h"] == pytest.approx(0.0, abs=1e-6)
