@@ -49,6 +49,8 @@ from drivers.base import PriceSample
 
 log = logging.getLogger("spotbag.daemon")
 
+SWITCH_INTERVAL_S = 0.001  # the GIL's time slice (sys.setswitchinterval) in the daemon
+
 # Drivers on this host (their VMs push their changes; a price trace may stand in for
 # the market). Their VMs end with the daemon unless the driver says they outlive it
 # (the local driver's VM hosts do).
@@ -460,6 +462,11 @@ async def serve(
     config: Config, *, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Run the daemon until SIGTERM/SIGINT (or `stop` is set)."""
+    # The event loop's thread shares the GIL with the store's writer and the threads
+    # that expand bags: each time it comes back from I/O it waits for a busy thread's
+    # time slice to end (5 ms by default, several times per request). 1 ms keeps a
+    # request's waits short while a big bag is written (issue 14).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     _watch_children_with_pidfds()
     controller = Controller(config)
     starting = asyncio.create_task(_keep_systemd_waiting(), name="start-keepalive")
