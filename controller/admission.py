@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
 from controller.errors import Conflict, InsufficientBalance, InvalidBag, NotFound, NoVmTypeFits
-from controller.ledger import UnknownAccount, first_attempt_keys
+from controller.ledger import Admission, UnknownAccount, first_attempt_keys
 from controller.planner import CatalogType, why_unplaceable
 from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
 from controller.store import IdempotencyConflict, Store
 from controller.store.rows import BagRow
+from controller.waiting_jobs import PackedParams
 from drivers.base import VmType
 from policies.ledger_rules import InsufficientCredit, jobs_covered
 
@@ -28,11 +28,14 @@ from policies.ledger_rules import InsufficientCredit, jobs_covered
 @dataclass(frozen=True)
 class Expanded:
     bag: Bag
-    params_json: list[str]  # each job's parameters, compact JSON
-    keys: list[str]  # each job's first-attempt reservation key
+    params_json: PackedParams  # each job's parameters, compact JSON
+    keys: Sequence[str]  # each job's first-attempt reservation key (made as read)
 
 
 WorkdirCheck = Callable[[str], str | None]
+
+# Reservations opened per slice after a bag is written (~10 ms of the event loop).
+OPEN_KEYS_CHUNK = 20_000
 
 
 def expand(
@@ -55,7 +58,7 @@ def expand(
                 f"workdir: {problem}", detail={"errors": [{"field": "workdir", "message": problem}]}
             )
     check_fits(bag, catalog)
-    params_json = [json.dumps(p, separators=(",", ":")) for p in bag.points()]
+    params_json = PackedParams.encode(bag.points())
     return Expanded(bag, params_json, first_attempt_keys(bag_id, len(params_json)))
 
 
@@ -130,7 +133,8 @@ async def admit(
         "request_hash": hashlib.sha256(spec.model_dump_json().encode()).hexdigest(),
     }
     job_count = expanded.bag.job_count
-    admission = reserve(scheduler, bag_id, spec, job_count, now, expanded.keys)
+    # The balance is reserved now; the jobs' keys are opened once the bag is written.
+    admission = reserve(scheduler, bag_id, spec, job_count, now, expanded.keys, open_keys=False)
     try:
         bag_row, created = await store.create_bag(
             row,
@@ -151,10 +155,27 @@ async def admit(
     if not created:
         scheduler.accounts.undo(admission)  # the earlier bag holds its own reservations
         return bag_row, created
-    scheduler.bag_admitted(
-        bag_id, spec.model_copy(update={"points": None}), expanded.params_json, admission.held_from
+    # The bag is written: it must reach the scheduler even if this request is
+    # cancelled meanwhile (a client gone), so the hand-over runs shielded; a cancel of
+    # the bag meanwhile is kept for it.
+    scheduler.bag_written(bag_id)
+    await asyncio.shield(
+        hand_over(scheduler, bag_id, spec.model_copy(update={"points": None}), expanded, admission)
     )
     return bag_row, created
+
+
+async def hand_over(
+    scheduler: Scheduler, bag_id: str, spec: Any, expanded: Expanded, admission: Admission
+) -> None:
+    """Open the written bag's reservations in the ledger, OPEN_KEYS_CHUNK keys at a
+    time with the event loop free in between (a million keys at once would hold it
+    for half a second), then give the bag to the scheduler. No attempt of the bag can
+    settle before: the scheduler does not know it yet."""
+    for start in range(0, len(admission.reserved_keys), OPEN_KEYS_CHUNK):
+        scheduler.accounts.open_reserved(admission, start, start + OPEN_KEYS_CHUNK)
+        await asyncio.sleep(0)
+    scheduler.bag_admitted(bag_id, spec, expanded.params_json, admission.held_from)
 
 
 def reserve(
@@ -164,12 +185,14 @@ def reserve(
     job_count: int,
     now: float,
     keys: Sequence[str] | None = None,
-) -> Any:
+    *,
+    open_keys: bool = True,
+) -> Admission:
     """Reserve CPU-hours for the bag's jobs (SPEC.md §6), or say why not: what was needed,
     what is available, and what would help."""
     accounts = scheduler.accounts
     try:
-        return accounts.admit_bag(bag_id, spec, job_count, now, keys)
+        return accounts.admit_bag(bag_id, spec, job_count, now, keys, open_keys=open_keys)
     except UnknownAccount as exc:
         raise NotFound(str(exc), code="unknown_account", detail={"account": exc.account}) from None
     except InsufficientCredit as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gc
 import logging
 import os
 import secrets
@@ -50,6 +51,8 @@ from controller.wiring import make_driver, make_executor, make_model_book
 from drivers.base import PriceSample
 
 log = logging.getLogger("spotbag.daemon")
+
+SWITCH_INTERVAL_S = 0.001  # the GIL's time slice (sys.setswitchinterval) in the daemon
 
 # Drivers on this host (their VMs push their changes; a price trace may stand in for
 # the market). Their VMs end with the daemon unless the driver says they outlive it
@@ -468,6 +471,11 @@ async def serve(
     config: Config, *, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Run the daemon until SIGTERM/SIGINT (or `stop` is set)."""
+    # The event loop's thread shares the GIL with the store's writer and the threads
+    # that expand bags: each time it comes back from I/O it waits for a busy thread's
+    # time slice to end (5 ms by default, several times per request). 1 ms keeps a
+    # request's waits short while a big bag is written (issue 14).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     _watch_children_with_pidfds()
     controller = Controller(config)
     starting = asyncio.create_task(_keep_systemd_waiting(), name="start-keepalive")
@@ -491,6 +499,13 @@ async def serve(
         await runner.setup()
         site = web.TCPSite(runner, config.api.host, config.api.port)
         await site.start()
+        # What start-up made (modules, schemas, routes, the recovered state) lives as
+        # long as the daemon: out of the collector's generations, it is not walked by
+        # every full collection (~50,000 objects, tens of ms of the event loop each
+        # time, and full collections come every second or two while a big bag is
+        # cancelled; issue 14). Objects still die by reference counting.
+        gc.collect()
+        gc.freeze()
         host, port = runner.addresses[0][:2]
         url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
         write_url_file(controller.state_dir, url)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from controller.bagspec import BagSpec
 from controller.config import LedgerConfig
@@ -42,10 +42,45 @@ def _check_credit(cpu_h: float) -> None:
         raise ValueError(f"a credit must be a non-negative number of CPU-hours, not {cpu_h}")
 
 
-def first_attempt_keys(bag_id: str, job_count: int) -> list[str]:
+class FirstAttemptKeys(Sequence[str]):
+    """The reservation keys of the first attempts of a bag's jobs (reservation_key),
+    made as they are read: a list of a million keys would be ~70 MB, and every
+    garbage collection that meets it walks a million strings (~50-80 ms, issue 14)."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self, bag_id: str, job_count: int) -> None:
+        self._prefix = f"{bag_id}:"
+        self._count = job_count
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, idx: int) -> str: ...
+    @overload
+    def __getitem__(self, idx: slice) -> Sequence[str]: ...
+    def __getitem__(self, idx: int | slice) -> str | Sequence[str]:
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(self._count)
+            if start == 0 and step == 1:  # the first jobs (those an account can cover)
+                return FirstAttemptKeys(self._prefix[:-1], stop)
+            prefix = self._prefix
+            return [f"{prefix}{i}:1" for i in range(start, stop, step)]
+        if idx < 0:
+            idx += self._count
+        if not 0 <= idx < self._count:
+            raise IndexError(f"job index {idx} out of range")
+        return f"{self._prefix}{idx}:1"
+
+    def __iter__(self) -> Iterator[str]:
+        prefix = self._prefix
+        return (f"{prefix}{idx}:1" for idx in range(self._count))
+
+
+def first_attempt_keys(bag_id: str, job_count: int) -> FirstAttemptKeys:
     """The reservation keys of the first attempts of a bag's jobs (reservation_key)."""
-    prefix = f"{bag_id}:"
-    return [f"{prefix}{idx}:1" for idx in range(job_count)]
+    return FirstAttemptKeys(bag_id, job_count)
 
 
 class LedgerStore(Protocol):
@@ -83,6 +118,7 @@ class Admission:
     needed_cpu_h: float = 0.0  # for all the bag's jobs
     reserved_keys: Sequence[str] = ()
     per_job_cpu_h: float = 0.0
+    opened: int = 0  # reserved_keys[:opened] are open in the ledger (open_reserved)
 
     def rows(self, at: float) -> Iterable[tuple]:
         """The ledger rows to write with the bag, made as they are written (off the
@@ -121,11 +157,16 @@ class Accounts:
         job_count: int,
         now: float,
         keys: Sequence[str] | None = None,
+        *,
+        open_keys: bool = True,
     ) -> Admission:
         """Reserve for the first attempt of every job (reject: all or nothing, raising
         InsufficientCredit; hold: as many as fit, in order, the rest held). Creates the
         account first when `new_accounts` allows. `keys`: the jobs' first-attempt
-        reservation keys (first_attempt_keys), when made beforehand off the event loop."""
+        reservation keys (first_attempt_keys), when made beforehand off the event loop.
+        `open_keys=False`: only the balance is reserved now; the caller opens the keys
+        with `open_reserved` once the bag is written (in slices, between which the
+        event loop serves others: a million keys take it hundreds of milliseconds)."""
         account = spec.account
         new_account, entries = self._open_account(account, now)
         per_job = self.per_attempt_cpu_h(spec)
@@ -137,17 +178,27 @@ class Accounts:
             else:
                 fits = jobs_covered(self.ledger.balance(account).available, per_job, job_count)
             reserved = keys if fits == job_count else keys[:fits]
-            self.ledger.reserve_many(account, reserved, per_job)
+            self.ledger.reserve_block(account, len(reserved), per_job)
         except InsufficientCredit:
             self._forget_new(account, new_account)
             raise
-        return Admission(
+        admission = Admission(
             account, entries, fits, new_account, per_job * job_count, reserved, per_job
         )
+        if open_keys:
+            self.open_reserved(admission, 0, len(reserved))
+        return admission
+
+    def open_reserved(self, admission: Admission, start: int, stop: int) -> None:
+        """Open the reservations of the admission's keys [start, stop) (admit_bag
+        reserved their amount)."""
+        keys = admission.reserved_keys[start:stop]
+        self.ledger.open_keys(admission.account, keys, admission.per_job_cpu_h)
+        admission.opened = max(admission.opened, min(stop, len(admission.reserved_keys)))
 
     def undo(self, admission: Admission) -> None:
         """The bag was not written (an error, or a repeated Idempotency-Key)."""
-        for key in admission.reserved_keys:
+        for key in admission.reserved_keys[: admission.opened]:
             self.ledger.open.pop(key, None)
         balance = self.ledger.balance(admission.account)
         balance.reserved -= admission.per_job_cpu_h * len(admission.reserved_keys)

@@ -12,6 +12,7 @@ from controller.bagspec import BagSpec
 from controller.model_book import Belief
 from controller.models import AttemptState, JobState
 from controller.store import job_id_of
+from controller.waiting_jobs import FreshParams, JobQueue
 from drivers.base import VmState, VmType
 from policies.packing import Shape
 from policies.reuse import ReuseTable
@@ -32,8 +33,8 @@ class BagRun:
     id: str
     spec: BagSpec
     shape: Shape
-    queue: deque[int]  # job indexes waiting for a slot, next first
-    fresh: dict[int, str]  # params (compact JSON) of waiting jobs that never ran (no JobRun yet)
+    queue: JobQueue  # job indexes waiting for a slot, next first
+    fresh: FreshParams  # params (compact JSON) of waiting jobs that never ran (no JobRun yet)
     open_jobs: int  # jobs not yet finished
     failed_jobs: int
     cancelled_jobs: int = 0

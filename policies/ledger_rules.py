@@ -24,7 +24,7 @@ that caused them, and rebuilds a Ledger from the stored entries after a restart.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -125,10 +125,21 @@ class Ledger:
         """Reserve `cpu_h` for each key, all or nothing, in bulk (a million keys in a
         fraction of a second: a bag's first attempts, keys no reservation has used yet).
         The caller records one reserve entry per key."""
-        needed = cpu_h * len(keys)
+        self.reserve_block(account, len(keys), cpu_h)
+        self.open_keys(account, keys, cpu_h)
+
+    def reserve_block(self, account: str, count: int, cpu_h: float) -> None:
+        """The balance side of `reserve_many`: reserve `count × cpu_h`, all or nothing
+        (raising InsufficientCredit). The keys are opened afterwards with `open_keys`,
+        in slices if need be: opening a million keys at once holds a thread for
+        hundreds of milliseconds."""
+        needed = cpu_h * count
         if not self.can_reserve(account, needed):
             raise InsufficientCredit(account, needed, self.balance(account).available)
         self.balance(account).reserved += needed
+
+    def open_keys(self, account: str, keys: Iterable[str], cpu_h: float) -> None:
+        """Open reservations of `cpu_h` each, whose amount `reserve_block` reserved."""
         self.open.update(dict.fromkeys(keys, (account, cpu_h)))
 
     def settle(

@@ -49,7 +49,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 
 from controller.bagspec import BagSpec
@@ -73,13 +72,14 @@ from controller.scheduler.recovery import RecoveryMixin
 from controller.scheduler.slurm_pools import PoolsMixin
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import StoreUnavailable, WriteBatch
+from controller.waiting_jobs import FreshParams, JobQueue
 from drivers.base import VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")
 
 __all__ = ["CANCEL_CHUNK", "Clock", "IdSource", "PoolPower", "PoolRunEvent", "Scheduler"]
 
-CANCEL_CHUNK = 2_000  # waiting jobs cancelled per pass (about 50 ms of work)
+CANCEL_CHUNK = 500  # waiting jobs cancelled per pass (~10-25 ms of the loop on a small VM)
 
 
 class Scheduler(
@@ -108,13 +108,22 @@ class Scheduler(
         a fraction of the memory of a million dicts)."""
         held = len(params_json) if held_from is None else held_from
         self._commands.append(_Admit(bag_id, spec, params_json, held))
+        if self._handing_over.pop(bag_id, False):
+            self._commands.append(_Cancel(bag_id))  # cancelled while handed over
         self._wake.set()
+
+    def bag_written(self, bag_id: str) -> None:
+        """A bag was written and will come with `bag_admitted` once its reservations
+        are open (admission.hand_over): a cancel meanwhile is kept for it."""
+        self._handing_over[bag_id] = False
 
     def credited(self) -> None:
         """An account got CPU-hours: held jobs may run (the next pass admits them)."""
         self._wake.set()
 
     def cancel_requested(self, bag_id: str) -> None:
+        if bag_id in self._handing_over:
+            self._handing_over[bag_id] = True
         self._commands.append(_Cancel(bag_id))
         self._wake.set()
 
@@ -319,8 +328,9 @@ class Scheduler(
             id=command.bag_id,
             spec=command.spec,
             shape=shape_of(command.spec),
-            queue=deque(range(command.held_from)),
-            fresh=dict(enumerate(command.params_json)),
+            # A range and the packed parameters: no object per job (waiting_jobs.py).
+            queue=JobQueue(command.held_from),
+            fresh=FreshParams(command.params_json),
             open_jobs=len(command.params_json),
             failed_jobs=0,
         )
@@ -360,15 +370,13 @@ class Scheduler(
         budget = CANCEL_CHUNK
         while bag.queue and budget:
             idx = bag.queue.popleft()
-            self._job_to(
-                self._queued_job(bag, idx), JobState.CANCELLED, now, batch, "cancelled by user"
-            )
+            job = self._job_to_cancel(bag, idx, JobState.QUEUED)
+            self._job_to(job, JobState.CANCELLED, now, batch, "cancelled by user")
             budget -= 1
         for idx in list(itertools.islice(bag.held, budget)):
             del bag.held[idx]
-            self._job_to(
-                self._held_job(bag, idx), JobState.CANCELLED, now, batch, "cancelled by user"
-            )
+            job = self._job_to_cancel(bag, idx, JobState.HELD)
+            self._job_to(job, JobState.CANCELLED, now, batch, "cancelled by user")
         if bag.queue or bag.held:
             self._commands.append(_Cancel(bag_id))
             self._wake.set()

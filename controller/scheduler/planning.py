@@ -19,8 +19,6 @@ state (bags, jobs, attempts, VMs and their indexes).
 
 from __future__ import annotations
 
-from collections import deque
-
 from controller.executors.base import AttemptSpec
 from controller.job_command import render_command
 from controller.models import AttemptState, JobState
@@ -28,6 +26,7 @@ from controller.planner import DemandGroup, Plan, Snapshot, VmView
 from controller.runtime import AttemptRun, BagRun, VmRun, capacity_of
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import WriteBatch
+from controller.waiting_jobs import JobQueue
 from drivers.base import VmState
 from policies.packing import Shape
 
@@ -119,7 +118,7 @@ class PlanningMixin(TransitionsMixin):
     ) -> tuple[list[AttemptSpec], list[VmRun]]:
         for problem in decision.unplaceable:
             bag = self.bags[problem.bag_id]
-            queued, bag.queue = bag.queue, deque()
+            queued, bag.queue = bag.queue, JobQueue()
             for idx in queued:
                 self._job_to(
                     self._queued_job(bag, idx), JobState.FAILED, now, batch, problem.reason

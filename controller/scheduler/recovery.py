@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import deque
 
 from controller.bagspec import BagSpec
 from controller.executors.base import AttemptEvent, LiveAttempt
@@ -28,6 +27,7 @@ from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, s
 from controller.scheduler.actions import ActionsMixin
 from controller.scheduler.inputs import _Cancel
 from controller.store.rows import VmRow
+from controller.waiting_jobs import FreshParams, JobQueue
 from drivers.base import VmState, VmType
 
 log = logging.getLogger("spotbag.scheduler")
@@ -52,8 +52,8 @@ class RecoveryMixin(ActionsMixin):
                 id=bag_row["id"],
                 spec=spec,
                 shape=shape_of(spec),
-                queue=deque(),
-                fresh={},
+                queue=JobQueue(),
+                fresh=FreshParams(),
                 open_jobs=sum(counts.get(s, 0) for s in ("queued", "held", "running")),
                 failed_jobs=counts.get("failed", 0),
                 cancelled_jobs=counts.get("cancelled", 0),

@@ -105,6 +105,9 @@ class SchedulerState:
         self._by_provider_id: dict[str, str] = {}
         self._inbox: list[VmStatus | ExecutorEvent] = []
         self._commands: list[Command] = []
+        # Bags written but still being handed over (admission.hand_over): whether a
+        # cancel came meanwhile (it is replayed once the bag is admitted).
+        self._handing_over: dict[str, bool] = {}
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_describe = 0.0

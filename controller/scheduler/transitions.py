@@ -60,6 +60,16 @@ class TransitionsMixin(SchedulerState):
             batch.ledger_entries(at, entries, "retry")
         self._job_to(job, JobState.QUEUED, at, batch, reason)
 
+    def _job_to_cancel(self, bag: BagRun, idx: int, state: JobState) -> JobRun:
+        """A waiting job (queued or held) about to be cancelled: one that never ran is
+        made without decoding its parameters, which it will never use."""
+        job = self.jobs.get((bag.id, idx))
+        if job is None:
+            bag.fresh.pop(idx)
+            job = JobRun(bag.id, idx, {}, state)
+            self.jobs[(bag.id, idx)] = job
+        return job
+
     def _queued_job(self, bag: BagRun, idx: int) -> JobRun:
         """The job at `idx` of a bag's queue (made on first use: a 100,000-job bag
         costs no 100,000 objects until its jobs start)."""

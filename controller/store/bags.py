@@ -7,8 +7,10 @@ Job ids are `<bag id>-<index>`: `job_id_of` and `split_job_id` convert.
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from controller.errors import SpotbagError
@@ -41,6 +43,26 @@ def split_job_id(job_id: str) -> tuple[str, int] | None:
     return bag_id, int(idx)
 
 
+# A bag's rows are written WRITE_SLICE_ROWS at a time, the writer thread pausing
+# WRITE_PAUSE_S between slices. Making a million rows' tuples is seconds of Python
+# that holds the GIL (released only inside each row's sqlite3_step); on a small,
+# busy VM the event loop's thread then waits 100-250 ms at a time for the GIL and a
+# CPU (measured with bench/big_bag.py, issue 14). The pauses cost ~0.2 s a million.
+WRITE_SLICE_ROWS = 5_000
+WRITE_PAUSE_S = 0.001
+
+
+def _slices(rows: Iterable[tuple]) -> Iterator[list[tuple]]:
+    """The rows, WRITE_SLICE_ROWS at a time, with a pause before each but the first."""
+    it = iter(rows)
+    first = True
+    while chunk := list(itertools.islice(it, WRITE_SLICE_ROWS)):
+        if not first:
+            time.sleep(WRITE_PAUSE_S)  # the GIL and a CPU for the event loop's thread
+        first = False
+        yield chunk
+
+
 class BagQueries(Engine):
     """Queries of the bags, jobs and bag_job_counts tables (and the recovery read)."""
 
@@ -50,7 +72,7 @@ class BagQueries(Engine):
         params_json: Iterable[str],
         idempotency_key: str | None,
         *,
-        ledger_rows: Sequence[tuple] = (),
+        ledger_rows: Iterable[tuple] = (),
         held_from: int | None = None,
         new_account: dict[str, Any] | None = None,
     ) -> tuple[BagRow, bool]:
@@ -83,13 +105,14 @@ class BagQueries(Engine):
             )
             bag_id = row["id"]
             held = row["job_count"] if held_from is None else held_from
-            conn.executemany(
-                "INSERT INTO jobs (bag_id, idx, params, state) VALUES (?, ?, ?, ?)",
-                (
-                    (bag_id, idx, params, "queued" if idx < held else "held")
-                    for idx, params in enumerate(params_json)
-                ),
+            jobs = (
+                (bag_id, idx, params, "queued" if idx < held else "held")
+                for idx, params in enumerate(params_json)
             )
+            for rows in _slices(jobs):
+                conn.executemany(
+                    "INSERT INTO jobs (bag_id, idx, params, state) VALUES (?, ?, ?, ?)", rows
+                )
             for state, n in (("queued", held), ("held", row["job_count"] - held)):
                 if n:
                     conn.execute(
@@ -98,7 +121,8 @@ class BagQueries(Engine):
                     )
             if new_account is not None:
                 insert_account(conn, new_account)
-            insert_ledger(conn, ledger_rows)
+            for rows in _slices(ledger_rows):
+                insert_ledger(conn, rows)
             conn.execute(
                 "INSERT INTO transitions (at, entity, entity_id, from_state, to_state, reason) "
                 "VALUES (?, 'bag', ?, '', 'active', 'submitted')",

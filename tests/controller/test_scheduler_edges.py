@@ -286,7 +286,7 @@ async def test_a_big_bag_is_cancelled_a_chunk_per_pass_and_none_of_it_starts(tmp
         passes += 1
         assert not scheduler.attempts  # nothing of a cancelled bag starts
         assert passes <= 10
-    assert passes == 3  # 2,000 + 2,000 + 10 jobs
+    assert passes == 3  # CANCEL_CHUNK + CANCEL_CHUNK + 10 jobs
     await run_until(scheduler, clock, 600)
     await scheduler.store.close()
     assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]

@@ -1,0 +1,135 @@
+"""A bag's waiting jobs without an object per job.
+
+A bag of a million jobs admitted as a deque of a million ints and a dict of a million
+parameter strings costs the event loop half a second to build, ~90 MB, and every full
+garbage collection walks the deque's million ints (50-100 ms a pass on a small VM,
+issue 14). Here a freshly admitted bag is a range of indexes (`JobQueue`) and one
+string of all its jobs' parameters with an array of offsets (`PackedParams`): a few
+objects whatever the bag's size, none of them a container the collector walks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from array import array
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, overload
+
+_PACK_CHUNK = 4096  # points encoded per join while packing (bounds the temporary list)
+
+
+class JobQueue:
+    """Job indexes waiting for a slot, next first, with deque's operations.
+
+    `front` (retries, put first), then the range [next, stop) of jobs never queued
+    before (admission), then `back` (appended one by one, as recovery does)."""
+
+    __slots__ = ("_back", "_front", "_next", "_stop")
+
+    def __init__(self, stop: int = 0) -> None:
+        self._front: deque[int] = deque()
+        self._next = 0
+        self._stop = stop
+        self._back: deque[int] = deque()
+
+    def __len__(self) -> int:
+        return len(self._front) + (self._stop - self._next) + len(self._back)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(self._front, range(self._next, self._stop), self._back)
+
+    def popleft(self) -> int:
+        if self._front:
+            return self._front.popleft()
+        if self._next < self._stop:
+            self._next += 1
+            return self._next - 1
+        if self._back:
+            return self._back.popleft()
+        raise IndexError("pop from an empty JobQueue")
+
+    def appendleft(self, idx: int) -> None:
+        self._front.appendleft(idx)
+
+    def append(self, idx: int) -> None:
+        self._back.append(idx)
+
+
+class PackedParams(Sequence[str]):
+    """Each job's parameters (compact JSON), packed: one string and the offset where
+    each job's text ends (array of int64: 8 bytes a job, no object per job)."""
+
+    __slots__ = ("_ends", "_text")
+
+    def __init__(self, text: str, ends: array) -> None:
+        self._text = text
+        self._ends = ends
+
+    @classmethod
+    def encode(cls, points: Iterable[dict[str, Any]]) -> PackedParams:
+        """Pack the points (CPU-bound: run it off the event loop)."""
+        parts: list[str] = []
+        ends = array("q")
+        at = 0
+        it = iter(points)
+        while chunk := list(itertools.islice(it, _PACK_CHUNK)):
+            texts = [json.dumps(p, separators=(",", ":")) for p in chunk]
+            for text in texts:
+                at += len(text)
+                ends.append(at)
+            parts.append("".join(texts))
+        return cls("".join(parts), ends)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, idx: int) -> str: ...
+    @overload
+    def __getitem__(self, idx: slice) -> Sequence[str]: ...
+    def __getitem__(self, idx: int | slice) -> str | Sequence[str]:
+        if isinstance(idx, slice):
+            return [self[i] for i in range(*idx.indices(len(self)))]
+        if idx < 0:
+            idx += len(self)
+        if not 0 <= idx < len(self._ends):
+            raise IndexError(f"job index {idx} out of range")
+        start = self._ends[idx - 1] if idx else 0
+        return self._text[start : self._ends[idx]]
+
+    def __iter__(self) -> Iterator[str]:
+        text, start = self._text, 0
+        for end in self._ends:
+            yield text[start:end]
+            start = end
+
+
+class FreshParams:
+    """The parameters of a bag's jobs that never ran (no JobRun yet), taken once each
+    with `pop`, like a dict of index -> compact JSON: the bag's packed parameters as
+    admitted (`base`; a bitmap says which were taken), plus single jobs set one by one
+    (as recovery loads them)."""
+
+    __slots__ = ("_base", "_more", "_taken")
+
+    def __init__(self, base: Sequence[str] = ()) -> None:
+        self._base = base
+        self._taken = bytearray(len(base))  # 1 byte a job: which were popped
+        self._more: dict[int, str] = {}
+
+    def __setitem__(self, idx: int, params: str) -> None:
+        self._more[idx] = params
+
+    def pop(self, idx: int) -> str:
+        """A job's parameters, once (KeyError if taken or never there)."""
+        if idx in self._more:
+            return self._more.pop(idx)
+        if 0 <= idx < len(self._taken) and not self._taken[idx]:
+            self._taken[idx] = 1
+            return self._base[idx]
+        raise KeyError(idx)
