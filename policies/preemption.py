@@ -101,7 +101,9 @@ class LifetimeModel:
     def cdf(self, t_h: ArrayLike) -> np.ndarray:
         t = _arr(t_h)
         out = np.clip(self._cdf_c(np.maximum(t, 0.0)), 0.0, 1.0)
-        out = np.where(t < 0, 0.0, out)
+        # F(0) = 0 exactly: the bathtub's F_c(0) is A·e^{-b/tau2} minus itself, which
+        # rounds to ~1e-17 rather than 0.
+        out = np.where(t <= 0, 0.0, out)
         if self.L is not None:
             out = np.where(t >= self.L, 1.0, out)
         return out
@@ -436,8 +438,14 @@ def fit(
 
 
 def quad_first_moment(model: LifetimeModel, a: float, b: float) -> float:
-    """∫_a^b t f(t) dt by adaptive quadrature (to check the closed forms and grids)."""
-    value, _ = integrate.quad(lambda t: t * float(model.pdf(t)), a, b, limit=200, points=None)
+    """∫_a^b t f(t) dt by adaptive quadrature (to check the closed forms and grids).
+
+    The density drops to 0 at the model's end (a bathtub whose F_c reaches 1 before the
+    deadline stops there): that jump is a breakpoint, or quadrature can step over the
+    last sliver of mass."""
+    end = model.end_h
+    points = [end] if a < end < b else None
+    value, _ = integrate.quad(lambda t: t * float(model.pdf(t)), a, b, limit=200, points=points)
     return value
 
 

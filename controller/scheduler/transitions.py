@@ -265,7 +265,10 @@ class TransitionsMixin(SchedulerState):
         attempt still waiting in the executor's queue never ran: it is lost (not counted)."""
         for attempt_id in list(vm.attempts):
             attempt = self.attempts[attempt_id]
-            why = f"VM {vm.id} {state}" + (f": {reason}" if reason else "")
+            # Drivers word a reason as "preempted: sampled lifetime ..."; the attempt's
+            # reason names the VM and its state once ("VM vm-1 preempted: sampled ...").
+            detail = reason.removeprefix(f"{state}: ")
+            why = f"VM {vm.id} {state}" + (f": {detail}" if detail else "")
             if attempt.cancelling:
                 ended = AttemptState.CANCELLED
             elif attempt.state is AttemptState.STARTING and self.executor.queues_attempts:

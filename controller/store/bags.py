@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from controller.errors import SpotbagError

@@ -96,6 +96,12 @@ def test_bag_completes_through_injected_and_sampled_preemptions(make_daemon, tmp
     assert_exactly_once(daemon.state_dir, bag["id"], 12)
     injected = store_rows(daemon.state_dir, f"SELECT state, reason FROM vms WHERE id = '{vm_id}'")
     assert injected == [("preempted", "preempted: injected through the API")]
+    # Its attempts name the VM and its state once, then the driver's detail.
+    on_it = store_rows(
+        daemon.state_dir,
+        f"SELECT DISTINCT reason FROM attempts WHERE vm_id = '{vm_id}' AND state = 'preempted'",
+    )
+    assert on_it == [(f"VM {vm_id} preempted: injected through the API",)]
     # The API shows the retry: a job with more than one attempt lists them all.
     retried = store_rows(
         daemon.state_dir, f"SELECT idx FROM jobs WHERE bag_id = '{bag['id']}' AND attempts > 1"

@@ -79,8 +79,29 @@ def test_integrals_agree_with_quadrature(model):
             expected, rel=2e-3, abs=1e-5
         )
         # ... and the density integrates to the continuous part of the CDF.
-        total, _ = integrate.quad(lambda x: float(model.pdf(x)), 0.0, model.L, limit=200)
+        # (the density's jump where a bathtub's F_c reaches 1 is a breakpoint)
+        points = [model.end_h] if model.end_h < model.L else None
+        total, _ = integrate.quad(
+            lambda x: float(model.pdf(x)), 0.0, model.L, limit=200, points=points
+        )
         assert total + model.deadline_mass() == pytest.approx(1.0, abs=2e-3)
+
+
+def test_a_bathtub_that_saturates_before_the_deadline_checks_against_quadrature():
+    # Examples hypothesis found: F_c reaches 1 at ~12.01 h (a sliver past the test's
+    # start at L/2) and at ~1.5 h; quadrature without the breakpoint missed the mass.
+    for model in (
+        Bathtub(A=1.0, tau1=11.65625, tau2=38.5, b=1.0, L=24.0),
+        Bathtub(A=1.0, tau1=11.75, tau2=1.5, b=1.0, L=24.0),
+    ):
+        assert model.deadline_mass() == 0.0
+        assert float(model.first_moment(12.0, 25.0)) == pytest.approx(
+            quad_first_moment(model, 12.0, 24.0), rel=1e-6, abs=1e-12
+        )
+        assert float(model.first_moment(0.0, 25.0)) == pytest.approx(
+            quad_first_moment(model, 0.0, 24.0), rel=1e-6
+        )
+    assert Bathtub(A=1.0, tau1=1.0, tau2=18.589314014958017, b=56.42995710170877).cdf(0.0) == 0.0
 
 
 def test_expected_lifetime_counts_the_deadline_mass():
