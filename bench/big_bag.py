@@ -7,9 +7,11 @@ submits a bag of 1,000,000 jobs (a parameter range), waits until the daemon hold
 then cancels it and waits until every job is cancelled.
 
 Prints the worst `/healthz` latency during the submission and during the cancel
-(target, issue 14: the loop never blocked more than 100 ms, so well under that plus a
-request's own time), the seconds each took, and the daemon's resident memory: holding
-the bag, its peak (VmHWM), and after the cancel (target: <= 500 MB holding the bag).
+(what a client sees: the loop's stalls plus waiting for a CPU, on this 2-vCPU host shared
+with the daemon's writer and expansion threads), the daemon's own record of its event
+loop's longest stall (issue 14's target: never blocked more than 100 ms at a time), the
+seconds each took, and the daemon's resident memory: holding the bag, its peak (VmHWM),
+and after the cancel (target: <= 500 MB holding the bag).
 """
 
 from __future__ import annotations
@@ -62,6 +64,26 @@ class Probe(threading.Thread):
         return latencies
 
 
+def loop_lag(client) -> tuple[float, dict[float, float]]:
+    """The daemon's own record of its event loop (controller/loop_lag.py): the longest
+    stall since start, and the histogram's cumulative counts by upper bound (s)."""
+    text, _ = client.request("GET", "/metrics", raw=True)
+    longest, buckets = 0.0, {}
+    for line in text.decode().splitlines():
+        if line.startswith("spotbag_event_loop_lag_max_seconds "):
+            longest = float(line.split()[1])
+        elif line.startswith("spotbag_event_loop_lag_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = float(line.split()[1])
+    return longest, buckets
+
+
+def stalls_over(before: dict[float, float], after: dict[float, float], bound_s: float) -> int:
+    """Late wake-ups above `bound_s` between two readings of the histogram."""
+    total = after[float("inf")] - before[float("inf")]
+    return int(total - (after[bound_s] - before[bound_s]))
+
+
 def memory_mb(pid: int) -> tuple[float, float]:
     """(resident, peak resident) of a process, MB."""
     fields = {}
@@ -88,6 +110,7 @@ def main() -> None:
         try:
             time.sleep(0.5)
             probe.phase()
+            _, lag_at_start = loop_lag(client)
             started = time.perf_counter()
             bag = client.submit(
                 {
@@ -102,6 +125,7 @@ def main() -> None:
             submit_s = time.perf_counter() - started
             time.sleep(2.0)  # the scheduler's passes over the held bag
             submit_latencies = probe.phase()
+            submit_lag_max_s, lag_after_submit = loop_lag(client)
             holding_mb, _ = memory_mb(pid)
 
             started = time.perf_counter()
@@ -110,6 +134,7 @@ def main() -> None:
                 time.sleep(0.1)
             cancel_s = time.perf_counter() - started
             cancel_latencies = probe.phase()
+            overall_lag_max_s, lag_after_cancel = loop_lag(client)
             after_mb, peak_mb = memory_mb(pid)
         finally:
             probe.stopped.set()
@@ -117,12 +142,18 @@ def main() -> None:
     print(f"a {args.jobs:,}-job bag (daemon idle: {idle_mb:.0f} MB resident)")
     print(
         f"submit: held in {submit_s:.1f} s; /healthz worst {1000 * max(submit_latencies):.0f} ms "
-        f"over {len(submit_latencies)} probes {against(1000 * max(submit_latencies), 100, 'ms')}"
+        f"over {len(submit_latencies)} probes (a client's view; the 100 ms bound is on the loop, below)"
     )
     print(
         f"cancel: all cancelled in {cancel_s:.1f} s; /healthz worst "
-        f"{1000 * max(cancel_latencies):.0f} ms over {len(cancel_latencies)} probes "
-        f"{against(1000 * max(cancel_latencies), 100, 'ms')}"
+        f"{1000 * max(cancel_latencies):.0f} ms over {len(cancel_latencies)} probes"
+    )
+    print(
+        f"event loop (the daemon's own timer, due every 20 ms): longest stall while submitting "
+        f"{1000 * submit_lag_max_s:.0f} ms {against(1000 * submit_lag_max_s, 100, 'ms')}, "
+        f"{stalls_over(lag_at_start, lag_after_submit, 0.1)} stalls over 100 ms; "
+        f"while cancelling {stalls_over(lag_after_submit, lag_after_cancel, 0.1)} over 100 ms "
+        f"(longest of the whole run {1000 * overall_lag_max_s:.0f} ms)"
     )
     print(
         f"memory: {holding_mb:.0f} MB holding the bag, peak {peak_mb:.0f} MB, "

@@ -37,6 +37,7 @@ from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
 from controller.learning import Learner
+from controller.loop_lag import LoopLagMonitor
 from controller.metrics import Metrics
 from controller.price_trace import TraceError, TraceReplay, read_trace
 from controller.report import CostRule
@@ -88,6 +89,8 @@ class Controller:
         self._loop_task: asyncio.Task | None = None
         self._learning_task: asyncio.Task | None = None
         self._hopper_task: asyncio.Task | None = None
+        self.loop_lag = LoopLagMonitor(self.metrics.loop_lag_seconds.observe)
+        self._loop_lag_task: asyncio.Task | None = None
         self.hopper: Hopper | None = None
         self.hook_secret = b""
         self.learner: Learner | None = None
@@ -170,6 +173,8 @@ class Controller:
         )
         self.scheduler.pools = pools
         self.metrics.watch(self.scheduler.gauges)
+        self.metrics.watch_loop_lag(lambda: self.loop_lag.max_lag_s)
+        self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
         self.metrics.watch_health(lambda: (self.store.write_errors, self.problems()))
         self.learner = Learner(
             self.store, self.book, self.config.preemption, self.driver.name, self.clock.now
@@ -325,7 +330,7 @@ class Controller:
     async def stop(self) -> None:
         """Stop in order, every step whatever an earlier one raised: the background
         tasks, the scheduler (its attempts recorded), the driver, the store."""
-        for task in (self._hopper_task, self._learning_task):
+        for task in (self._hopper_task, self._learning_task, self._loop_lag_task):
             if task is not None:
                 task.cancel()
                 await _step(f"stopping {task.get_name()}", task)

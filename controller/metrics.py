@@ -60,6 +60,18 @@ class _HealthCollector(Collector):
         )
 
 
+class _LoopLagCollector(Collector):
+    def __init__(self, read: Callable[[], float]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "spotbag_event_loop_lag_max_seconds",
+            "The event loop's longest stall since the daemon started.",
+            value=self._read(),
+        )
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -89,12 +101,22 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
+        self.loop_lag_seconds = Histogram(
+            "spotbag_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 20 ms: how long it was held.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
         self.http_requests = Counter(
             "spotbag_http_requests",
             "HTTP requests, by route and status.",
             ["route", "status"],
             registry=self.registry,
         )
+
+    def watch_loop_lag(self, max_lag_s: Callable[[], float]) -> None:
+        """Report the event loop's longest stall since start (controller/loop_lag.py)."""
+        self.registry.register(_LoopLagCollector(max_lag_s))
 
     def watch_health(self, read: Callable[[], tuple[int, list[str]]]) -> None:
         """Report the store's failed writes and whether the daemon is healthy, as

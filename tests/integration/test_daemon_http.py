@@ -128,6 +128,9 @@ def test_bag_completes_through_injected_and_sampled_preemptions(make_daemon, tmp
     assert metrics["spotbag_jobs", (("state", "queued"),)] == 0
     assert metrics["spotbag_jobs", (("state", "running"),)] == 0
     assert metrics["spotbag_scheduler_loop_seconds_count", ()] > 10
+    # The event loop's stall monitor wakes every 20 ms while the daemon runs.
+    assert metrics["spotbag_event_loop_lag_seconds_count", ()] > 10
+    assert 0.0 <= metrics["spotbag_event_loop_lag_max_seconds", ()] < 5.0
     live = store_rows(
         daemon.state_dir, "SELECT count(*) FROM vms WHERE state IN ('pending', 'running')"
     )[0][0]
