@@ -27,6 +27,7 @@ import numpy as np
 from aiohttp import web
 
 from controller.api import build_app, server_logger
+from controller.api.jobs import MAX_REQUEST_LINE_BYTES
 from controller.bag_cost import BagCosts
 from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
@@ -497,7 +498,11 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(
-        build_app(controller), access_log=None, handle_signals=False, logger=server_logger()
+        build_app(controller),
+        access_log=None,
+        handle_signals=False,
+        logger=server_logger(),
+        max_line_size=MAX_REQUEST_LINE_BYTES,
     )
     died: TaskDied | None = None
     try:

@@ -37,7 +37,12 @@ JOBS_AFTER = bounded("after", "Only jobs with a larger index (pagination).", -1,
 LOG_ATTEMPT = bounded("attempt", "Attempt number (default: the latest).", 1, 10**6, None)
 LOG_OFFSET = bounded("offset", "Start at this byte (to follow a growing log).", 0, 10**15, 0)
 MAX_PARAM_TERMS = 8
-MAX_PARAM_VALUE_CHARS = 1000
+MAX_PARAM_VALUE_CHARS = 200
+# The longest documented `param` query: 8 terms of a 64-character name, '=' and 200
+# characters, each character up to 12 bytes percent-encoded (4 UTF-8 bytes): ~20 KB.
+# The daemon's HTTP parser accepts request lines up to MAX_REQUEST_LINE_BYTES (aiohttp's
+# default, 8,190, would answer a documented query with a text/plain 400 of its own).
+MAX_REQUEST_LINE_BYTES = 64 * 1024
 JOBS_PARAM = Param(
     "param",
     "query",
