@@ -17,7 +17,10 @@ the figures are kept and refreshed by the rule of the bag views' costs
 (controller/bag_cost.py): served while younger than `stale_factor` × the time computing
 them took (and at least `min_refresh_s`); older and cheap (at most `sync_budget_s`),
 computed again, T = now; older and expensive, served at once while one refresh runs in
-the background, unless older than `max_stale_s`. The SQL runs in the store's reader
+the background, unless older than `max_stale_s`. Whenever a VM has started running or
+ended since the kept figures were read (`Store.vm_set_fingerprint`), they are computed
+again before they are served: the list of VMs is never stale, only live VMs' growing
+costs may be (by as much as the rule above allows; `cost_as_of` says as of when). The SQL runs in the store's reader
 pool, the arithmetic and the sums in a thread: never on the event loop.
 """
 
@@ -55,6 +58,7 @@ class FleetCost:
     totals: dict[str, Any]  # "total" and "by_vm_type": see `totals_of`
     as_of: float  # the instant (epoch seconds) the figures are of
     took_s: float  # wall time of the computation that gave it
+    vm_set: tuple = ()  # Store.vm_set_fingerprint() when it was read
 
 
 def totals_of(vms: Mapping[str, VmCost]) -> dict[str, Any]:
@@ -109,7 +113,7 @@ async def compute_fleet_cost(
     rows = await store.fleet_cost_rows(known=frozenset(known))
     ended = {vm[0] for vm in rows["vms"] if vm[13] is not None}
     vms, totals = await asyncio.to_thread(fleet_cost_of, rows, now, known)
-    return FleetCost(vms, totals, now, time.perf_counter() - started), ended
+    return FleetCost(vms, totals, now, time.perf_counter() - started, rows["fingerprint"]), ended
 
 
 class FleetCosts:
@@ -140,6 +144,12 @@ class FleetCosts:
 
     async def get(self) -> FleetCost:
         kept = self._kept
+        # A VM that started or ended since: the kept figures would leave it out or bill
+        # it as running, so they are computed again (cheap: ended VMs are priced once),
+        # however young they are or long the last computation took (the first, at
+        # start-up, prices every VM that ever ran).
+        if kept is not None and await self.store.vm_set_fingerprint() != kept.vm_set:
+            return await self._compute()
         if kept is not None:
             age_s = self.now() - kept.as_of
             fresh = age_s <= max(self.min_refresh_s, self.stale_factor * kept.took_s)

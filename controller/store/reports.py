@@ -156,9 +156,17 @@ class ReportQueries(Engine):
             first = min((vm[11] for vm in vms), default=None)
             last = max((1e300 if vm[13] is None else vm[13] for vm in vms), default=None)
             types = sorted({vm[1] for vm in vms if vm[3]})
-            return {"vms": vms, "prices": _prices_between(conn, first, last, types)}
+            return {
+                "vms": vms,
+                "prices": _prices_between(conn, first, last, types),
+                "fingerprint": _vm_set_fingerprint(conn),
+            }
 
         return await self.read(select)
+
+    async def vm_set_fingerprint(self) -> tuple:
+        """What changes whenever a VM starts running or ends (see `_vm_set_fingerprint`)."""
+        return await self.read(_vm_set_fingerprint)
 
     async def final_bag_costs(self, bag_ids: Sequence[str], rule: str) -> list[tuple]:
         """The kept final costs of these bags computed under `rule`: (bag_id, vm_h,
@@ -210,3 +218,14 @@ def _prices_between(
         f" WHERE at > :first AND at <= :last{of_types}) ORDER BY at, vm_type, zone",
         {"first": first, "last": last, "types": json.dumps(list(vm_types or ()))},
     ).fetchall()
+
+
+def _vm_set_fingerprint(conn: sqlite3.Connection) -> tuple:
+    """(VMs that ran, the last start, the last end): equal twice only if no VM started
+    running or ended in between, so fleet figures kept from the first reading still list
+    every VM (controller/fleet_cost.py)."""
+    return tuple(
+        conn.execute(
+            "SELECT count(*), max(running_at), max(ended_at) FROM vms WHERE running_at IS NOT NULL"
+        ).fetchone()
+    )

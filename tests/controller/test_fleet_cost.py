@@ -156,3 +156,40 @@ async def test_a_vm_pays_its_series_last_sample_before_it_started_whatever_other
     assert fleet.vms["vm-1"].cost_usd == pytest.approx(0.9)  # not the configured 0.02
     assert fleet.vms["vm-1"].billed_hours == pytest.approx(1.0)
     await store.close()
+
+
+async def test_kept_fleet_figures_are_computed_again_when_a_vm_starts_or_ends(tmp_path):
+    # However fresh by age (here: forever), figures read before a VM started running or
+    # ended are not served (make demo showed "0 VMs" after a bag that ran on 4: the
+    # start-up computation, slow while the daemon started, was kept 20 times as long).
+    cfg = config(**{"scheduler.max_vms": 2, "vm_types": [SMALL]})
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 3, cfg)
+    store = scheduler.store
+    await store.add_price_samples(PRICES)  # integral_cost reads these
+    fleet_costs = FleetCosts(store, clock.now, min_refresh_s=1e12, stale_factor=1e12)
+    assert (await fleet_costs.get()).vms == {}
+    await admit(
+        bag(4, 600, resources={"cpus": 1, "memory_gb": 1}),
+        store=store,
+        scheduler=scheduler,
+        catalog=cfg.catalog(),
+        bag_id="b0000000001",
+        now=clock.now(),
+        max_jobs=1000,
+        offload=False,
+    )
+    await run_until(scheduler, clock, 300.0)
+    running = {vm.id for vm in scheduler.vms.values() if vm.state == "running"}
+    assert running
+    assert set((await fleet_costs.get()).vms) >= running
+    await run_until(scheduler, clock, 4 * 3600.0)
+    fleet = await fleet_costs.get()
+    plain = integral_cost(tmp_path / "spotbag.db", clock.now())
+    assert set(fleet.vms) == set(plain)
+    with sqlite3.connect(tmp_path / "spotbag.db") as conn:
+        ended = {r[0] for r in conn.execute("SELECT id FROM vms WHERE ended_at IS NOT NULL")}
+    assert ended & running  # VMs seen running earlier have ended since
+    for vm_id in ended:  # billed to their end, not to the instant of kept figures
+        assert fleet.vms[vm_id].cost_usd == pytest.approx(plain[vm_id], rel=1e-9), vm_id
+    await store.close()
