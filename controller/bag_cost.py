@@ -50,6 +50,7 @@ from typing import Any
 from controller.errors import SpotbagError
 from controller.models import BagState
 from controller.report import CostRule, compute_report
+from controller.shared_result import settle
 from controller.store import Store
 
 log = logging.getLogger(__name__)
@@ -213,16 +214,9 @@ class BagCosts:
             for bag_id in mine:
                 self._computing[bag_id] = future
             try:
-                costs = await compute_bag_costs(self.store, mine, self.now(), self.rule)
-            except asyncio.CancelledError:
-                future.cancel()
-                raise
-            except Exception as exc:
-                future.set_exception(exc)
-                future.exception()  # retrieved here: waiters, if any, get it as well
-                raise
-            else:
-                future.set_result(costs)
+                costs = await settle(
+                    future, compute_bag_costs(self.store, mine, self.now(), self.rule)
+                )
             finally:
                 for bag_id in mine:
                     del self._computing[bag_id]

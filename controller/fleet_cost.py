@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.report import vm_costs
+from controller.shared_result import settle
 from controller.store import Store
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ class FleetCosts:
         # VMs takes ~1 s to price; the few live VMs, milliseconds).
         self._final: dict[str, VmCost] = {}
         # One computation at a time: views that need it meanwhile await it.
-        self._computing: asyncio.Future[FleetCost] | None = None
+        self._computing: asyncio.Future[tuple[FleetCost, set[str]]] | None = None
         self._refresh: asyncio.Task[Any] | None = None
 
     async def get(self) -> FleetCost:
@@ -181,20 +182,15 @@ class FleetCosts:
 
     async def _compute(self) -> FleetCost:
         if self._computing is not None:
-            return await asyncio.shield(self._computing)
-        future: asyncio.Future[FleetCost] = asyncio.get_running_loop().create_future()
+            fleet, _ = await asyncio.shield(self._computing)
+            return fleet
+        future: asyncio.Future[tuple[FleetCost, set[str]]]
+        future = asyncio.get_running_loop().create_future()
         self._computing = future
         try:
-            fleet, ended = await compute_fleet_cost(self.store, self.now(), self._final)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except Exception as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved here: waiters, if any, get it as well
-            raise
-        else:
-            future.set_result(fleet)
+            fleet, ended = await settle(
+                future, compute_fleet_cost(self.store, self.now(), self._final)
+            )
         finally:
             self._computing = None
         self._final.update((vm_id, fleet.vms[vm_id]) for vm_id in ended)
