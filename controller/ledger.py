@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
@@ -25,6 +24,7 @@ from controller.bagspec import BagSpec
 from controller.config import LedgerConfig
 from controller.errors import SpotbagError
 from controller.store.rows import LedgerState
+from controller.waiting_jobs import HeldQueue
 from policies.ledger_rules import (
     Entry,
     InsufficientCredit,
@@ -134,7 +134,7 @@ class Accounts:
     settings: LedgerConfig
     ledger: Ledger = field(default_factory=Ledger)
     unlimited: dict[str, bool] = field(default_factory=dict)  # the accounts that exist
-    held: dict[str, deque[tuple[str, int]]] = field(default_factory=dict)  # FIFO per account
+    held: dict[str, HeldQueue] = field(default_factory=dict)  # FIFO per account
     # Accounts an admin is creating, whose write is under way: they exist for every
     # other change (that write comes first to the store's one writer).
     creating: set[str] = field(default_factory=set)
@@ -348,11 +348,15 @@ class Accounts:
         return self.ledger.release(reservation_key(bag_id, idx, number))
 
     def hold(self, account: str, bag_id: str, idx: int, first: bool = False) -> None:
-        queue = self.held.setdefault(account, deque())
+        queue = self.held.setdefault(account, HeldQueue())
         if first:
             queue.appendleft((bag_id, idx))
         else:
             queue.append((bag_id, idx))
+
+    def hold_range(self, account: str, bag_id: str, start: int, stop: int) -> None:
+        """Hold a bag's jobs start..stop-1, in order, after the account's held jobs."""
+        self.held.setdefault(account, HeldQueue()).extend_range(bag_id, start, stop)
 
     def credit(self, account: str, cpu_h: float) -> Entry:
         return self.ledger.credit(account, cpu_h)

@@ -12,7 +12,7 @@ from controller.bagspec import BagSpec
 from controller.model_book import Belief
 from controller.models import AttemptState, JobState
 from controller.store import job_id_of
-from controller.waiting_jobs import FreshParams, JobQueue
+from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from drivers.base import VmState, VmType
 from policies.packing import Shape
 from policies.reuse import ReuseTable
@@ -40,7 +40,7 @@ class BagRun:
     cancelled_jobs: int = 0
     cancel_requested: bool = False
     live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
-    held: dict[int, None] = field(default_factory=dict)  # jobs waiting for credit (ordered set)
+    held: HeldJobs = field(default_factory=HeldJobs)  # jobs waiting for credit, in order
     runtimes_s: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # recent successes
     runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
     successes: int = 0

@@ -133,3 +133,121 @@ class FreshParams:
             self._taken[idx] = 1
             return self._base[idx]
         raise KeyError(idx)
+
+
+class HeldJobs:
+    """A bag's jobs held for credit, in the order they were held, with the operations of
+    the ordered set (a dict of None) it replaces: `idx in`, `del held[idx]`,
+    `held[idx] = None`, len and iteration.
+
+    The range [next, stop) held at admission (minus indexes taken out of its middle,
+    `_gone`), then indexes held one by one (recovery, a retry held again): a bag of a
+    million held jobs is a few objects, as `JobQueue` is for queued ones."""
+
+    __slots__ = ("_gone", "_later", "_next", "_stop")
+
+    def __init__(self, start: int = 0, stop: int = 0) -> None:
+        self._next = start
+        self._stop = max(start, stop)
+        self._gone: set[int] = set()
+        self._later: dict[int, None] = {}
+
+    def _in_range(self, idx: int) -> bool:
+        return self._next <= idx < self._stop and idx not in self._gone
+
+    def __contains__(self, idx: object) -> bool:
+        return isinstance(idx, int) and (self._in_range(idx) or idx in self._later)
+
+    def __delitem__(self, idx: int) -> None:
+        if not self._in_range(idx):
+            del self._later[idx]  # a KeyError, as a dict's, when it is not held
+            return
+        if idx != self._next:
+            self._gone.add(idx)
+            return
+        self._next += 1
+        while self._next in self._gone:  # the front moves past what left before it
+            self._gone.discard(self._next)
+            self._next += 1
+
+    def __setitem__(self, idx: int, value: None) -> None:
+        if idx not in self:
+            self._later[idx] = value
+
+    def __len__(self) -> int:
+        return self._stop - self._next - len(self._gone) + len(self._later)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[int]:
+        gone = self._gone
+        in_range = (i for i in range(self._next, self._stop) if i not in gone)
+        return itertools.chain(in_range, self._later)
+
+
+class HeldQueue:
+    """An account's held jobs, oldest first, as (bag_id, idx) with the operations of the
+    deque it replaces (`[0]`, popleft, append, appendleft, len, iteration); a run of
+    consecutive indexes of one bag is one segment [bag_id, start, stop]."""
+
+    __slots__ = ("_len", "_segments")
+
+    def __init__(self) -> None:
+        self._segments: deque[list[Any]] = deque()
+        self._len = 0
+
+    def extend_range(self, bag_id: str, start: int, stop: int) -> None:
+        """Hold jobs start..stop-1 of a bag, after everything held so far."""
+        if start >= stop:
+            return
+        last = self._segments[-1] if self._segments else None
+        if last is not None and last[0] == bag_id and last[2] == start:
+            last[2] = stop
+        else:
+            self._segments.append([bag_id, start, stop])
+        self._len += stop - start
+
+    def append(self, item: tuple[str, int]) -> None:
+        bag_id, idx = item
+        self.extend_range(bag_id, idx, idx + 1)
+
+    def appendleft(self, item: tuple[str, int]) -> None:
+        bag_id, idx = item
+        first = self._segments[0] if self._segments else None
+        if first is not None and first[0] == bag_id and first[1] == idx + 1:
+            first[1] = idx
+        else:
+            self._segments.appendleft([bag_id, idx, idx + 1])
+        self._len += 1
+
+    def __getitem__(self, position: int) -> tuple[str, int]:
+        if position != 0 or not self._segments:
+            raise IndexError("HeldQueue gives its first item only")
+        first = self._segments[0]
+        return first[0], first[1]
+
+    def popleft(self) -> tuple[str, int]:
+        if not self._segments:
+            raise IndexError("pop from an empty HeldQueue")
+        first = self._segments[0]
+        item = (first[0], first[1])
+        first[1] += 1
+        if first[1] >= first[2]:
+            self._segments.popleft()
+        self._len -= 1
+        return item
+
+    def drop_first_run(self) -> None:
+        """Drop the first segment whole (its bag is gone: none of it can run)."""
+        first = self._segments.popleft()
+        self._len -= first[2] - first[1]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return ((bag_id, i) for bag_id, start, stop in self._segments for i in range(start, stop))

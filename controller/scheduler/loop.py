@@ -72,7 +72,7 @@ from controller.scheduler.recovery import RecoveryMixin
 from controller.scheduler.slurm_pools import PoolsMixin
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import StoreUnavailable, WriteBatch
-from controller.waiting_jobs import FreshParams, JobQueue
+from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from drivers.base import VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")
@@ -334,10 +334,12 @@ class Scheduler(
             open_jobs=len(command.params_json),
             failed_jobs=0,
         )
+        # Jobs past the account's credit wait, held: a range, not an entry per job.
+        bag.held = HeldJobs(command.held_from, len(command.params_json))
         self.bags[bag.id] = bag
-        for idx in range(command.held_from, len(command.params_json)):
-            bag.held[idx] = None
-            self.accounts.hold(bag.spec.account, bag.id, idx)
+        self.accounts.hold_range(
+            bag.spec.account, bag.id, command.held_from, len(command.params_json)
+        )
 
     def _admit_held(self, batch: WriteBatch, now: float) -> None:
         """Jobs held for credit run, oldest first per account, as far as their accounts
@@ -346,8 +348,11 @@ class Scheduler(
             while queue:
                 bag_id, idx = queue[0]
                 bag = self.bags.get(bag_id)
-                if bag is None or idx not in bag.held:
-                    queue.popleft()  # cancelled, or its bag is gone
+                if bag is None:
+                    queue.drop_first_run()  # its bag is gone: none of the run can run
+                    continue
+                if idx not in bag.held:
+                    queue.popleft()  # cancelled
                     continue
                 job = self.jobs.get((bag_id, idx))
                 number = (job.attempts if job is not None else 0) + 1
