@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/slurm_dispatch.py
 	$(BIN)/python bench/restart.py
 	$(BIN)/python bench/big_bag.py
+	$(BIN)/python bench/big_bag.py --hold
 	$(BIN)/python bench/web_ui.py
 
 clean:
