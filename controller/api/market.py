@@ -16,7 +16,7 @@ from controller.api.base import Route, bounded, controller_of, int_param, json_r
 from controller.api.schemas import Hopping, PriceHistory
 from controller.hopper import prices_by_type
 from drivers.base import PriceSample, VmType
-from policies.index import index_series
+from policies.index import index_series, normalized_prices
 
 HOPPING_LIMIT = bounded("limit", "At most this many migrations.", 1, 10_000, 200)
 
@@ -105,9 +105,9 @@ def _series(
     for j, at in enumerate(times):
         prices[j] = prices_by_type(by_time[at], catalog, position)
     index = index_series(prices, cpus, memory_gb, on_demand) if times else np.array([])
+    normalized = normalized_prices(prices, cpus, memory_gb)
     types: list[dict[str, Any]] = []
     for i, vm_type in enumerate(catalog):
-        size = math.sqrt(vm_type.cpus * vm_type.memory_gb)
         priced = np.flatnonzero(np.isfinite(prices[:, i]))
         types.append(
             {
@@ -115,11 +115,11 @@ def _series(
                 "zone": vm_type.zone,
                 "cpus": vm_type.cpus,
                 "memory_gb": vm_type.memory_gb,
-                "size": size,
+                "size": math.sqrt(vm_type.cpus * vm_type.memory_gb),
                 "on_demand": _finite(on_demand[i]),
                 "at": [times[j] for j in priced],
                 "price": [float(prices[j, i]) for j in priced],
-                "normalized": [float(prices[j, i]) / size for j in priced],
+                "normalized": [float(normalized[j, i]) for j in priced],
             }
         )
     return types, {"at": times, "value": [_finite(v) for v in index]}
