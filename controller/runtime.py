@@ -111,6 +111,10 @@ class AttemptRun:
     signalled_at: float | None = None  # a checkpoint asked for and not yet confirmed
     missed_checkpoints: int = 0  # in a row; the job is left alone after a few
     migrating: str = ""  # why the hopper moves it: checkpoint, stop, run again elsewhere
+    # Its VM is gone (why, and when), but its executor has not yet confirmed that it can
+    # never run any more (executors that `confirm_ends`): it ends when that comes.
+    vm_gone: str = ""
+    vm_gone_at: float = 0.0
     id: str = field(init=False)
 
     def __post_init__(self) -> None:

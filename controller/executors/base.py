@@ -16,6 +16,12 @@ Executors differ in three ways the scheduler asks about (class attributes):
   executor reports with `AttemptStarted` when it really runs.
 - `attempts_outlive_controller`: attempts keep running when the controller
   stops (Slurm jobs); the controller then leaves them be and re-adopts them.
+- `confirms_ends`: an attempt is ended only by the executor's own AttemptEvent, sent
+  once its engine confirms that the attempt's job can never run any more (Slurm: the
+  job is finished or cancelled in squeue), also when its VM is gone. The scheduler
+  then keeps such an attempt open (its VM gone) until that event, so that a job is
+  never retried while an earlier attempt of it may still run. Executors that kill
+  their attempts themselves, at once (local, sim), do not.
 - `queue_ahead`: how much more than a VM's capacity (a fraction of it) may be handed
   to the executor's queue, so that the executor refills a slot the moment it frees.
 """
@@ -143,6 +149,7 @@ class Executor(Protocol):
     joins_vms: bool
     queues_attempts: bool
     attempts_outlive_controller: bool
+    confirms_ends: bool
     queue_ahead: float
 
     def subscribe(self, listener: AttemptListener) -> None: ...

@@ -35,6 +35,7 @@ class SimExecutor:
     joins_vms = False
     queues_attempts = False
     attempts_outlive_controller = False
+    confirms_ends = False  # vm_lost kills the attempts at once
     queue_ahead = 0.0
 
     def __init__(

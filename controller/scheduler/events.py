@@ -30,6 +30,7 @@ from controller.executors.base import (
 )
 from controller.models import AttemptState, JobState, check_transition
 from controller.planner import Terminate
+from controller.runtime import AttemptRun
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import WriteBatch
 from drivers.base import VmState, VmStatus
@@ -137,7 +138,7 @@ class EventsMixin(TransitionsMixin):
         attempt.started_at = max(attempt.started_at, event.at)
         attempt.mark_at = attempt.started_at
         self._write_attempt(attempt, batch)
-        if not attempt.cancelling:
+        if not attempt.cancelling and not attempt.vm_gone:
             self.checkpoints.plan(attempt, event.at)
 
     def _on_checkpoint(self, event: CheckpointEvent, batch: WriteBatch) -> None:
@@ -203,6 +204,9 @@ class EventsMixin(TransitionsMixin):
             )
             return
         code = event.exit_code
+        if attempt.vm_gone and not (event.outcome is Outcome.EXITED and code == 0):
+            self._end_on_gone_vm(attempt, event, batch)
+            return
         if event.outcome is Outcome.KILLED and attempt.migrating:
             reason = f"migrated: {attempt.migrating}"
             self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
@@ -229,3 +233,16 @@ class EventsMixin(TransitionsMixin):
             reason = f"exited with code {code}" + (f" ({event.detail})" if event.detail else "")
             retry = code in bag.spec.retryable_exit_codes
         self._finish_attempt(attempt, AttemptState.FAILED, at, code, reason, batch, retry=retry)
+
+    def _end_on_gone_vm(self, attempt: AttemptRun, event: AttemptEvent, batch: WriteBatch) -> None:
+        """The executor confirms the end of an attempt whose VM had gone (and whose program
+        did not exit 0 before): preempted if its program ran, else lost, never started
+        (not counted). Its time ends when its VM did: the confirmation came later."""
+        at = max(attempt.started_at, min(event.at, attempt.vm_gone_at))
+        if attempt.state is AttemptState.RUNNING:
+            self._finish_attempt(
+                attempt, AttemptState.PREEMPTED, at, event.exit_code, attempt.vm_gone, batch
+            )
+        else:
+            why = f"never started: {attempt.vm_gone}"
+            self._finish_attempt(attempt, AttemptState.LOST, at, None, why, batch)

@@ -21,7 +21,7 @@ import json
 import logging
 
 from controller.bagspec import BagSpec
-from controller.executors.base import AttemptEvent, LiveAttempt
+from controller.executors.base import AttemptEvent, LiveAttempt, Outcome
 from controller.models import AttemptState, JobState
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
 from controller.scheduler.actions import ActionsMixin
@@ -150,6 +150,14 @@ class RecoveryMixin(ActionsMixin):
             )
             open_job = self.jobs.get((attempt.bag_id, attempt.idx))
             attempt.saved_s = open_job.work_saved_s if open_job is not None else 0.0
+            if attempt_row["vm_state"] not in (None, VmState.PENDING, VmState.RUNNING):
+                # Its VM ended before the restart; its executor had not confirmed its end.
+                vm_state, reason = attempt_row["vm_state"], attempt_row["vm_reason"] or ""
+                detail = reason.removeprefix(f"{vm_state}: ")
+                attempt.vm_gone = f"VM {attempt.vm_id} {vm_state}" + (
+                    f": {detail}" if detail else ""
+                )
+                attempt.vm_gone_at = attempt_row["vm_ended_at"] or now
             self.attempts[attempt.id] = attempt
             bag.live_attempts += 1
             attempts.append(attempt)
@@ -167,15 +175,29 @@ class RecoveryMixin(ActionsMixin):
         # gone: its event (e.g. it finished while the controller was down) says how it ended.
         ended = {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
         missing_ids = {vm.id for vm in missing}
+        gone_vms: set[str] = set()  # ended VMs whose attempts the executor still runs
         for attempt in attempts:
             host = self.vms.get(attempt.vm_id)
-            if attempt.id in adopted and host is not None and host.id not in missing_ids:
+            on_missing_vm = host is not None and host.id in missing_ids
+            if (
+                attempt.id in adopted
+                and host is not None
+                and (self.executor.confirms_ends or not on_missing_vm)
+            ):
                 host.attempts[attempt.id] = None
                 host.free = host.free.minus(attempt.shape)
-                if attempt.state is AttemptState.RUNNING:
+                if attempt.state is AttemptState.RUNNING and not on_missing_vm:
                     self.checkpoints.plan(attempt, now)
+                continue  # on a missing VM: `_end_vm` below ends it, or waits for its end
+            if attempt.id in adopted and attempt.vm_gone and self.executor.confirms_ends:
+                gone_vms.add(attempt.vm_id)  # its end comes once its job is gone
                 continue
             if attempt.id in ended:
+                continue
+            if attempt.vm_gone:  # the executor has not got it: its VM's end ends it
+                self._end_on_gone_vm(
+                    attempt, AttemptEvent(attempt.id, now, Outcome.KILLED, None), batch
+                )
                 continue
             self._finish_attempt(
                 attempt,
@@ -186,7 +208,11 @@ class RecoveryMixin(ActionsMixin):
                 batch,
             )
         for vm in missing:
+            if self.executor.confirms_ends and vm.attempts:
+                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
             self._end_vm(vm, VmState.TERMINATED, now, "not found after controller restart", batch)
+        for vm_id in gone_vms:  # the executor stops what it still has there
+            await self._call(self.executor.vm_lost(vm_id))
         for vm in self.vms.values():
             if vm.state is VmState.RUNNING and not vm.attempts:
                 vm.idle_since = now

@@ -262,20 +262,27 @@ class TransitionsMixin(SchedulerState):
 
     def _end_vm(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
         """A VM is gone: its attempts are preempted (retried) and it leaves memory. An
-        attempt still waiting in the executor's queue never ran: it is lost (not counted)."""
+        attempt still waiting in the executor's queue never ran: it is lost (not counted).
+
+        With an executor that confirms ends (Slurm), the attempts end only when it says
+        their jobs can never run any more (`_on_attempt_end`): until then they stay open,
+        marked with their VM's end, and their jobs are not retried."""
+        # Drivers word a reason as "preempted: sampled lifetime ..."; the attempt's
+        # reason names the VM and its state once ("VM vm-1 preempted: sampled ...").
+        detail = reason.removeprefix(f"{state}: ")
+        why = f"VM {vm.id} {state}" + (f": {detail}" if detail else "")
         for attempt_id in list(vm.attempts):
             attempt = self.attempts[attempt_id]
-            # Drivers word a reason as "preempted: sampled lifetime ..."; the attempt's
-            # reason names the VM and its state once ("VM vm-1 preempted: sampled ...").
-            detail = reason.removeprefix(f"{state}: ")
-            why = f"VM {vm.id} {state}" + (f": {detail}" if detail else "")
+            if self.executor.confirms_ends:
+                self._await_confirmed_end(attempt, vm, why, at)
+                continue
             if attempt.cancelling:
-                ended = AttemptState.CANCELLED
+                ended, why_ = AttemptState.CANCELLED, why
             elif attempt.state is AttemptState.STARTING and self.executor.queues_attempts:
-                ended, why = AttemptState.LOST, f"never started: {why}"
+                ended, why_ = AttemptState.LOST, f"never started: {why}"
             else:
-                ended = AttemptState.PREEMPTED
-            self._finish_attempt(attempt, ended, at, None, why, batch)
+                ended, why_ = AttemptState.PREEMPTED, why
+            self._finish_attempt(attempt, ended, at, None, why_, batch)
         self._vm_to(vm, state, at, reason, batch)
         vm.reason = reason
         vm.ended_at = at
@@ -285,6 +292,14 @@ class TransitionsMixin(SchedulerState):
         self._untrack_vm(vm)
         if self.metrics is not None and state is VmState.PREEMPTED:
             self.metrics.preemptions.inc()
+
+    def _await_confirmed_end(self, attempt: AttemptRun, vm: VmRun, why: str, at: float) -> None:
+        """The attempt's VM is gone, and its executor will say when its job has ended for
+        good: it leaves the VM (no capacity, no checkpoint plan) and waits for that."""
+        del vm.attempts[attempt.id]
+        attempt.vm_gone = attempt.vm_gone or why
+        attempt.vm_gone_at = attempt.vm_gone_at or at
+        attempt.due_at = None  # no more checkpoint signals: its program is dead or never ran
 
     def _assume_model(self, vm: VmRun) -> None:
         """The preemption model the scheduler assumes for a VM (from the book, at its launch)."""

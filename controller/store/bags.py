@@ -182,8 +182,10 @@ class BagQueries(Engine):
                 "attempts": dict_rows(
                     conn,
                     "SELECT a.*, (SELECT max(c.at) FROM checkpoints c WHERE c.bag_id = a.bag_id "
-                    "AND c.idx = a.idx AND c.number = a.number AND c.ok) AS checkpointed_at "
-                    "FROM attempts a WHERE a.state IN ('starting', 'running')",
+                    "AND c.idx = a.idx AND c.number = a.number AND c.ok) AS checkpointed_at, "
+                    "v.state AS vm_state, v.reason AS vm_reason, v.ended_at AS vm_ended_at "
+                    "FROM attempts a LEFT JOIN vms v ON v.id = a.vm_id "
+                    "WHERE a.state IN ('starting', 'running')",
                 ),
                 "vms": dict_rows(conn, "SELECT * FROM vms WHERE state IN ('pending', 'running')"),
                 "slurm_runs": dict_rows(conn, "SELECT * FROM slurm_runs WHERE state = 'running'"),

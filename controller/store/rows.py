@@ -295,9 +295,13 @@ class OpenJob(TypedDict):
 
 
 class LiveAttemptRow(AttemptRow):
-    """A starting or running attempt, with when its last checkpoint completed."""
+    """A starting or running attempt, with when its last checkpoint completed and how its
+    VM ended, if it did (its executor had not yet confirmed the attempt's end)."""
 
     checkpointed_at: float | None
+    vm_state: str | None
+    vm_reason: str | None
+    vm_ended_at: float | None
 
 
 class ActiveState(TypedDict):

@@ -6,7 +6,9 @@ Checked: a node is reported ready only once it is up in Slurm; a job runs on its
 with the job's variables and none of the daemon's; exit statuses, a missing workdir
 (START_FAILED), cancels, time limits; a checkpoint signal reaches the program only
 once it started; a lost VM's node is downed at once (its jobs end in well under a
-second) and deleted; a job that pends on a dead node is given up (NOT_STARTED); a new
+second), the jobs queued there are cancelled and never run anywhere, and the node is
+deleted once they are over; a poll judges only the jobs it asked about; a job that
+pends on a dead node is given up (NOT_STARTED); a new
 executor after a restart re-adopts running jobs and reports those that ended
 meanwhile; a submission whose answer is lost is found again by its name; Slurm that
 does not answer makes starts fail as unavailable, not as the job's fault.
@@ -212,23 +214,78 @@ async def test_cancel_time_limit_and_a_checkpoint_signal_after_the_start(rig):
     await rig.wait(lambda: rig.end_of(spec.attempt_id), 30)
 
 
-async def test_a_lost_vm_downs_its_node_at_once_and_the_node_is_deleted(rig, slurm_cluster):
+async def test_a_lost_vms_jobs_end_at_once_and_none_queued_there_runs_anywhere(
+    rig, slurm_cluster, tmp_path
+):
+    """A lost VM's jobs are cancelled and its node downed at once (its running job ends
+    in well under a second); the job queued behind it there is reported as never
+    started, and never runs, not even on another node once the lost one is deleted
+    (Slurm runs a job pinned to a deleted node anywhere in the partition). Each end is
+    reported once Slurm says the job is over, the node deleted only after that."""
     await rig.boot("vm-ex0000000003")
-    spec = rig.spec("vm-ex0000000003", 0, "sleep 60")
-    job_id = await rig.executor.start(spec)
-    await rig.wait(lambda: rig.started(spec.attempt_id), 30)
+    await rig.boot("vm-ex0000000013")  # room elsewhere for a job that should not run
+    ran = tmp_path / "ran"
+    running = rig.spec("vm-ex0000000003", 0, "sleep 60", cpus=2)  # fills the VM
+    queued = rig.spec("vm-ex0000000003", 1, f"echo ran >> {ran}", cpus=2)
+    job_id = await rig.executor.start(running)
+    queued_id = await rig.executor.start(queued)
+    await rig.wait(lambda: rig.started(running.attempt_id), 30)
+
+    def state(job: str) -> str:
+        return slurm_cluster.run("squeue", "-h", "-t", "all", "-j", job, "-o", "%T").strip()
+
+    assert state(queued_id) == "PENDING"
     began = time.monotonic()
     await rig.executor.vm_lost("vm-ex0000000003")
-
-    def state() -> str:
-        return slurm_cluster.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").strip()
-
-    await rig.wait(lambda: state() == "NODE_FAIL", 5, "NODE_FAIL")
+    await rig.wait(lambda: state(job_id) in ("NODE_FAIL", "CANCELLED"), 5, "its end in Slurm")
     assert time.monotonic() - began < 1.0
     await rig.hosts.halt("vm-ex0000000003")  # the VM is gone
+    end = await rig.wait(lambda: rig.end_of(running.attempt_id), 10, "the running job's end")
+    assert end.outcome is Outcome.KILLED and "is gone" in end.detail, end
+    never = await rig.wait(lambda: rig.end_of(queued.attempt_id), 10, "the queued job's end")
+    assert never.outcome is Outcome.NOT_STARTED, never
+    assert rig.started(queued.attempt_id) is None
+    assert state(queued_id) == "CANCELLED"
     listed = lambda: slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N")  # noqa: E731
     await rig.wait(lambda: "sb-vm-ex0000000003" not in listed(), 20, "the node deleted")
-    assert rig.end_of(spec.attempt_id) is None  # the scheduler ends it, as preempted
+    await asyncio.sleep(3)  # a scheduling pass or two after the deletion
+    assert state(queued_id) == "CANCELLED" and not ran.exists()
+
+
+async def test_a_job_submitted_while_squeue_runs_is_not_taken_for_one_slurm_forgot(rig, tmp_path):
+    """A poll judges only the jobs it asked squeue about: an attempt whose sbatch
+    answers while squeue runs is absent from the answer, and is not therefore over."""
+    await rig.boot("vm-ex0000000014")
+    bin_dir = tmp_path / "slow-bin"
+    bin_dir.mkdir()
+    for tool in ("sinfo", "scontrol", "scancel"):
+        (bin_dir / tool).symlink_to(os.popen(f"command -v {tool}").read().strip())
+    for tool, script in (
+        ("sbatch", '{real} "$@"; code=$?; sleep 0.5; exit $code'),  # answers late
+        ("squeue", 'sleep 1.5; exec {real} "$@"'),  # slow
+    ):
+        real = os.popen(f"command -v {tool}").read().strip()
+        (bin_dir / tool).write_text("#!/bin/sh\n" + script.format(real=real) + "\n")
+        (bin_dir / tool).chmod(0o755)
+    rig.executor = rig.new_executor(
+        SlurmTools(slurm_conf=str(rig.cluster.conf), bin_dir=str(bin_dir), timeout_s=10)
+    )
+    await rig.executor.vm_started("vm-ex0000000014", VM_TYPE)
+    await rig.wait(lambda: rig.executor._nodes["vm-ex0000000014"].ready, 20)
+    first = rig.spec("vm-ex0000000014", 0, "sleep 30")
+    await rig.executor.start(first)  # a job with an id: the poll asks squeue about it
+    second = rig.spec("vm-ex0000000014", 1, "sleep 2; exit 0")
+
+    async def poll_while_it_is_submitted() -> None:
+        await asyncio.sleep(0.2)  # its sbatch is on its way
+        await rig.executor.poll()
+
+    await asyncio.gather(rig.executor.start(second), poll_while_it_is_submitted())
+    end = await rig.wait(lambda: rig.end_of(second.attempt_id), 30, "its end")
+    assert (end.outcome, end.exit_code) == (Outcome.EXITED, 0), end
+    assert rig.started(second.attempt_id) is not None
+    await rig.executor.cancel(first.attempt_id)
+    await rig.wait(lambda: rig.end_of(first.attempt_id), 30)
 
 
 async def test_a_job_pending_on_a_dead_node_is_given_up_as_not_started(slurm_cluster, tmp_path):

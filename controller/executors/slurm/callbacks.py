@@ -67,12 +67,12 @@ class Callbacks:
             if attempt.ended:  # the watcher saw its end meanwhile
                 shared.emit(CallbackNoted(key, at, event, job_name_))
                 return "noted"
+            shared.saw_marker(attempt, started_at)
             if finished is not None:
                 attempt.program_started = True
                 shared.finish_with_exit(attempt, finished[0], finished[1], key)
             else:
                 code, sig = exit_status(exit_code)
-                attempt.program_started = attempt.program_started or started_at is not None
                 value = 128 + sig if sig else code
                 shared.end(attempt, shared.slurm_end(attempt, state, "", value, key))
             return "applied"

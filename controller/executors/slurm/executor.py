@@ -31,6 +31,7 @@ class SlurmExecutor:
     joins_vms = True
     queues_attempts = True
     attempts_outlive_controller = True
+    confirms_ends = True  # an attempt ends once squeue (or jobcomp) says its job did
 
     def __init__(
         self,
@@ -80,17 +81,23 @@ class SlurmExecutor:
         self._state.wake.set()
 
     async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
-        """The VM is gone: tell Slurm at once (DOWN ends the node's jobs with NODE_FAIL
-        in well under a second, instead of after SlurmdTimeout), forget its attempts
-        (the scheduler ends them), and delete the node once Slurm lets go of it. A
-        pool node is downed too (its users' jobs are requeued at once; a power-down
-        alone waits for the dead slurmd to time out before it lets them go), then
-        powered down by force, so that Slurm can resume it for the next job."""
+        """The VM is gone: cancel every job of its attempts (those queued there would
+        otherwise wait, and run elsewhere once the node is deleted, or on the node itself
+        should its slurmd register again: ReturnToService=2), then down the node (which
+        ends what runs there at once, instead of after SlurmdTimeout). Each attempt is reported ended once Slurm
+        says its job is (a program that started meanwhile is reported as started
+        first); the node is deleted after that. A pool node is downed too (its users'
+        jobs are requeued at once; a power-down alone waits for the dead slurmd to time
+        out before it lets them go), then powered down by force, so that Slurm can
+        resume it for the next job."""
         if pool_node:
             await self._node_manager.lose_pool_node(vm_id, pool_node)
             return
-        await self._node_manager.lose(vm_id)
+        for attempt in await self._node_manager.lose(vm_id):
+            self._signals.stop(attempt, f"its VM {vm_id} is gone", grace=False, sent=True)
+        await self._node_manager.down_lost(vm_id)
         self._watcher.ensure()
+        self._state.wake.set()
 
     async def power_down(self, node: str, reason: str) -> None:
         await self._node_manager.power_down(node, reason)

@@ -16,7 +16,7 @@ import os
 import pwd
 
 from controller.executors.base import NodeEvent
-from controller.executors.slurm.state import Node, SlurmState
+from controller.executors.slurm.state import Attempt, Node, SlurmState
 from controller.slurm.commands import (
     SlurmError,
     SlurmRefused,
@@ -86,20 +86,33 @@ class NodeManager:
         await self.down(Node(vm_id, pool_node, 0.0), "its spot VM is gone")
         await self.power_down(pool_node, "its spot VM is gone")
 
-    async def lose(self, vm_id: str) -> None:
-        """The VM is gone: down its node at once (DOWN ends the node's jobs with
-        NODE_FAIL in well under a second, instead of after SlurmdTimeout) and forget its
-        attempts (the scheduler ends them); the node is deleted once Slurm lets go."""
+    async def lose(self, vm_id: str) -> list[Attempt]:
+        """The VM is gone: its node takes nothing more, and its attempts (returned,
+        marked) are to be stopped; each ends once Slurm confirms its job did. The node
+        is deleted only then: Slurm would run a job pinned to a deleted node on any
+        other node of the partition. Their jobs are cancelled at once, in one call (a
+        stop per attempt follows up until each is over)."""
         state = self._state
         node = state.nodes.get(vm_id) or Node(vm_id, state.node_of(vm_id), 0.0)
         state.nodes[vm_id] = node
         node.lost, node.ready = True, False
-        for attempt_id in list(node.attempts):
-            attempt = state.attempts.pop(attempt_id, None)
-            if attempt is not None:
-                attempt.ended = True
-        node.attempts.clear()
-        await self.down(node, "its spot VM is gone")
+        doomed = [a for a in state.attempts.values() if a.vm_id == vm_id and not a.ended]
+        for attempt in doomed:
+            attempt.vm_lost = True
+        job_ids = [a.job_id for a in doomed if a.job_id]
+        if job_ids:
+            try:
+                await state.tools.run("scancel", *job_ids)
+            except SlurmError as exc:  # each attempt's stop tries again
+                log.warning("could not cancel the jobs of lost VM %s: %s", vm_id, exc)
+        return doomed
+
+    async def down_lost(self, vm_id: str) -> None:
+        """Down a lost VM's node: DOWN ends what still runs there with NODE_FAIL in well
+        under a second, instead of after SlurmdTimeout."""
+        node = self._state.nodes.get(vm_id)
+        if node is not None and node.lost and not node.deleted:
+            await self.down(node, "its spot VM is gone")
 
     async def power_down(self, node: str, reason: str) -> None:
         try:
@@ -162,9 +175,13 @@ class NodeManager:
             log.warning("could not down node %s (will retry): %s", node.name, exc)
 
     async def delete_lost(self) -> None:
-        nodes = self._state.nodes
+        """Delete the nodes of lost VMs once no job of theirs can run any more (Slurm
+        would run a job pinned to a deleted node elsewhere)."""
+        state = self._state
+        nodes = state.nodes
+        waiting = {a.vm_id for a in state.attempts.values() if not a.ended}
         for vm_id, node in list(nodes.items()):
-            if not node.lost:
+            if not node.lost or vm_id in waiting:
                 continue
             if not node.deleted:
                 try:
@@ -198,6 +215,8 @@ class NodeManager:
         seen = set()
         for name, node_state, memory, reason in split_rows(out, 4):
             node = watched.get(name)
+            if node is not None and node.lost:  # lost while sinfo ran
+                continue
             base = node_state.rstrip("*~#%!$@^-")
             flags = node_state[len(base) :]
             if node is None:

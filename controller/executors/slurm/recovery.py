@@ -11,7 +11,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from controller.executors.attempt_files import exit_status_path, read_exit_status
 from controller.executors.base import LiveAttempt
 from controller.executors.slurm.nodes import NodeManager
 from controller.executors.slurm.state import (
@@ -20,8 +19,9 @@ from controller.executors.slurm.state import (
     Attempt,
     Node,
     SlurmState,
+    read_markers,
 )
-from controller.executors.slurm.watch import Watcher
+from controller.executors.slurm.watch import JobRow, Watcher
 from controller.slurm.commands import SlurmError, slurm_time
 
 log = logging.getLogger("spotbag.executors.slurm")
@@ -63,6 +63,7 @@ async def recover(
     kept: set[str] = set()
     ended: list[tuple[Attempt, str, str]] = []
     now = state.now()
+    await cancel_orphans(state, found, {a.attempt_id: a.ref for a in attempts})
     for live in attempts:
         attempt = state.attempts[live.attempt_id]
         row = found.get(live.attempt_id)
@@ -70,14 +71,15 @@ async def recover(
             job_id, job_state, reason, start, _ = row
             attempt.job_id = job_id
             kept.add(live.attempt_id)
-            if job_state in RUNNING_STATES:
-                state.started(attempt, slurm_time(start) or now)
+            if job_state in RUNNING_STATES:  # its start marker says when its program began
+                attempt.slurm_running_at = slurm_time(start) or now
             elif job_state not in LIVE_STATES:
                 ended.append((attempt, job_state, reason))
             continue
-        finished = await asyncio.to_thread(read_exit_status, exit_status_path(attempt.log_path))
-        if finished is not None:
+        ((started_at, finished),) = await asyncio.to_thread(read_markers, [attempt.log_path])
+        if finished is not None:  # it ran to its end while the controller was away
             kept.add(live.attempt_id)
+            state.saw_marker(attempt, started_at)
             state.finish_with_exit(attempt, *finished)
         else:
             state.untrack(attempt)
@@ -86,3 +88,28 @@ async def recover(
     await nodes.forget_gone(set(live_vm_ids))
     watcher.ensure()  # only now: it would settle attempts under our feet
     return kept
+
+
+async def cancel_orphans(
+    state: SlurmState, found: dict[str, JobRow], live: dict[str, str]
+) -> list[str]:
+    """Cancel this controller's jobs that Slurm may still run although their attempts
+    are over (not among `live`, the live attempts and their job ids, "" when unknown):
+    e.g. a submission that reached Slurm after the controller gave up on it. Returns
+    the job ids cancelled."""
+
+    def orphan(attempt_id: str, row: JobRow) -> bool:
+        if row[1] not in LIVE_STATES or row[1] == "COMPLETING":
+            return False
+        job_id = live.get(attempt_id)
+        return job_id is None or job_id not in ("", row[0])
+
+    orphans = [row[0] for attempt_id, row in found.items() if orphan(attempt_id, row)]
+    if not orphans:
+        return []
+    log.warning("cancelling %d Slurm job(s) of attempts that are over: %s", len(orphans), orphans)
+    try:
+        await state.tools.run("scancel", *orphans)
+    except SlurmError as exc:
+        log.warning("could not cancel them: %s", exc)
+    return orphans

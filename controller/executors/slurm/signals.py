@@ -2,9 +2,11 @@
 
 A checkpoint is USR1 to every process of the job (`scancel --full`) once its program
 started, confirmed by a file appearing or being replaced in its checkpoint directory
-on the shared filesystem. A stop (a cancel, a time limit, a job pending for too long)
-is SIGTERM to the job's processes, then `scancel` after the grace period; its end is
-reported by whoever sees it (the shared files, squeue, a callback).
+on the shared filesystem. A stop (a cancel, a time limit, a job pending for too long,
+its VM gone) is SIGTERM to the job's processes, then `scancel` after the grace period,
+repeated until Slurm says the job ended; its end is reported by whoever sees it (the
+shared files, squeue, a callback), never before: an attempt is over only when its job
+can never run any more.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pathlib import Path
 from controller.executors.attempt_files import checkpoint_fingerprint
 from controller.executors.base import CheckpointEvent
 from controller.executors.slurm.state import Attempt, SlurmState
-from controller.slurm.commands import SlurmError
+from controller.slurm.commands import SlurmError, SlurmRefused, SlurmUnavailable
+from controller.slurm.naming import job_name
 
 log = logging.getLogger("spotbag.executors.slurm")
 
 RESEND_S = 2.0  # a checkpoint signal sent this soon after the program's start is sent again
+RESTOP_S = 5.0  # a stopped job that Slurm still has after this long is scancelled again
 
 
 class JobSignals:
@@ -96,27 +100,60 @@ class JobSignals:
         if attempt is not None and not attempt.stop_reason and not attempt.ended:
             self.stop(attempt, "cancelled")
 
-    def stop(self, attempt: Attempt, reason: str) -> None:
+    def stop(
+        self, attempt: Attempt, reason: str, *, grace: bool = True, sent: bool = False
+    ) -> None:
+        """Stop the attempt's job; it ends (is reported) once Slurm says the job did.
+        `grace`: a running program gets SIGTERM and the grace period first; `sent`: it
+        was scancelled already (it is scancelled again if it lingers)."""
+        if attempt.stopper is not None and not attempt.stopper.done():
+            attempt.stop_reason = attempt.stop_reason or reason
+            return
         attempt.stop_reason = reason
         attempt.stopper = asyncio.create_task(
-            self._scancel(attempt), name=f"stop {attempt.attempt_id}"
+            self._scancel(attempt, grace, sent), name=f"stop {attempt.attempt_id}"
         )
 
-    async def _scancel(self, attempt: Attempt) -> None:
+    async def _scancel(self, attempt: Attempt, grace: bool, sent: bool) -> None:
+        """scancel the job (by name while its id is unknown: its submission's answer was
+        lost, and it may exist), and again every RESTOP_S until Slurm says it has ended:
+        a stop is done only when the job can never run any more. Slurm not answering
+        only delays it."""
         state = self._state
-        while not attempt.job_id and not attempt.ended and not state.closing:
-            await asyncio.sleep(state.settings.poll_interval_s)  # its submission is unknown yet
-        if attempt.ended or state.closing:
+        warned = False
+        if sent and await self._ended_within(attempt, RESTOP_S):
             return
-        try:
-            if attempt.running_at is not None and self._grace_s > 0:
-                await state.tools.run("scancel", "--full", "--signal=TERM", attempt.job_id)
-                for _ in range(int(self._grace_s / state.settings.file_poll_s) + 1):
-                    if attempt.ended:
-                        return
-                    await asyncio.sleep(state.settings.file_poll_s)
-            await state.tools.run("scancel", attempt.job_id)
-        except SlurmError as exc:
-            log.warning("cancelling %s (job %s): %s", attempt.attempt_id, attempt.job_id, exc)
-            attempt.stop_reason = ""  # the watcher tries again (timeouts) or the user does
-        state.wake.set()
+        while not attempt.ended and not state.closing:
+            try:
+                if not attempt.job_id:
+                    name = job_name(state.controller_id, attempt.attempt_id)
+                    await state.tools.run("scancel", f"--name={name}")
+                else:
+                    if grace and attempt.running_at is not None and self._grace_s > 0:
+                        grace = False
+                        await state.tools.run("scancel", "--full", "--signal=TERM", attempt.job_id)
+                        if await self._ended_within(attempt, self._grace_s):
+                            return
+                    await state.tools.run("scancel", attempt.job_id)
+            except SlurmRefused as exc:  # e.g. it is ending already: the watcher says
+                log.debug("scancel of %s: %s", attempt.attempt_id, exc)
+            except SlurmUnavailable as exc:
+                if not warned:
+                    log.warning(
+                        "cannot stop %s (job %s) yet: %s; trying again",
+                        attempt.attempt_id,
+                        attempt.job_id or "not known yet",
+                        exc,
+                    )
+                    warned = True
+            state.wake.set()  # the watcher asks Slurm how it ended
+            await self._ended_within(attempt, RESTOP_S)
+
+    async def _ended_within(self, attempt: Attempt, seconds: float) -> bool:
+        """Wait up to `seconds` for the attempt's end to be reported."""
+        state = self._state
+        for _ in range(max(1, int(seconds / state.settings.file_poll_s))):
+            if attempt.ended or state.closing:
+                return True
+            await asyncio.sleep(state.settings.file_poll_s)
+        return attempt.ended

@@ -66,12 +66,14 @@ class Attempt:
     job_id: str = ""  # Slurm's id; "" while a submission's fate is unknown
     submitting: bool = False  # its sbatch has not answered yet (no need to look for it)
     submitted_at: float = 0.0
-    running_at: float | None = None  # when Slurm ran it (reported once)
+    running_at: float | None = None  # when its program started (reported once)
     program_started: bool = False  # its script got to the program: signals reach it
     program_started_at: float | None = None  # when (the marker's time)
+    slurm_running_at: float | None = None  # when Slurm says it began (no marker yet)
     pending_reason: str = ""
     stop_reason: str = ""  # we are stopping it: why
     timed_out: bool = False
+    vm_lost: bool = False  # its VM is gone: it is stopped, and ends once Slurm confirms
     ended: bool = False
     stopper: asyncio.Task | None = None
     checkpoint: asyncio.Task | None = None
@@ -145,19 +147,33 @@ class SlurmState:
             listener(event)
 
     def end(self, attempt: Attempt, event: AttemptEvent) -> None:
-        """Report an attempt's end, once."""
+        """Report an attempt's end, once; if its program started (its marker was seen,
+        or it left an exit status) and that was not reported yet, its start first: an
+        attempt whose program ran is never reported as one that did not."""
         if attempt.ended:
             return
+        if attempt.program_started:
+            self.started(attempt, attempt.program_started_at or event.at)
         attempt.ended = True
         self.untrack(attempt)
         self.emit(event)
 
     def started(self, attempt: Attempt, at: float, key: str = "") -> None:
+        """Report that the attempt's program started (its script wrote the start marker:
+        Slurm's RUNNING comes earlier, before the batch script runs)."""
         if attempt.running_at is None and not attempt.ended:
             attempt.running_at = at
             self.emit(AttemptStarted(attempt.attempt_id, at, key))
 
+    def saw_marker(self, attempt: Attempt, started_at: float | None) -> None:
+        """The attempt's start marker (when its program started), if there was one."""
+        if started_at is not None:
+            attempt.program_started = True
+            attempt.program_started_at = attempt.program_started_at or started_at
+
     def finish_with_exit(self, attempt: Attempt, code: int, at: float, key: str = "") -> None:
+        """The attempt's wrapper wrote its exit status: its program ran, and ended."""
+        attempt.program_started = True
         event = end_event(
             attempt.attempt_id,
             attempt.max_runtime_s,
@@ -177,7 +193,8 @@ class SlurmState:
         if attempt.timed_out or state == "TIMEOUT":
             detail = f"exceeded max_runtime_s={attempt.max_runtime_s:g}"
             return AttemptEvent(attempt.attempt_id, at, Outcome.TIMED_OUT, code, detail, key)
-        if attempt.stop_reason.startswith("pending in Slurm"):
+        if attempt.stop_reason and not attempt.program_started:
+            # Stopped before its program ran (pending too long, its VM gone): not its fault.
             return AttemptEvent(
                 attempt.attempt_id, at, Outcome.NOT_STARTED, None, attempt.stop_reason, key
             )

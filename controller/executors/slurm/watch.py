@@ -33,6 +33,7 @@ from controller.executors.slurm.state import (
 )
 from controller.slurm.commands import (
     SlurmError,
+    SlurmRefused,
     SlurmUnavailable,
     exit_status,
     key_values,
@@ -46,6 +47,9 @@ log = logging.getLogger("spotbag.executors.slurm")
 # Why a job may pend on its node for a while without anything being wrong.
 WAITING_REASONS = frozenset({"Resources", "Priority", "None", "BeginTime", "Dependency"})
 QUIET_POLLS = 5  # squeue this many times less often when nothing needs it
+# How long a job may run in Slurm without its start marker before its start is taken
+# from Slurm (the shared directory is then not what the VMs see).
+MARKER_PATIENCE_S = 60.0
 
 # A job as squeue shows it: id, state, reason, start time, name.
 JobRow = tuple[str, str, str, str, str]
@@ -122,11 +126,11 @@ class Watcher:
             return
         seen = await asyncio.to_thread(read_markers, [a.log_path for a in watched])
         for attempt, (started_at, finished) in zip(watched, seen, strict=True):
-            if started_at is not None and not attempt.program_started:
-                attempt.program_started = True
-                attempt.program_started_at = started_at
-                state.started(attempt, started_at)
+            state.saw_marker(attempt, started_at)
+            if attempt.program_started and not attempt.ended:
+                state.started(attempt, attempt.program_started_at or state.now())
             if finished is not None:
+                attempt.program_started = True
                 state.finish_with_exit(attempt, *finished)
 
     def _check_timeouts(self) -> None:
@@ -161,7 +165,11 @@ class Watcher:
         state.unavailable = ""
 
     async def _poll_jobs(self) -> bool:
-        """Settle the tracked jobs by squeue; False when there were none to ask about."""
+        """Settle the tracked jobs by squeue; False when there were none to ask about.
+
+        Only what a query asked about is judged by its answer: an attempt whose sbatch
+        answers while squeue runs was not in the question, and its absence from the
+        answer says nothing (it would otherwise be taken for a job Slurm forgot)."""
         state = self._state
         tracked = [a for a in state.attempts.values() if not a.ended]
         if not tracked:
@@ -170,13 +178,14 @@ class Watcher:
         # controller's jobs Slurm keeps: costly on a busy cluster, so not for the ones
         # whose sbatch is still on its way).
         unknown = [a for a in tracked if not a.job_id and not a.submitting]
-        rows: dict[str, JobRow] = {}  # attempt id -> row
         if unknown:
-            rows.update(await self.jobs_by_name())
+            found = await self.jobs_by_name()
             for attempt in unknown:
-                found = rows.get(attempt.attempt_id)
-                if found is not None:
-                    attempt.job_id = found[0]
+                if attempt.ended or attempt.job_id:  # settled while squeue ran
+                    continue
+                row = found.get(attempt.attempt_id)
+                if row is not None:
+                    attempt.job_id = row[0]
                 else:
                     state.end(
                         attempt,
@@ -188,46 +197,79 @@ class Watcher:
                             "Slurm never took the job (its submission got no answer)",
                         ),
                     )
-        ids = [a.job_id for a in tracked if a.job_id and not a.ended]
-        if ids:
-            out = await state.tools.run(
-                "squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%S|%j"
-            )
-            for job_id, job_state, reason, start, name in split_rows(out, 5):
-                attempt_id = attempt_of_job(state.controller_id, name)
-                if attempt_id is not None:
-                    rows[attempt_id] = (job_id, job_state, reason, start, name)
+        asked = {a.attempt_id: a.job_id for a in tracked if a.job_id and not a.ended}
+        rows = await self._job_rows(list(asked.values())) if asked else {}
         now = state.now()
         finished: list[tuple[Attempt, str, str]] = []
         for attempt in tracked:
-            if attempt.ended or not attempt.job_id:
-                continue
+            job_id = asked.get(attempt.attempt_id)
+            if job_id is None or attempt.ended or attempt.job_id != job_id:
+                continue  # not asked about, or settled while squeue ran
             row = rows.get(attempt.attempt_id)
-            if row is None or row[0] != attempt.job_id:
+            if row is None or row[0] != job_id:
                 finished.append((attempt, "", ""))  # Slurm forgot it (past MinJobAge)
                 continue
             _, job_state, reason, start, _ = row
             if job_state == "PENDING":
-                attempt.pending_reason = reason
-                waited = now - attempt.submitted_at
-                # Waiting for a slot of a healthy node (queued ahead) is no reason to give up.
-                stuck = reason.split(",")[0].strip() not in WAITING_REASONS
-                if stuck and waited > state.settings.pending_timeout_s and not attempt.stop_reason:
-                    log.warning(
-                        "%s pends in Slurm since %.0f s (%s): giving up on it",
-                        attempt.attempt_id,
-                        waited,
-                        reason,
-                    )
-                    self._stop(attempt, f"pending in Slurm for {waited:.0f} s ({reason})")
-                continue
-            if job_state in RUNNING_STATES:
-                state.started(attempt, slurm_time(start) or now)
+                self._pending(attempt, reason, now)
+            elif job_state in RUNNING_STATES:
+                self._running(attempt, slurm_time(start) or now, now)
             elif job_state not in LIVE_STATES:
                 finished.append((attempt, job_state, reason))
         if finished:
             await self.finish_from_slurm(finished)
         return True
+
+    async def _job_rows(self, job_ids: list[str]) -> dict[str, JobRow]:
+        """squeue's rows of these jobs, by attempt id (jobs Slurm forgot are absent)."""
+        state = self._state
+        try:
+            out = await state.tools.run(
+                "squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%S|%j"
+            )
+        except SlurmRefused as exc:
+            if "Invalid job id" not in str(exc):  # squeue's answer when it knows none
+                raise
+            out = ""
+        rows: dict[str, JobRow] = {}
+        for job_id, job_state, reason, start, name in split_rows(out, 5):
+            attempt_id = attempt_of_job(state.controller_id, name)
+            if attempt_id is not None:
+                rows[attempt_id] = (job_id, job_state, reason, start, name)
+        return rows
+
+    def _pending(self, attempt: Attempt, reason: str, now: float) -> None:
+        state = self._state
+        attempt.pending_reason = reason
+        waited = now - attempt.submitted_at
+        # Waiting for a slot of a healthy node (queued ahead) is no reason to give up.
+        stuck = reason.split(",")[0].strip() not in WAITING_REASONS
+        if stuck and waited > state.settings.pending_timeout_s and not attempt.stop_reason:
+            log.warning(
+                "%s pends in Slurm since %.0f s (%s): giving up on it",
+                attempt.attempt_id,
+                waited,
+                reason,
+            )
+            self._stop(attempt, f"pending in Slurm for {waited:.0f} s ({reason})")
+
+    def _running(self, attempt: Attempt, since: float, now: float) -> None:
+        """Slurm runs the job: its program's start is reported when its marker appears
+        (Slurm says RUNNING before the batch script runs, and a job killed in between
+        never ran its program). A marker that never comes means the shared directory
+        is not shared with the VMs: the start is then taken from Slurm, late."""
+        attempt.slurm_running_at = attempt.slurm_running_at or since
+        if attempt.program_started or attempt.running_at is not None:
+            return
+        if now - attempt.slurm_running_at > MARKER_PATIENCE_S:
+            log.warning(
+                "%s runs in Slurm since %.0f s but its start marker %s is not there: is "
+                "the shared directory shared with the VMs?",
+                attempt.attempt_id,
+                now - attempt.slurm_running_at,
+                attempt.log_path.with_suffix(".started"),
+            )
+            self._state.started(attempt, attempt.slurm_running_at)
 
     async def jobs_by_name(self) -> dict[str, JobRow]:
         """This controller's jobs Slurm knows, by attempt id (the latest id wins)."""
@@ -250,9 +292,9 @@ class Watcher:
         for (attempt, job_state, reason), (started_at, finished) in zip(
             ended, markers, strict=True
         ):
-            if started_at is not None:
-                attempt.program_started = True
+            state.saw_marker(attempt, started_at)
             if finished is not None:
+                attempt.program_started = True
                 state.finish_with_exit(attempt, *finished)
                 continue
             code = None
