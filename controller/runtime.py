@@ -101,6 +101,7 @@ class AttemptRun:
     log_path: str
     shape: Shape
     ref: str = ""  # the executor's reference (the Slurm job id)
+    ran_at: float | None = None  # when its program began to run (None: not yet, or never)
     cancelling: bool = False
     # Checkpoints. Work is measured in seconds of the job's runtime: `saved_s` is what
     # the job had saved at `mark_at` (the attempt's start, or its last checkpoint), so

@@ -91,6 +91,7 @@ def job_view(job: Mapping[str, Any]) -> dict[str, Any]:
                     "exit_code",
                     "reason",
                     "log_path",
+                    "ran_at",
                 )
                 if k in a
             }

@@ -50,6 +50,7 @@ class _Vm:
     timers: list[Any]
     bootstrap: Mapping[str, str] = field(default_factory=dict)
     death_at: float | None = None  # when its sampled lifetime ends (None: never)
+    ending: bool = False  # its host is being halted; its end is told once it is
 
 
 class LocalDriver:
@@ -158,7 +159,7 @@ class LocalDriver:
     def inject_preemption(self, vm_id: str, reason: str = "preempted: injected") -> bool:
         """Preempt a live VM now (like AWS FIS's spot interruption). False if not live."""
         vm = self._vms.get(vm_id)
-        if vm is None or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
+        if vm is None or vm.ending or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
             return False
         self._end(vm_id, VmState.PREEMPTED, reason)
         return True
@@ -254,9 +255,9 @@ class LocalDriver:
             log.warning("VM %s could not boot its host: %s", vm_id, exc)
             self._end(vm_id, VmState.FAILED, f"its host did not boot: {exc}")
             return
-        if vm.status.state is VmState.PENDING:
+        if vm.status.state is VmState.PENDING and not vm.ending:
             self._set(vm, VmState.RUNNING, "")
-        else:  # ended while it booted
+        else:  # ended while it booted (halting twice is fine)
             await self._hosts.halt(vm_id)
 
     def _spawn(self, coroutine: Any) -> None:
@@ -266,14 +267,24 @@ class LocalDriver:
 
     def _end(self, vm_id: str, state: VmState, reason: str) -> None:
         vm = self._vms.get(vm_id)
-        if vm is None or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
+        if vm is None or vm.ending or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
             return
         for timer in vm.timers:
             timer.cancel()
         vm.timers.clear()
-        if self._hosts is not None:
-            self._spawn(self._hosts.halt(vm_id))  # its processes die with it, at once
-        self._set(vm, state, reason)
+        if self._hosts is None:
+            self._set(vm, state, reason)
+            return
+        vm.ending = True
+        self._spawn(self._halt_then_end(vm_id, vm, state, reason))
+
+    async def _halt_then_end(self, vm_id: str, vm: _Vm, state: VmState, reason: str) -> None:
+        """A VM host's processes die before its end is told, as a real VM's do with it:
+        nothing of it runs after the moment the controller hears that it ended."""
+        try:
+            await self._hosts.halt(vm_id)
+        finally:
+            self._set(vm, state, reason)
 
     def _set(self, vm: _Vm, state: VmState, reason: str) -> None:
         vm.status = replace(vm.status, state=state, reason=reason, changed_at=self._now())

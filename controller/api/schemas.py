@@ -197,6 +197,11 @@ class Attempt(_Response):
     exit_code: int | None = ABSENT
     reason: str = ABSENT
     log_path: str = ABSENT
+    ran_at: float | None = Field(
+        ABSENT,
+        description="When its program began to run; null: it has not (still queued in its "
+        "executor), or never did (ended before it ran: charged nothing).",
+    )
     executor_ref: str = Field(
         description="The executor's id for it: the Slurm job id (slurm), else empty."
     )

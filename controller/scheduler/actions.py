@@ -139,6 +139,7 @@ class ActionsMixin(EventsMixin):
                 if not self.executor.queues_attempts:
                     check_transition("attempt", attempt.state, AttemptState.RUNNING)
                     attempt.state = AttemptState.RUNNING
+                    attempt.ran_at = attempt.started_at
                     self.checkpoints.plan(attempt, now)
                 # else it runs once the executor says so (AttemptStarted)
                 self._write_attempt(attempt, batch)

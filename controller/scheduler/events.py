@@ -136,6 +136,7 @@ class EventsMixin(TransitionsMixin):
         check_transition("attempt", attempt.state, AttemptState.RUNNING)
         attempt.state = AttemptState.RUNNING
         attempt.started_at = max(attempt.started_at, event.at)
+        attempt.ran_at = attempt.started_at
         attempt.mark_at = attempt.started_at
         self._write_attempt(attempt, batch)
         if not attempt.cancelling and not attempt.vm_gone:

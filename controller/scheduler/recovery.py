@@ -146,6 +146,7 @@ class RecoveryMixin(ActionsMixin):
                 log_path=attempt_row["log_path"],
                 shape=bag.shape,
                 ref=attempt_row["ref"],
+                ran_at=attempt_row["ran_at"],
                 mark_at=attempt_row["checkpointed_at"] or attempt_row["started_at"],
             )
             open_job = self.jobs.get((attempt.bag_id, attempt.idx))

@@ -176,6 +176,7 @@ class TransitionsMixin(SchedulerState):
             reason,
             attempt.log_path,
             attempt.ref,
+            attempt.ran_at,
         )
 
     def _record_usage(

@@ -68,6 +68,7 @@ class AttemptChange:
     reason: str
     log_path: str
     ref: str = ""
+    ran_at: float | None = None  # when its program began (None: it has not)
 
 
 @dataclass(slots=True)
@@ -358,6 +359,7 @@ class WriteBatch:
         reason: str,
         log_path: str,
         ref: str = "",
+        ran_at: float | None = None,
     ) -> None:
         self.attempts[(bag_id, idx, number)] = AttemptChange(
             bag_id,
@@ -371,6 +373,7 @@ class WriteBatch:
             reason,
             log_path,
             ref,
+            ran_at,
         )
 
     def vm(self, row: dict[str, Any]) -> None:

@@ -87,6 +87,7 @@ class AttemptRow(TypedDict):
     reason: str
     log_path: str
     ref: str  # where an executor runs it (the Slurm job id), or ''
+    ran_at: float | None  # when its program began to run (None: it never did)
 
 
 class JobAttempt(AttemptRow):

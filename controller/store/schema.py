@@ -387,6 +387,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        "when each attempt's program began to run (NULL: it never did); an attempt queued "
+        "in its executor and ended before it ran was charged nothing and never ran",
+        """
+        ALTER TABLE attempts ADD COLUMN ran_at REAL;
+        UPDATE attempts SET ran_at = started_at
+            WHERE state IN ('running', 'succeeded', 'failed', 'preempted');
+        """,
+    ),
 ]
 
 

@@ -267,6 +267,7 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             "ALTER TABLE bags ADD COLUMN spot_cost_usd REAL NOT NULL DEFAULT 0;"
             "ALTER TABLE bags ADD COLUMN on_demand_cost_usd REAL NOT NULL DEFAULT 0;"
             "DROP TABLE final_bag_costs;"
+            "ALTER TABLE attempts DROP COLUMN ran_at;"
         )
         conn.execute("DELETE FROM migrations WHERE version > ?", (LEDGER_BALANCES,))
         conn.execute(f"PRAGMA user_version = {LEDGER_BALANCES}")
