@@ -2,10 +2,12 @@
 makes slurmctld resume a CLOUD node of the pool; its ResumeProgram hook asks the
 daemon, which launches a VM for that node (local driver, VM hosts); the VM's slurmd
 joins under the node's name and the job runs there. Each run is reserved for at its
-start and charged at its end to the account named like its Slurm account, and shows
-in the account's cost report; a preempted pool VM is powered down by force, so Slurm
-requeues the job, which resumes on a new VM; a job its account cannot pay for is
-cancelled with the reason; an idle node is suspended and its VM terminated.
+start and charged at its end to the account named like its Slurm account (its user's
+when Slurm gives "(null)", as it does without slurmdbd), and shows in the account's
+cost report; a preempted pool VM is powered down by force, so Slurm requeues the job,
+which resumes on a new VM; a job its account cannot pay for, or whose account spotbag
+does not know, is cancelled with the reason; an idle node is suspended and its VM
+terminated.
 
 Jobs run as plain users in a world-writable directory of their own under /tmp, given
 with --chdir: wherever this checkout sits (CI's clone may be under a 0700 directory),
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +38,9 @@ nodes = "spot-[0-3]"
 vm_types = ["local-2"]
 reserve_hours = 2.0
 """
+# A second plain user, with no spotbag account unless a test gives it one. Made here
+# when absent (and left: tests beside this one may be using it).
+OTHER_USER = "spotbag-pool-user"
 SAY_HOST = "echo host=$(hostname)"
 
 
@@ -86,6 +92,20 @@ def out_dir() -> Iterator[Path]:
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def plain_user(name: str = OTHER_USER) -> str:
+    """A plain Unix user (no home, no login shell), made if absent."""
+    if subprocess.run(["id", "-u", name], capture_output=True).returncode == 0:
+        return name
+    made = subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode not in (0, 9):  # 9: made meanwhile by a test beside this one
+        raise RuntimeError(f"useradd {name}: {made.stderr.strip()}")
+    return name
 
 
 def submit_as_user(cluster, out_dir: Path, *args: str, user: str = "nobody") -> str:
@@ -226,6 +246,81 @@ def test_slurm_users_jobs_run_on_spot_vms_and_are_charged(pool_daemon, slurm_clu
     assert any("powered node" in v["reason"] for v in ended), [v["reason"] for v in ended]
     assert any(v["state"] == "preempted" for v in ended)
     print(f"first job on a fresh spot VM in {took_s:.1f} s")
+
+
+def test_a_job_without_an_account_pays_from_its_users_account(pool_daemon, slurm_cluster, out_dir):
+    """Without slurmdbd (the test cluster has none, as deploy/README allows) Slurm gives
+    a job submitted without -A the account "(null)". Such a job is charged to the
+    account named like its user; a user with no account has the job cancelled, the
+    reason in its comment, and no account (neither "(null)" nor the user's) is made up:
+    before, one "(null)" account was created unlimited and charged for every user."""
+    other = plain_user()
+    client = pool_daemon.start()
+    client.create_account("nobody", cpu_hours=100)
+
+    paid = submit_as_user(slurm_cluster, out_dir, "--wrap", f"{SAY_HOST}; sleep 1")
+    wait_until(lambda: job_field(slurm_cluster, paid, "%T") == "COMPLETED", 90, 0.2, "the job")
+    assert job_field(slurm_cluster, paid, "%u %a") == "nobody (null)"  # what Slurm holds
+    (host,) = job_hosts(out_dir, paid)
+    assert vm_record(client, host)["pool_node"].startswith("spot-")
+    (run,) = wait_until(lambda: ended_runs(pool_daemon, paid), 30, 0.1, "its end")
+    assert (run["user"], run["account"], run["state"]) == ("nobody", "nobody", "succeeded")
+    kinds = {
+        e["kind"]: e["cpu_h"] for e in client.ledger("nobody")["entries"] if e["key"] == run["key"]
+    }
+    assert set(kinds) == {"reserve", "charge", "release"}
+    assert kinds["charge"] > 0
+    assert client.account("nobody")["charged_cpu_h"] == pytest.approx(kinds["charge"])
+
+    refused = submit_as_user(slurm_cluster, out_dir, "--wrap", SAY_HOST, user=other)
+    wait_until(
+        lambda: job_field(slurm_cluster, refused, "%T") == "CANCELLED", 90, 0.2, "the refusal"
+    )
+    assert job_field(slurm_cluster, refused, "%u %a") == f"{other} (null)"
+    comment = job_field(slurm_cluster, refused, "%k")
+    assert (
+        f"Slurm user {other} has no spotbag account (account '(null)' given, matched by user name)"
+        in comment
+    ), comment
+    assert f"`spotbag accounts create {other} --cpu-hours N`" in comment, comment
+    assert [a["account"] for a in client.accounts()["accounts"]] == ["nobody"]
+    assert not ended_runs(pool_daemon, refused)
+    assert not [e for e in client.ledger("nobody")["entries"] if f":{refused}:" in e["key"]]
+    assert client.account("nobody")["charged_cpu_h"] == pytest.approx(kinds["charge"])
+
+
+def test_unknown_accounts_create_opens_a_limited_account(pool_daemons, slurm_cluster, out_dir):
+    """`[slurm] unknown_accounts = "create"`: a user with no account gets one, with the
+    configured credit and never unlimited. Its first job here needs more than that
+    credit: it is cancelled like any other job its account cannot cover, and the
+    account stays, for an admin to credit; the next job, which fits, runs and pays."""
+    daemon = pool_daemons(
+        max_vms=2, slurm='unknown_accounts = "create"\nunknown_account_cpu_h = 3.0\n'
+    )
+    user = plain_user()
+    client = daemon.start()
+
+    # 1 CPU for 4 h: more than the 3 CPU-hours the account is created with.
+    big = submit_as_user(slurm_cluster, out_dir, "--time=240", "--wrap", SAY_HOST, user=user)
+    wait_until(lambda: job_field(slurm_cluster, big, "%T") == "CANCELLED", 90, 0.2, "the refusal")
+    comment = job_field(slurm_cluster, big, "%k")
+    assert f"account '{user}' needs 4.00 CPU-hours but has 3.00 available" in comment, comment
+    assert [a["account"] for a in client.accounts()["accounts"]] == [user]
+    account = client.account(user)
+    assert account["unlimited"] is False and account["allocation_cpu_h"] == 3.0
+    assert account["charged_cpu_h"] == 0 and account["reserved_cpu_h"] == 0
+
+    paid = submit_as_user(
+        slurm_cluster, out_dir, "--time=30", "--wrap", f"{SAY_HOST}; sleep 1", user=user
+    )
+    wait_until(lambda: job_field(slurm_cluster, paid, "%T") == "COMPLETED", 90, 0.2, "the job")
+    assert job_hosts(out_dir, paid)
+    (run,) = wait_until(lambda: ended_runs(daemon, paid), 30, 0.1, "its end")
+    assert (run["user"], run["account"], run["state"]) == (user, user, "succeeded")
+    account = client.account(user)
+    assert account["charged_cpu_h"] > 0 and account["reserved_cpu_h"] == 0
+    assert [a["account"] for a in client.accounts()["accounts"]] == [user]
+    assert not ended_runs(daemon, big)
 
 
 def test_an_idle_pool_vm_the_reuse_policy_distrusts_is_handed_back(
