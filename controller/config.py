@@ -491,6 +491,20 @@ class SlurmConfig(_Section):
         "its capacity (1: one more VM-full waits there), so that Slurm starts the next the "
         "moment a job ends; they count as starting, not running. 0: only what fits.",
     )
+    unknown_accounts: Literal["cancel", "create"] = Field(
+        "cancel",
+        description="A pool job whose account spotbag does not know (its Slurm account; "
+        "its user name when Slurm gives none or '(null)', as without slurmdbd): cancel (the "
+        "job is cancelled, the reason and the command that creates the account in its "
+        "comment) or create (the account is created with unknown_account_cpu_h, never "
+        "unlimited). [ledger] new_accounts is for bags only.",
+    )
+    unknown_account_cpu_h: float = Field(
+        0.0,
+        ge=0,
+        description="unknown_accounts = create: the CPU-hours such an account starts with "
+        "(0: it exists, and its jobs are cancelled until an admin credits it).",
+    )
     pools: tuple[SlurmPoolConfig, ...] = Field(
         (), description="Power-saving pools for Slurm users' own jobs ([[slurm.pools]])."
     )

@@ -150,7 +150,13 @@ class Controller:
         pools = PoolBook((), ())
         if self.executor.name == "slurm":
             self.hook_secret = self._resolve_hook_secret()
-            pools = PoolBook(self.config.slurm.pools, self.catalog)
+            slurm = self.config.slurm
+            pools = PoolBook(
+                slurm.pools,
+                self.catalog,
+                unknown_accounts=slurm.unknown_accounts,
+                unknown_account_cpu_h=slurm.unknown_account_cpu_h,
+            )
         self.scheduler = Scheduler(
             store=self.store,
             driver=self.driver,

@@ -2,14 +2,14 @@
 
 The rules are policies.ledger_rules; this module applies them to bags and jobs:
 which account pays, how much a job reserves (rate × max_runtime per attempt), what
-happens to an account that does not exist yet (`[ledger] new_accounts`), and which
-jobs wait, held, for credit. The scheduler (and, for admissions, the API, on the
-same event loop) changes it; every entry it returns is written by the caller in the
-same transaction as the state change that caused it. An admin's changes (a new
-account, a credit) are written by the ledger itself, and taken into memory only once
-written (`open_account`, `add_credit`): a write that fails changes nothing, so no
-caller has anything to undo. After a restart it is rebuilt from the stored entries
-(`load`).
+happens to an account that does not exist yet (`[ledger] new_accounts` for bags,
+`[slurm] unknown_accounts` for Slurm users' jobs), and which jobs wait, held, for
+credit. The scheduler (and, for admissions, the API, on the same event loop) changes
+it; every entry it returns is written by the caller in the same transaction as the
+state change that caused it. An admin's changes (a new account, a credit) are
+written by the ledger itself, and taken into memory only once written
+(`open_account`, `add_credit`): a write that fails changes nothing, so no caller has
+anything to undo. After a restart it is rebuilt from the stored entries (`load`).
 """
 
 from __future__ import annotations
@@ -292,19 +292,29 @@ class Accounts:
 
     # --- Slurm users' jobs on power-saving pools ------------------------------------------
 
-    def reserve_run(
-        self, account: str, key: str, cpu_h: float, now: float
+    def open_run_account(
+        self, account: str, now: float, create_cpu_h: float | None
     ) -> tuple[dict[str, Any] | None, list[Entry]]:
-        """Reserve for a run of a Slurm user's job (its CPUs × its time limit), opening
-        the account as `new_accounts` says. Raises UnknownAccount or InsufficientCredit,
-        changing nothing."""
-        new_account, entries = self._open_account(account, now)
-        try:
-            entries.append(self.ledger.reserve(account, key, cpu_h))
-        except InsufficientCredit:
-            self._forget_new(account, new_account)
-            raise
-        return new_account, entries
+        """The account a run of a Slurm user's job pays from, created if need be with
+        `create_cpu_h` (`[slurm] unknown_accounts = "create"`): never unlimited, since
+        Slurm's input names it, not an admin (`[ledger] new_accounts` is for bags only).
+        Raises UnknownAccount when it does not exist and `create_cpu_h` is None. The
+        caller writes what it returns (the account's row and first credit) whatever
+        becomes of the run: an account created with too little credit for its first job
+        still exists for an admin to credit."""
+        if self.exists(account):
+            return None, []
+        if create_cpu_h is None:
+            raise UnknownAccount(account)
+        _check_credit(create_cpu_h)
+        note = "created for a Slurm user's job ([slurm] unknown_accounts)"
+        return self.create(account, False, create_cpu_h, now, note)
+
+    def reserve_run(self, account: str, key: str, cpu_h: float) -> Entry:
+        """Reserve for a run of a Slurm user's job (its CPUs × its time limit) from an
+        account that exists (open_run_account). Raises InsufficientCredit, changing
+        nothing."""
+        return self.ledger.reserve(account, key, cpu_h)
 
     def settle_run(self, key: str, cpus: float, elapsed_s: float, preempted: bool) -> list[Entry]:
         """A run ended: charge its CPUs × the time it ran, release the rest."""
@@ -312,23 +322,14 @@ class Accounts:
         return self.ledger.settle(key, cpus, elapsed_s, charge_it)
 
     def charge_unreserved(
-        self, account: str, key: str, cpus: float, elapsed_s: float, now: float
-    ) -> tuple[dict[str, Any] | None, list[Entry]]:
+        self, account: str, key: str, cpus: float, elapsed_s: float
+    ) -> list[Entry]:
         """A run whose start was never reported (its prolog callback was lost): what it
         used is reserved and charged at once, whatever the balance, since it happened.
-        An account that does not exist is opened as if new_accounts were "unlimited"
-        unless it says "credit"."""
-        if self.exists(account):
-            new_account, entries = None, list[Entry]()
-        else:
-            mode = self.settings.new_accounts
-            new_account, entries = self.create(
-                account, mode != "credit", self.settings.new_account_cpu_h, now
-            )
+        The account exists (open_run_account)."""
         used = cpus * max(0.0, elapsed_s) / 3600.0
-        entries.append(self.ledger.reserve(account, key, used, overdraw=True))
-        entries += self.ledger.settle(key, cpus, elapsed_s)
-        return new_account, entries
+        entries = [self.ledger.reserve(account, key, used, overdraw=True)]
+        return entries + self.ledger.settle(key, cpus, elapsed_s)
 
     def reserve_next(self, bag_id: str, idx: int, number: int, spec: BagSpec) -> list[Entry] | None:
         """Reserve for attempt `number` of a job; None when the account cannot cover it."""

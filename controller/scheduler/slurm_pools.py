@@ -5,8 +5,10 @@ Slurm powers pool nodes up and down (`PoolPower`): a resume launches a VM for th
 (its type chosen by `controller.planner.pool_vm_type`, under the hopping market if
 any), a suspend or a failed resume terminates it. The prolog and jobcomp hooks report
 each run of a user's job (`PoolRunEvent`): at its start CPU-hours are reserved in the
-ledger for its time limit (a job its account cannot pay for is cancelled); at its
-end what it used is charged and the rest released. Idle pool VMs that the reuse policy
+ledger for its time limit from the account `run_account` matches (a job its account
+cannot pay for, or whose account spotbag does not know, is cancelled unless `[slurm]
+unknown_accounts` creates it); at its end what it used is charged and the rest
+released. Idle pool VMs that the reuse policy
 would not start a typical job on (policies.reuse, `unfit_from_h`; SPEC.md §3) are
 handed back to Slurm, so the next job gets a fresh VM.
 
@@ -26,7 +28,7 @@ from controller.planner import Terminate, pool_vm_type
 from controller.runtime import VmRun, capacity_of
 from controller.scheduler.inputs import PoolPower, PoolRunEvent
 from controller.scheduler.transitions import TransitionsMixin
-from controller.slurm.pools import RUN_STATES, run_key
+from controller.slurm.pools import RUN_STATES, run_account, run_key
 from controller.store import WriteBatch
 from drivers.base import VmState
 from policies.ledger_rules import InsufficientCredit
@@ -156,7 +158,6 @@ class PoolsMixin(TransitionsMixin):
         pool = self.pools.by_partition[event.partition]
         ident = (event.job_id, event.job_name)
         run = self._pool_runs.get(ident)
-        account = event.account or event.user or "slurm"
         if event.kind == "start":
             if run is not None and run["restart"] >= event.restart:
                 self._tell(event, "repeat")  # or out of order
@@ -164,18 +165,20 @@ class PoolsMixin(TransitionsMixin):
             cpus = event.cpus or pool.cpus
             reserved = cpus * (event.limit_h or pool.reserve_hours)
             key = run_key(event.job_id, event.restart, event.job_name)
-            try:
-                opened, entries = self.accounts.reserve_run(account, key, reserved, now)
-            except (UnknownAccount, InsufficientCredit) as exc:
-                self._refusals.append((event.job_id, str(exc)))
-                self._pool_refused[ident] = str(exc)
-                self._tell(event, f"refused: {exc}")
-                log.warning("cancelling Slurm job %s on %s: %s", event.job_id, event.node, exc)
+            account, why = self._run_account(event, batch, now)
+            if why is None:
+                try:
+                    entry = self.accounts.reserve_run(account, key, reserved)
+                except InsufficientCredit as exc:
+                    why = str(exc)
+            if why is not None:
+                self._refusals.append((event.job_id, why))
+                self._pool_refused[ident] = why
+                self._tell(event, f"refused: {why}")
+                log.warning("cancelling Slurm job %s on %s: %s", event.job_id, event.node, why)
                 return
             self._tell(event, "reserved")
-            if opened is not None:
-                batch.account(opened)
-            batch.ledger_entries(now, entries, f"Slurm job {event.job_id} started")
+            batch.ledger_entries(now, [entry], f"Slurm job {event.job_id} started")
             vm = self._pool_vm(event.node)
             run = {
                 "key": key,
@@ -208,11 +211,17 @@ class PoolsMixin(TransitionsMixin):
         if run is None:  # its start was never reported: charge what it used, at once
             cpus = event.cpus or pool.cpus
             key = run_key(event.job_id, -int(ended), event.job_name)
-            opened, entries = self.accounts.charge_unreserved(
-                account, key, cpus, ended - started, now
-            )
-            if opened is not None:
-                batch.account(opened)
+            reason = "its start was not reported"
+            account, unknown = self._run_account(event, batch, now)
+            if unknown is None:
+                entries = self.accounts.charge_unreserved(account, key, cpus, ended - started)
+            else:
+                # It ran (or began to), which cannot be undone, and no account is made
+                # up for it: the run is kept, uncharged, saying why, for an admin to see.
+                used_h = cpus * (ended - started) / 3600.0
+                reason += f", and {unknown}: {used_h:.4g} CPU-hours not charged"
+                log.warning("Slurm job %s (%s): %s", event.job_id, event.state, reason)
+                entries = []
             vm = self._pool_vm(event.node)
             run = {
                 "key": key,
@@ -231,7 +240,7 @@ class PoolsMixin(TransitionsMixin):
                 "ended_at": ended,
                 "state": state,
                 "exit_code": event.exit_code,
-                "reason": "its start was not reported",
+                "reason": reason,
             }
         else:
             del self._pool_runs[ident]
@@ -251,6 +260,32 @@ class PoolsMixin(TransitionsMixin):
             "exit_code": event.exit_code,
         }
         batch.slurm_run(ended_run)
+
+    def _run_account(
+        self, event: PoolRunEvent, batch: WriteBatch, now: float
+    ) -> tuple[str, str | None]:
+        """The account a run pays from (`run_account`: never "(null)"), and why it cannot
+        when spotbag has no such account. `[slurm] unknown_accounts = "create"` creates
+        it with its configured credit, in this pass's batch, whether or not that covers
+        the run (an admin then sees it and can credit it)."""
+        matched = run_account(event.account, event.user)
+        credit = self.pools.credit_for_unknown(matched)
+        try:
+            opened, entries = self.accounts.open_run_account(matched.name, now, credit)
+        except UnknownAccount:
+            return matched.name, matched.unknown()
+        if opened is not None:
+            log.info(
+                "created account %s with %g CPU-hours for Slurm job %s of user %s "
+                "([slurm] unknown_accounts = create)",
+                matched.name,
+                credit,
+                event.job_id,
+                event.user,
+            )
+            batch.account(opened)
+            batch.ledger_entries(now, entries, f"account created for Slurm job {event.job_id}")
+        return matched.name, None
 
     def _tell(self, event: PoolRunEvent, verdict: str) -> None:
         if event.verdict is not None:

@@ -10,11 +10,13 @@ cloud preempts a pool VM, spotbag powers the node down by force: Slurm requeues 
 job, which resumes on another node.
 
 Each run of a user's job on a pool is charged to the spotbag account named like its
-Slurm account (its user when it has none): at its start (the slurmctld prolog) it
-reserves its CPUs × its time limit (the pool's `reserve_hours` when unlimited), and
-a job its account cannot cover is cancelled with the reason in its comment; at its
-end (jobcomp) the time it ran is charged and the rest released. Runs are kept in the
-store and appear in cost reports beside the bags that shared their VMs.
+Slurm account, or like its user when Slurm gives it none (`run_account`): at its start
+(the slurmctld prolog) it reserves its CPUs × its time limit (the pool's
+`reserve_hours` when unlimited), and a job its account cannot cover, or whose account
+spotbag does not know, is cancelled with the reason in its comment (`[slurm]
+unknown_accounts = "create"` creates unknown accounts with a set credit instead); at
+its end (jobcomp) the time it ran is charged and the rest released. Runs are kept in
+the store and appear in cost reports beside the bags that shared their VMs.
 
 These VMs are Slurm's: the planner neither places spotbag's jobs on them nor ends
 them on its own. One exception, the preemption model's: an idle pool VM on which the
@@ -29,9 +31,11 @@ spotbag runs no agent there.)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from controller.bagspec import ACCOUNT_NAME
 from controller.config import ConfigError, SlurmPoolConfig
 from controller.slurm.commands import hostlist_expand
 from controller.slurm.conf import PoolConf, pool_memory_mb
@@ -71,10 +75,74 @@ class Pool:
         )
 
 
-class PoolBook:
-    """The configured pools, by node name and by partition."""
+# What a Slurm job without an account is said to have: without slurmdbd
+# (AccountingStorageType=accounting_storage/none) slurmctld gives the hooks the string
+# "(null)" (SLURM_JOB_ACCOUNT, jobcomp's ACCOUNT); other setups may give nothing.
+NO_NAME = frozenset({"", "(null)"})
+_ACCOUNT_NAME = re.compile(ACCOUNT_NAME)
 
-    def __init__(self, pools: Sequence[SlurmPoolConfig], catalog: Sequence[VmType]) -> None:
+
+@dataclass(frozen=True)
+class RunAccount:
+    """The spotbag account a run of a Slurm user's job pays from, and how it was found
+    (so that a refusal can say what was looked for, and what would help)."""
+
+    name: str  # "" when Slurm named neither an account nor a user
+    given: str  # the Slurm account as the hook sent it
+    user: str
+    by_user: bool  # Slurm gave no account: matched by the user name
+
+    @property
+    def valid(self) -> bool:
+        """Whether it can be a spotbag account at all (the API's and the CLI's rule)."""
+        return bool(_ACCOUNT_NAME.match(self.name))
+
+    def unknown(self) -> str:
+        """Why the run cannot be charged when spotbag has no such account: which account
+        it needed, how that was matched, and the command that creates it."""
+        if not self.name:
+            return (
+                "Slurm gave the job neither an account nor a user name, so spotbag has no "
+                "account to charge"
+            )
+        if self.by_user:
+            given = f"account {self.given!r} given" if self.given else "no account given"
+            what = f"Slurm user {self.user} has no spotbag account ({given}, matched by user name)"
+        else:
+            what = (
+                f"Slurm account {self.name!r} of user {self.user or '?'} is not a spotbag account"
+            )
+        if not self.valid:
+            return f"{what}, and {self.name!r} cannot be one (letters, digits, _ . -; up to 64)"
+        return (
+            f"{what}; an admin creates it with `spotbag accounts create {self.name} --cpu-hours N`"
+        )
+
+
+def run_account(account: str, user: str) -> RunAccount:
+    """Which account pays for a run: the job's Slurm account; when Slurm gives none
+    (`NO_NAME`: no slurmdbd says "(null)"), its user's name. Never "(null)" itself: that
+    would pool every user's jobs in one account that no limit applies to."""
+    account, user = account.strip(), user.strip()
+    if account not in NO_NAME:
+        return RunAccount(account, account, user, by_user=False)
+    return RunAccount("" if user in NO_NAME else user, account, user, by_user=True)
+
+
+class PoolBook:
+    """The configured pools, by node name and by partition, and what becomes of a run
+    whose account spotbag does not know (`[slurm] unknown_accounts`)."""
+
+    def __init__(
+        self,
+        pools: Sequence[SlurmPoolConfig],
+        catalog: Sequence[VmType],
+        *,
+        unknown_accounts: str = "cancel",
+        unknown_account_cpu_h: float = 0.0,
+    ) -> None:
+        self.unknown_accounts = unknown_accounts
+        self.unknown_account_cpu_h = unknown_account_cpu_h
         types = {t.name: t for t in catalog}
         self.pools: list[Pool] = []
         self.by_node: dict[str, Pool] = {}
@@ -124,6 +192,14 @@ class PoolBook:
     @property
     def partitions(self) -> list[str]:
         return list(self.by_partition)
+
+    def credit_for_unknown(self, account: RunAccount) -> float | None:
+        """The credit an account spotbag does not know is created with for a run
+        (`unknown_accounts = "create"`); None: it is not created (the run is refused).
+        Never unlimited, and never for a name that cannot be an account."""
+        if self.unknown_accounts != "create" or not account.valid:
+            return None
+        return self.unknown_account_cpu_h
 
 
 def run_key(job_id: str, restart: int, job_name: str) -> str:

@@ -1,0 +1,140 @@
+"""Which spotbag account a Slurm user's pool job pays from, and what becomes of an
+account spotbag does not know (issue 22): never "(null)" (what Slurm says without
+slurmdbd), never an account created unlimited from Slurm's input.
+
+The refusal path (a job cancelled, the reason in its comment) and the "create" option
+are run on real Slurm in tests/integration/test_slurm_power_saving.py; here the real
+scheduler and store (the sim world) take what is hard to make happen there: the end of a
+run whose start was never reported (its prolog callback lost), and reservations in
+"create" mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.clock import SimClock
+from controller.config import SlurmPoolConfig
+from controller.scheduler.inputs import PoolRunEvent
+from controller.slurm.pools import PoolBook, run_account
+from tests.controller.simworld import config, rows, world
+
+
+@pytest.mark.parametrize(
+    ("account", "user", "name", "by_user"),
+    [
+        ("(null)", "alice", "alice", True),  # no slurmdbd: Slurm's word for none
+        ("", "alice", "alice", True),
+        ("  ", "alice", "alice", True),
+        ("chem", "alice", "chem", False),  # an account given (-A) is the account
+        ("(null)", "(null)", "", True),  # nothing to go by
+        ("", "", "", True),
+    ],
+)
+def test_the_account_is_the_jobs_or_else_its_users(account, user, name, by_user):
+    matched = run_account(account, user)
+    assert (matched.name, matched.by_user) == (name, by_user)
+
+
+def test_the_reason_says_what_was_looked_for_and_what_would_help():
+    assert run_account("(null)", "nobody").unknown() == (
+        "Slurm user nobody has no spotbag account (account '(null)' given, matched by user "
+        "name); an admin creates it with `spotbag accounts create nobody --cpu-hours N`"
+    )
+    assert "(no account given, matched by user name)" in run_account("", "bob").unknown()
+    assert run_account("chem", "bob").unknown() == (
+        "Slurm account 'chem' of user bob is not a spotbag account; an admin creates it "
+        "with `spotbag accounts create chem --cpu-hours N`"
+    )
+    assert "cannot be one" in run_account("a b", "bob").unknown()
+    assert "neither an account nor a user name" in run_account("(null)", "").unknown()
+
+
+def test_unknown_accounts_are_created_only_when_configured_and_only_with_a_name():
+    cancel = PoolBook((), ())
+    create = PoolBook((), (), unknown_accounts="create", unknown_account_cpu_h=5.0)
+    assert cancel.credit_for_unknown(run_account("(null)", "alice")) is None
+    assert create.credit_for_unknown(run_account("(null)", "alice")) == 5.0
+    assert create.credit_for_unknown(run_account("(null)", "")) is None
+    assert create.credit_for_unknown(run_account("bad name", "alice")) is None
+
+
+async def pool_world(tmp_path, **unknown):
+    cfg = config()
+    scheduler = await world(tmp_path, SimClock(1000.0), 1, cfg)
+    pool = SlurmPoolConfig(partition="spot", nodes="spot-[0-1]", vm_types=("small",))
+    scheduler.pools = PoolBook([pool], cfg.catalog(), **unknown)
+    return scheduler
+
+
+async def take(scheduler, event: PoolRunEvent) -> str | None:
+    """One pass with the event; a start's verdict (an end has none)."""
+    verdict = scheduler.pool_run(event)
+    assert verdict is not None
+    await scheduler.tick()
+    return verdict.result() if verdict.done() else None
+
+
+def lost_start_end(job_id: str, user: str, account: str = "(null)") -> PoolRunEvent:
+    """A jobcomp whose prolog callback never arrived: 2 CPUs for 1800 s."""
+    return PoolRunEvent(
+        "end",
+        job_id,
+        "job",
+        "spot",
+        "spot-0",
+        user=user,
+        account=account,
+        cpus=2,
+        state="COMPLETED",
+        exit_code=0,
+        started_at=100.0,
+        ended_at=1900.0,
+    )
+
+
+async def test_a_run_whose_start_was_lost_is_kept_uncharged_when_its_account_is_unknown(
+    tmp_path,
+):
+    scheduler = await pool_world(tmp_path)
+    await take(scheduler, lost_start_end("41", "alice"))
+    await scheduler.store.flush()
+    ((account, user, state, reason),) = rows(
+        tmp_path, "SELECT account, user, state, reason FROM slurm_runs"
+    )
+    assert (account, user, state) == ("alice", "alice", "succeeded")
+    assert reason.startswith("its start was not reported, and Slurm user alice has no")
+    assert reason.endswith(": 1 CPU-hours not charged")
+    assert rows(tmp_path, "SELECT name FROM accounts") == []
+    assert rows(tmp_path, "SELECT count(*) FROM ledger") == [(0,)]
+    assert not scheduler.accounts.exists("alice") and not scheduler.accounts.exists("(null)")
+
+
+async def test_a_run_whose_start_was_lost_is_charged_to_its_users_account(tmp_path):
+    scheduler = await pool_world(tmp_path)
+    scheduler.accounts.create("alice", False, 10.0, 0.0)
+    await take(scheduler, lost_start_end("42", "alice"))
+    await scheduler.store.flush()
+    assert rows(tmp_path, "SELECT account, reason FROM slurm_runs") == [
+        ("alice", "its start was not reported")
+    ]
+    assert scheduler.accounts.view("alice")["charged_cpu_h"] == pytest.approx(1.0)
+    assert rows(tmp_path, "SELECT DISTINCT account FROM ledger") == [("alice",)]
+
+
+async def test_create_opens_a_limited_account_with_its_credit(tmp_path):
+    scheduler = await pool_world(tmp_path, unknown_accounts="create", unknown_account_cpu_h=5.0)
+    start = PoolRunEvent(
+        "start", "43", "job", "spot", "spot-0", user="bob", account="(null)", cpus=2, limit_h=1.0
+    )
+    assert await take(scheduler, start) == "reserved"
+    await take(scheduler, lost_start_end("44", "carol"))  # at its end, the same rule
+    await scheduler.store.flush()
+    assert rows(tmp_path, "SELECT name, unlimited FROM accounts ORDER BY name") == [
+        ("bob", 0),
+        ("carol", 0),
+    ]
+    bob = scheduler.accounts.view("bob")
+    assert (bob["allocation_cpu_h"], bob["reserved_cpu_h"]) == (5.0, 2.0)
+    carol = scheduler.accounts.view("carol")
+    assert (carol["allocation_cpu_h"], carol["charged_cpu_h"]) == (5.0, pytest.approx(1.0))
+    assert not scheduler.accounts.exists("(null)")
