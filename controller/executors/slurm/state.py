@@ -178,7 +178,9 @@ class SlurmState:
             attempt.attempt_id,
             attempt.max_runtime_s,
             code,
-            attempt.stop_reason,
+            # A lost VM's programs die with it, unasked: one that left an exit status
+            # ended by itself, before its VM went.
+            "" if attempt.vm_lost else attempt.stop_reason,
             attempt.timed_out,
             at,
         )
@@ -198,7 +200,7 @@ class SlurmState:
             return AttemptEvent(
                 attempt.attempt_id, at, Outcome.NOT_STARTED, None, attempt.stop_reason, key
             )
-        if attempt.stop_reason:
+        if attempt.stop_reason and not (attempt.vm_lost and state == "COMPLETED"):
             return AttemptEvent(
                 attempt.attempt_id, at, Outcome.KILLED, code, attempt.stop_reason, key
             )
