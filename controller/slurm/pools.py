@@ -33,9 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.config import ConfigError, SlurmPoolConfig
-from controller.slurm.commands import hostlist_expand
+from controller.slurm.commands import HostlistError, hostlist_expand
 from controller.slurm.conf import PoolConf, pool_memory_mb
 from drivers.base import VmType
+
+# More nodes than a pool has a use for: a bound, so that a typo in the config
+# ("spot-[0-99999999]") is refused at once rather than expanded for minutes.
+MAX_POOL_NODES = 100_000
 
 # Slurm's final job states as a run's attempt state (reports, the store).
 RUN_STATES = {
@@ -97,7 +101,10 @@ class PoolBook:
                     f"[[slurm.pools]] {config.partition}: {', '.join(smaller)} are smaller than "
                     f"{first.name}, whose size the pool's nodes declare"
                 )
-            nodes = tuple(hostlist_expand(config.nodes))
+            try:
+                nodes = tuple(hostlist_expand(config.nodes, limit=MAX_POOL_NODES))
+            except HostlistError as exc:
+                raise ConfigError(f"[[slurm.pools]] {config.partition}: {exc}") from None
             pool = Pool(
                 config.partition,
                 nodes,
