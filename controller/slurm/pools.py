@@ -62,6 +62,8 @@ class Pool:
     gpus: int
     reserve_hours: float
     job_hours: float = 1.0  # typical job length, model hours (the reuse policy's question)
+    suspend_time_s: int = 300  # Slurm's SuspendTime for the pool (slurm.conf)
+    resume_timeout_s: int = 600  # Slurm's ResumeTimeout for the pool (slurm.conf)
 
     @property
     def conf(self) -> PoolConf:
@@ -72,6 +74,8 @@ class Pool:
             memory_mb=pool_memory_mb(self.memory_gb),
             feature=self.partition,
             gpus=self.gpus,
+            suspend_time_s=self.suspend_time_s,
+            resume_timeout_s=self.resume_timeout_s,
         )
 
 
@@ -115,6 +119,8 @@ class PoolBook:
                 first.gpus,
                 config.reserve_hours,
                 config.job_hours,
+                config.suspend_time_s,
+                config.resume_timeout_s,
             )
             if config.partition in self.by_partition:
                 raise ConfigError(f"[[slurm.pools]]: partition {config.partition} twice")

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from controller.config import Config, ConfigError
 from controller.slurm.commands import SlurmError, key_values
 from controller.slurm.conf import FragmentSettings, fragment
+from controller.slurm.hooks_install import HookInstall
 from controller.slurm.pools import PoolBook
 
 DEFAULT_HOOKS_DIR = "/usr/local/lib/spotbag/slurm-hooks"
@@ -36,6 +38,8 @@ def read_or_make_secret(path: Path) -> bytes:
 
 
 def fragment_for(config: Config, hooks_dir: str) -> str:
+    """What `spotbag slurm conf` prints for `config`: the tests' cluster is built from
+    it too (tests/slurm_cluster.py), so they run what users run."""
     pools = PoolBook(config.slurm.pools, config.catalog())
     return fragment(
         FragmentSettings(
@@ -43,7 +47,40 @@ def fragment_for(config: Config, hooks_dir: str) -> str:
             node_feature=config.slurm.node_feature,
             hooks_dir=hooks_dir,
             pools=[p.conf for p in pools.pools],
+            cred_expire_s=config.slurm.cred_expire_s,
+            munge_socket=config.slurm.munge_socket,
         )
+    )
+
+
+def hook_install_for(
+    config: Config,
+    *,
+    dest: Path,
+    config_path: Path,
+    url: str,
+    secret: bytes,
+    spool_dir: Path,
+    python: str,
+    owner: tuple[int, int] | None = None,
+) -> HookInstall:
+    """What `spotbag slurm install-hooks` installs for `config` (the tests' cluster
+    installs the same): the hooks pass on spotbag's partitions only, and the prolog
+    waits for a pool node's power-up as long as Slurm does (the longest ResumeTimeout)."""
+    pools = PoolBook(config.slurm.pools, config.catalog())
+    return HookInstall(
+        dest=dest,
+        config_path=config_path,
+        url=url,
+        secret=secret,
+        spool_dir=spool_dir,
+        partition=config.slurm.partition,
+        pool_partitions=pools.partitions,
+        slurm_conf=config.slurm.slurm_conf or os.environ.get("SLURM_CONF", ""),
+        bin_dir=config.slurm.bin_dir or os.path.dirname(shutil.which("sinfo") or "/usr/bin/sinfo"),
+        python=python,
+        power_up_wait_s=float(max((p.resume_timeout_s for p in pools.pools), default=600)),
+        owner=owner,
     )
 
 

@@ -28,6 +28,7 @@ partition = "spot"
 nodes = "spot-[0-3]"
 vm_types = ["local-2"]
 reserve_hours = 2.0
+suspend_time_s = 5
 """
 
 
