@@ -14,7 +14,7 @@ from pathlib import Path
 from controller.config import Config, ConfigError
 from controller.slurm.commands import SlurmError, key_values
 from controller.slurm.conf import FragmentSettings, fragment
-from controller.slurm.hooks_install import HookInstall
+from controller.slurm.hooks_install import HookInstall, make_dirs
 from controller.slurm.pools import PoolBook
 
 DEFAULT_HOOKS_DIR = "/usr/local/lib/spotbag/slurm-hooks"
@@ -27,13 +27,18 @@ def hook_secret_path(config: Config) -> Path:
     return Path(configured) if configured else config.resolved_state_dir() / "slurm-hook.secret"
 
 
-def read_or_make_secret(path: Path) -> bytes:
-    """The daemon's hook secret (made, mode 0600, when missing: the daemon does the same)."""
+def read_or_make_secret(path: Path, owner: tuple[int, int] | None = None) -> bytes:
+    """The daemon's hook secret (made, mode 0600, when missing: the daemon does the same).
+    Made before the daemon's first start (by `install-hooks`, as root), it and a
+    directory made for it (the daemon's state directory, by default) are 0700 and
+    `owner`'s, the daemon's user (SlurmUser: deploy/spotbag-slurm.conf)."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, 0o700, owner)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32) + "\n")
+        if owner is not None:
+            os.chown(path, *owner)
     return path.read_bytes().strip()
 
 
