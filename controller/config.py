@@ -415,6 +415,23 @@ class SlurmPoolConfig(_Section):
         "which the reuse policy would not start a job this long (it is too close to its "
         "preemption or deadline, SPEC.md §3) is powered down, so the next job gets a fresh VM.",
     )
+    suspend_time_s: int = Field(
+        300,
+        ge=1,
+        description="Slurm's SuspendTime for the pool (`spotbag slurm conf`): a pool VM left "
+        "idle this long is terminated. Until then it waits, and is paid for, so that the next "
+        "job starts at once instead of after a VM's boot and join (1-3 minutes): shorter is "
+        "cheaper, longer makes a stream of jobs faster. Slurm looks about every 10 s, so a VM "
+        "may stay up to 10 s longer.",
+    )
+    resume_timeout_s: int = Field(
+        600,
+        ge=30,
+        description="Slurm's ResumeTimeout for the pool: a node whose VM has not joined this "
+        "long after Slurm resumed it is given up (ResumeFailProgram) and its job requeued; the "
+        "slurmctld prolog waits at most this long for a node's power-up. Above a spot VM's "
+        "boot and join time (1-3 minutes), with room for a slow one.",
+    )
 
 
 class SlurmConfig(_Section):
@@ -452,6 +469,17 @@ class SlurmConfig(_Section):
         "",
         description="The munge socket the cluster's slurm.conf names (AuthInfo=socket=); "
         "empty: munge's default.",
+    )
+    cred_expire_s: int = Field(
+        20,
+        ge=5,
+        description="Slurm's job credential lifetime (AuthInfo=cred_expire, `spotbag slurm "
+        "conf`), which is also how long Slurm holds a requeued job before it may run again: "
+        "a Slurm user's pool job whose VM was preempted waits this long + 1 s (Slurm's "
+        "default, 120 s, makes it over 2 minutes). Shorter: requeued jobs run sooner after a "
+        "preemption; too short: a job step whose launch takes longer (a slow prolog, loading "
+        "the user's environment, a paged-out slurmd) fails with an expired credential. Slurm "
+        "takes no less than 5.",
     )
     shared_dir: str = Field(
         "",

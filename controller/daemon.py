@@ -224,12 +224,18 @@ class Controller:
         executor), a pool's nodes or its users' jobs (the scheduler), else only noted so
         that a replay is known. True when it is acted on."""
         scheduler = self.running_scheduler
+        nodes: list[str] = []
+        if event.event in POWER_EVENTS and scheduler.pools:
+            # Bounded before it is expanded, and before anything is noted: Slurm names
+            # only pool nodes (at most all of them), while a signed "spot-[0-99999999]"
+            # would hold the loop for minutes. Raises HostlistError: a 400.
+            nodes = hostlist_expand(event.nodes, limit=len(scheduler.pools.by_node))
         self.executor.remember(event.key)
         subject = event.job_name or event.nodes
         noted = CallbackNoted(event.key, self.clock.now(), event.event, subject)
         if event.event in POWER_EVENTS:
             scheduler.note(noted)
-            return scheduler.pool_power(event.event, hostlist_expand(event.nodes)) > 0
+            return scheduler.pool_power(event.event, nodes) > 0
         if event.partition in scheduler.pools.by_partition:
             scheduler.note(noted)
             if event.event == "prolog_slurmctld":

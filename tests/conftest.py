@@ -190,18 +190,27 @@ def require_slurm() -> None:
     pytest.skip(reason)
 
 
+# The pool the session's cluster declares, as the daemons that serve it configure it
+# (tests/integration/test_slurm_power_saving.py POOL): slurm.conf is rendered from it.
+# make_slurm_daemon checks that a daemon's config renders the same fragment.
+SLURM_POOL = """
+[[slurm.pools]]
+partition = "spot"
+nodes = "spot-[0-3]"
+vm_types = ["local-2"]
+suspend_time_s = 5
+"""
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """One cluster for the session: spotbag's dynamic-node partition and a power-saving
-    pool "spot" of four 2-CPU CLOUD nodes."""
+    pool "spot" of four 2-CPU CLOUD nodes, whose idle VMs are ended 5 s after their
+    jobs (suspend_time_s) so that a test sees that happen."""
     require_slurm()
-    from controller.slurm.conf import PoolConf
     from tests.slurm_cluster import SlurmCluster
 
-    cluster = SlurmCluster(
-        pools=[PoolConf("spot", "spot-[0-3]", cpus=2, memory_mb=3800, feature="local-2")],
-        suspend_time_s=5,  # idle pool nodes are released soon after their jobs
-    ).start()
+    cluster = SlurmCluster(spotbag_config=SLURM_POOL).start()
     yield cluster
     cluster.stop()
 
@@ -259,6 +268,7 @@ def make_slurm_daemon(make_daemon, slurm_cluster, tmp_path):
         original_start = daemon.start
 
         def start(*args, **kw):
+            same_conf_as(slurm_cluster, daemon.config_path)
             client = original_start(*args, **kw)
             slurm_cluster.point_hooks(client.url)
             return client
@@ -267,6 +277,27 @@ def make_slurm_daemon(make_daemon, slurm_cluster, tmp_path):
         return daemon
 
     return make
+
+
+def same_conf_as(cluster, config_path: Path) -> None:
+    """A daemon's config must render the cluster's slurm.conf fragment (`spotbag slurm
+    conf`), or the test would run a cluster its users could not have: with the same
+    pools when it serves them, else the same apart from the pools."""
+    from controller.config import load_config
+    from controller.slurm.setup import fragment_for
+
+    config = load_config(config_path)
+    if not config.slurm.pools:
+        slurm = cluster.config.slurm.model_copy(update={"pools": ()})
+        expected = fragment_for(
+            cluster.config.model_copy(update={"slurm": slurm}), str(cluster.hooks_dir)
+        )
+    else:
+        expected = cluster.fragment
+    assert fragment_for(config, str(cluster.hooks_dir)) == expected, (
+        f"{config_path} does not render the test cluster's slurm.conf fragment: "
+        "its [slurm] or [[slurm.pools]] differ from tests/conftest.py SLURM_POOL"
+    )
 
 
 # --- the fast tier (`make test-fast`) ----------------------------------------------------

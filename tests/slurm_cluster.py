@@ -1,12 +1,20 @@
 """A real Slurm cluster for tests and benchmarks: munged and slurmctld on this host,
 VMs as network-namespace hosts (drivers/local_hosts.py) that join it.
 
-Follows the project's Slurm notes (SLURM.md of the development machines): a fresh directory under /tmp (mode 0711, for
-munge), a free port, the slurm.conf recipe plus spotbag's fragment
-(controller/slurm/conf.py), slurmctld in the foreground, and a bridge whose first
-address is the head node's, where configless slurmds in the VM hosts fetch their
-configuration. Ready in well under a second; `stop()` cancels every job, halts the
-VM hosts and removes everything.
+Its slurm.conf is what a site runs: spotbag's fragment exactly as `spotbag slurm
+conf` prints it (controller/slurm/setup.py `fragment_for`) for a spotbag config like
+the tests' daemons use (`spotbag_config`, e.g. their [[slurm.pools]]), after a base
+of what a one-host test needs and a site would have anyway: names, ports, paths,
+plugins that run without systemd or cgroups. Nothing in the base changes a behaviour
+spotbag relies on; whatever does belongs in the fragment, so that users get it too.
+The hooks are installed with the settings `spotbag slurm install-hooks` derives from
+the same config.
+
+Follows the project's Slurm notes (SLURM.md of the development machines): a fresh
+directory under /tmp (mode 0711, for munge), a free port, slurmctld in the
+foreground, and a bridge whose first address is the head node's, where configless
+slurmds in the VM hosts fetch their configuration. Ready in well under a second;
+`stop()` cancels every job, halts the VM hosts and removes everything.
 
 Needs root, Slurm 22.05's slurmctld, slurmd and clients, munge and iproute2.
 `missing()` says what is not there; tests skip on that, except under CI=true, where
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import random
@@ -28,44 +37,54 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-from controller.slurm.conf import FragmentSettings, PoolConf, fragment
-from controller.slurm.hooks_install import HookInstall, install_hooks
+from controller.config import load_config
+from controller.slurm.hooks_install import install_hooks
+from controller.slurm.pools import PoolBook
+from controller.slurm.setup import fragment_for, hook_install_for
 
 TOOLS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "munged", "ip", "nsenter")
 
+# What a cluster on one test host needs besides spotbag's fragment, each for a reason of
+# this host; Slurm's defaults for the rest (munge for authentication, no accounting).
 BASE_CONF = """\
+# ---- one test host (tests/slurm_cluster.py) ---------------------------------
 ClusterName={cluster}
+# The head node's address on the cluster's own bridge, where the VM hosts reach it,
+# and a free port: several test sessions may share this host.
 SlurmctldHost={hostname}({head})
 SlurmctldPort={port}
+# Everything runs as root here; a site runs slurmctld as its SlurmUser.
 SlurmUser=root
 SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={munge_socket},cred_expire=10
+# slurmctld's files in the cluster's own directory; each VM host has its own /var
+# and /run for slurmd's.
 StateSaveLocation={base}/state
 SlurmctldPidFile={base}/run/slurmctld.pid
 SlurmctldLogFile={base}/log/slurmctld.log
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmdPidFile=/run/slurmd.pid
 SlurmdLogFile=/var/log/slurm/slurmd.log
+# No systemd and no cgroups on the test host.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# The VM hosts share this host's 2 cores: trust the CPUs a node declares.
+# The VM hosts share this host's 2 cores: trust the CPUs a node declares (a real
+# VM has what its node declares, and its boot script declares no more memory).
 SlurmdParameters=config_overrides
-SchedulerParameters=batch_sched_delay=0,sched_interval=1,default_queue_depth=1000,sched_min_interval=100000
-MailProg=/bin/true
-MinJobAge=600
-KillWait=5
-SlurmdTimeout=60
-InactiveLimit=0
+"""
+
+# The spotbag config the cluster's fragment and hooks are rendered from: what every test
+# daemon's config says about this cluster (tests/conftest.py SLURM_CONFIG), plus the
+# cluster's `spotbag_config`. The AuthInfo line of the fragment then names this host's
+# munge socket (munge_socket), so it needs no merging by hand.
+SPOTBAG_CONFIG = """\
+[executor]
+name = "slurm"
+
+[slurm]
+slurm_conf = "{conf}"
+munge_socket = "{munge_socket}"
 """
 
 
@@ -100,24 +119,24 @@ def _free_subnet() -> ipaddress.IPv4Network:
 
 
 class SlurmCluster:
-    """munged + slurmctld on a bridge of its own; VM hosts join as nodes."""
+    """munged + slurmctld on a bridge of its own; VM hosts join as nodes.
+
+    `spotbag_config`: TOML added to the cluster's spotbag config (SPOTBAG_CONFIG), such
+    as the [[slurm.pools]] its daemons serve; the fragment in slurm.conf is rendered
+    from it. `extra_conf`: lines after the fragment, for capacity only (a benchmark's
+    MaxJobCount), never for behaviour: that comes from the fragment."""
 
     def __init__(
         self,
         *,
-        pools: Sequence[PoolConf] = (),
+        spotbag_config: str = "",
         hooks_dir: Path | None = None,
         extra_conf: str = "",
-        suspend_time_s: int = 20,
-        resume_timeout_s: int = 60,
     ) -> None:
         self.base = Path(tempfile.mkdtemp(dir="/tmp", prefix="spotbag-slurm-"))
         self.base.chmod(0o711)
-        self.pools = tuple(pools)
         self.hooks_dir = hooks_dir or self.base / "hooks"
         self.extra_conf = extra_conf
-        self.suspend_time_s = suspend_time_s
-        self.resume_timeout_s = resume_timeout_s
         self.port = _free_port()
         self.subnet = _free_subnet()
         self.head = str(next(self.subnet.hosts()))
@@ -132,6 +151,15 @@ class SlurmCluster:
         self.hook_secret = secrets.token_hex(16).encode()
         self.spool_dir = self.base / "spool"
         self._processes: list[subprocess.Popen] = []
+        self.spotbag_config = self.base / "etc" / "spotbag.toml"
+        self.spotbag_config.parent.mkdir()
+        self.spotbag_config.write_text(
+            SPOTBAG_CONFIG.format(conf=self.conf, munge_socket=self.munge_socket) + spotbag_config
+        )
+        self.config = load_config(self.spotbag_config)
+        self.pools = PoolBook(self.config.slurm.pools, self.config.catalog()).pools
+        # Exactly what `spotbag slurm conf --config ... --hooks-dir ...` prints.
+        self.fragment = fragment_for(self.config, str(self.hooks_dir))
 
     # --- what clients need -----------------------------------------------------------
 
@@ -156,46 +184,31 @@ class SlurmCluster:
         return result.stdout
 
     def point_hooks(self, url: str, secret: bytes | None = None, **changes) -> None:
-        """(Re)install the hooks calling `url` back (they read their config per run)."""
+        """(Re)install the hooks calling `url` back (they read their config per run),
+        with what `spotbag slurm install-hooks` derives from the cluster's config."""
         if secret is not None:
             self.hook_secret = secret
-        install_hooks(
-            HookInstall(
-                dest=self.hooks_dir,
-                config_path=self.hook_config,
-                url=url,
-                secret=self.hook_secret,
-                spool_dir=self.spool_dir,
-                pool_partitions=[p.partition for p in self.pools],
-                slurm_conf=str(self.conf),
-                bin_dir=os.path.dirname(shutil.which("sinfo") or "/usr/bin/sinfo"),
-                python=sys.executable,
-                timeout_s=2.0,
-                power_up_wait_s=self.resume_timeout_s,
-                **changes,
-            )
+        install = hook_install_for(
+            self.config,
+            dest=self.hooks_dir,
+            config_path=self.hook_config,
+            url=url,
+            secret=self.hook_secret,
+            spool_dir=self.spool_dir,
+            python=sys.executable,  # the hook needs only the standard library
         )
-
-    def fragment_settings(self) -> FragmentSettings:
-        return FragmentSettings(
-            hooks_dir=str(self.hooks_dir),
-            pools=self.pools,
-            suspend_time_s=self.suspend_time_s,
-            resume_timeout_s=self.resume_timeout_s,
-            max_dynamic_nodes=64,
-        )
+        install_hooks(dataclasses.replace(install, **changes))
 
     # --- life ----------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 20.0) -> SlurmCluster:
-        for sub in ("state", "run", "log", "etc"):
+        for sub in ("state", "run", "log"):
             (self.base / sub).mkdir(exist_ok=True)
         self.munge_dir.mkdir(mode=0o711, exist_ok=True)
         self.munge_dir.chmod(0o711)
         self.munge_key.parent.mkdir(mode=0o700, exist_ok=True)
         self.munge_key.write_bytes(os.urandom(1024))
         self.munge_key.chmod(0o600)
-        self.hooks_dir.mkdir(parents=True, exist_ok=True)
         self.point_hooks("http://127.0.0.1:9")  # nobody there yet: events are spooled
         self._bridge_up()
         self.conf.write_text(
@@ -204,10 +217,10 @@ class SlurmCluster:
                 hostname=socket.gethostname().split(".")[0],
                 head=self.head,
                 port=self.port,
-                munge_socket=self.munge_socket,
                 base=self.base,
             )
-            + fragment(self.fragment_settings())
+            + "\n"
+            + self.fragment
             + self.extra_conf
         )
         self._spawn(
@@ -227,11 +240,10 @@ class SlurmCluster:
         self._spawn("slurmctld", "-D", "-i", log=self.base / "log" / "slurmctld.out")
         while "is UP" not in self.run("scontrol", "ping", check=False):
             if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(
-                    "slurmctld did not answer:\n"
-                    + (self.base / "log" / "slurmctld.log").read_text()
-                )
+                logs = [self.base / "log" / name for name in ("slurmctld.out", "slurmctld.log")]
+                said = "".join(log.read_text()[-3000:] for log in logs if log.exists())
+                self.stop()  # removes the logs: read first
+                raise RuntimeError(f"slurmctld did not answer:\n{said}")
             time.sleep(0.05)
         return self
 

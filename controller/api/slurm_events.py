@@ -78,7 +78,11 @@ ROUTES: tuple[Route, ...] = (
         ),
         responses={
             200: ("Taken (or a duplicate: duplicate = true).", SlurmEventTaken),
-            400: ("A malformed event.", ERR),
+            400: (
+                "A malformed event, or a power-saving event naming more nodes than the pools "
+                "declare (not expanded).",
+                ERR,
+            ),
             401: ("A bad signature or a timestamp outside the window.", ERR),
             409: ("The daemon does not run the Slurm executor.", ERR),
         },

@@ -4,15 +4,13 @@ check is controller/slurm/setup.py."""
 
 from __future__ import annotations
 
-import os
 import pwd
-import shutil
 from pathlib import Path
 
 import click
 
 from controller.config import ConfigError, load_config
-from controller.slurm.hooks_install import HookInstall, install_hooks
+from controller.slurm.hooks_install import HookDirectoryError, install_hooks
 from controller.slurm.pools import PoolBook
 from controller.slurm.setup import (
     DEFAULT_HOOK_CONFIG,
@@ -20,6 +18,7 @@ from controller.slurm.setup import (
     DEFAULT_SPOOL,
     Check,
     fragment_for,
+    hook_install_for,
     hook_secret_path,
     read_or_make_secret,
 )
@@ -66,7 +65,7 @@ def slurm_install_hooks(
     the daemon's hook secret only SlurmUser can read. Restart slurmctld afterwards."""
     try:
         config = load_config(config_path)
-        pools = PoolBook(config.slurm.pools, config.catalog())
+        PoolBook(config.slurm.pools, config.catalog())  # a bad pool is refused before any write
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -74,22 +73,22 @@ def slurm_install_hooks(
     except KeyError:
         raise click.ClickException(f"no user {owner!r} (SlurmUser) on this host") from None
     host = config.api.host if config.api.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    written = install_hooks(
-        HookInstall(
-            dest=Path(dest),
-            config_path=Path(hook_config),
-            url=url or f"http://{host}:{config.api.port}",
-            secret=read_or_make_secret(hook_secret_path(config)),
-            spool_dir=Path(spool),
-            partition=config.slurm.partition,
-            pool_partitions=pools.partitions,
-            slurm_conf=config.slurm.slurm_conf or os.environ.get("SLURM_CONF", ""),
-            bin_dir=config.slurm.bin_dir
-            or os.path.dirname(shutil.which("sinfo") or "/usr/bin/sinfo"),
-            python=python,
-            owner=(user.pw_uid, user.pw_gid),
+    owner_ids = (user.pw_uid, user.pw_gid)
+    try:
+        written = install_hooks(
+            hook_install_for(
+                config,
+                dest=Path(dest),
+                config_path=Path(hook_config),
+                url=url or f"http://{host}:{config.api.port}",
+                secret=read_or_make_secret(hook_secret_path(config), owner_ids),
+                spool_dir=Path(spool),
+                python=python,
+                owner=owner_ids,
+            )
         )
-    )
+    except HookDirectoryError as exc:
+        raise click.ClickException(str(exc)) from None
     for path in written:
         click.echo(f"wrote {path}")
     click.echo("slurm.conf needs these lines (`spotbag slurm conf`), then restart slurmctld.")

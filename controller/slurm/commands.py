@@ -200,23 +200,74 @@ def slurm_time(text: str) -> float | None:
         return None
 
 
-def hostlist_expand(expression: str) -> list[str]:
-    """Node names of a Slurm hostlist ("spot-[0-2,7],gpu1" -> spot-0 spot-1 spot-2
-    spot-7 gpu1), zero padding kept ("n[01-03]" -> n01 n02 n03). One bracket group
-    per name, as slurm.conf node names use."""
-    names: list[str] = []
+class HostlistError(SpotbagError):
+    """A hostlist that is malformed, or names more nodes than the caller allows; from a
+    callback, a 400 (the hook does not send it again)."""
+
+    status = 400
+    code = "invalid_hostlist"
+
+
+# A range bound this long is no node number (and Python refuses to parse ints of more
+# than 4,300 digits anyway).
+_MAX_DIGITS = 18
+
+
+def _groups(expression: str) -> list[tuple[str, list[tuple[str, str]], str]]:
+    """Each top-level part as (prefix, [(low, high)], suffix); a plain name is
+    (name, [], ""). Checked, not expanded."""
+    groups: list[tuple[str, list[tuple[str, str]], str]] = []
     for part in _split_top_level(expression):
         match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", part)
         if match is None:
-            if part:
-                names.append(part)
+            if "[" in part or "]" in part:
+                raise HostlistError(f"hostlist: cannot read {part[:80]!r}")
+            groups.append((part, [], ""))
             continue
         prefix, ranges, suffix = match.groups()
+        bounds = []
         for item in ranges.split(","):
-            low, sep, high = item.partition("-")
-            if not sep:
-                names.append(f"{prefix}{low}{suffix}")
-                continue
+            low, sep, high = item.strip().partition("-")
+            high = high if sep else low
+            if not (low.isdigit() and high.isdigit()) or max(len(low), len(high)) > _MAX_DIGITS:
+                raise HostlistError(f"hostlist: {item[:40]!r} in {part[:80]!r} is not a range")
+            if int(high) < int(low):
+                raise HostlistError(f"hostlist: {item!r} in {part[:80]!r} runs backwards")
+            bounds.append((low, high))
+        groups.append((prefix, bounds, suffix))
+    return groups
+
+
+def hostlist_count(expression: str) -> int:
+    """How many names a Slurm hostlist holds, counted from its ranges: nothing is
+    expanded, so "spot-[0-99999999]" costs what its 17 characters do."""
+    return sum(
+        sum(int(high) - int(low) + 1 for low, high in bounds) if bounds else 1
+        for _, bounds, _ in _groups(expression)
+    )
+
+
+def hostlist_expand(expression: str, limit: int | None = None) -> list[str]:
+    """Node names of a Slurm hostlist ("spot-[0-2,7],gpu1" -> spot-0 spot-1 spot-2
+    spot-7 gpu1), zero padding kept ("n[01-03]" -> n01 n02 n03). One bracket group
+    per name, as slurm.conf node names use.
+
+    `limit`: refuse (HostlistError) a list of more names, counted before any is made.
+    A hostlist from a callback must have one: "spot-[0-99999999]" is 17 characters,
+    and expanding it would hold the event loop for minutes and take gigabytes."""
+    groups = _groups(expression)
+    if limit is not None:
+        count = hostlist_count(expression)
+        if count > limit:
+            raise HostlistError(
+                f"hostlist {expression[:80]!r} names {count} nodes, more than the {limit} allowed"
+            )
+    names: list[str] = []
+    for prefix, bounds, suffix in groups:
+        if not bounds:
+            names.append(prefix)
+            continue
+        for low, high in bounds:
             width = len(low) if low.startswith("0") else 0
             for n in range(int(low), int(high) + 1):
                 names.append(f"{prefix}{n:0{width}d}{suffix}")

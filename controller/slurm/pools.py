@@ -37,9 +37,13 @@ from dataclasses import dataclass
 
 from controller.bagspec import ACCOUNT_NAME
 from controller.config import ConfigError, SlurmPoolConfig
-from controller.slurm.commands import hostlist_expand
+from controller.slurm.commands import HostlistError, hostlist_expand
 from controller.slurm.conf import PoolConf, pool_memory_mb
 from drivers.base import VmType
+
+# More nodes than a pool has a use for: a bound, so that a typo in the config
+# ("spot-[0-99999999]") is refused at once rather than expanded for minutes.
+MAX_POOL_NODES = 100_000
 
 # Slurm's final job states as a run's attempt state (reports, the store).
 RUN_STATES = {
@@ -62,6 +66,8 @@ class Pool:
     gpus: int
     reserve_hours: float
     job_hours: float = 1.0  # typical job length, model hours (the reuse policy's question)
+    suspend_time_s: int = 300  # Slurm's SuspendTime for the pool (slurm.conf)
+    resume_timeout_s: int = 600  # Slurm's ResumeTimeout for the pool (slurm.conf)
 
     @property
     def conf(self) -> PoolConf:
@@ -72,6 +78,8 @@ class Pool:
             memory_mb=pool_memory_mb(self.memory_gb),
             feature=self.partition,
             gpus=self.gpus,
+            suspend_time_s=self.suspend_time_s,
+            resume_timeout_s=self.resume_timeout_s,
         )
 
 
@@ -165,7 +173,10 @@ class PoolBook:
                     f"[[slurm.pools]] {config.partition}: {', '.join(smaller)} are smaller than "
                     f"{first.name}, whose size the pool's nodes declare"
                 )
-            nodes = tuple(hostlist_expand(config.nodes))
+            try:
+                nodes = tuple(hostlist_expand(config.nodes, limit=MAX_POOL_NODES))
+            except HostlistError as exc:
+                raise ConfigError(f"[[slurm.pools]] {config.partition}: {exc}") from None
             pool = Pool(
                 config.partition,
                 nodes,
@@ -176,6 +187,8 @@ class PoolBook:
                 first.gpus,
                 config.reserve_hours,
                 config.job_hours,
+                config.suspend_time_s,
+                config.resume_timeout_s,
             )
             if config.partition in self.by_partition:
                 raise ConfigError(f"[[slurm.pools]]: partition {config.partition} twice")

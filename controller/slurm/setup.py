@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from controller.config import Config, ConfigError
 from controller.slurm.commands import SlurmError, key_values
 from controller.slurm.conf import FragmentSettings, fragment
+from controller.slurm.hooks_install import HookInstall, make_dirs
 from controller.slurm.pools import PoolBook
 
 DEFAULT_HOOKS_DIR = "/usr/local/lib/spotbag/slurm-hooks"
@@ -25,17 +27,24 @@ def hook_secret_path(config: Config) -> Path:
     return Path(configured) if configured else config.resolved_state_dir() / "slurm-hook.secret"
 
 
-def read_or_make_secret(path: Path) -> bytes:
-    """The daemon's hook secret (made, mode 0600, when missing: the daemon does the same)."""
+def read_or_make_secret(path: Path, owner: tuple[int, int] | None = None) -> bytes:
+    """The daemon's hook secret (made, mode 0600, when missing: the daemon does the same).
+    Made before the daemon's first start (by `install-hooks`, as root), it and a
+    directory made for it (the daemon's state directory, by default) are 0700 and
+    `owner`'s, the daemon's user (SlurmUser: deploy/spotbag-slurm.conf)."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, 0o700, owner)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32) + "\n")
+        if owner is not None:
+            os.chown(path, *owner)
     return path.read_bytes().strip()
 
 
 def fragment_for(config: Config, hooks_dir: str) -> str:
+    """What `spotbag slurm conf` prints for `config`: the tests' cluster is built from
+    it too (tests/slurm_cluster.py), so they run what users run."""
     pools = PoolBook(config.slurm.pools, config.catalog())
     return fragment(
         FragmentSettings(
@@ -43,7 +52,40 @@ def fragment_for(config: Config, hooks_dir: str) -> str:
             node_feature=config.slurm.node_feature,
             hooks_dir=hooks_dir,
             pools=[p.conf for p in pools.pools],
+            cred_expire_s=config.slurm.cred_expire_s,
+            munge_socket=config.slurm.munge_socket,
         )
+    )
+
+
+def hook_install_for(
+    config: Config,
+    *,
+    dest: Path,
+    config_path: Path,
+    url: str,
+    secret: bytes,
+    spool_dir: Path,
+    python: str,
+    owner: tuple[int, int] | None = None,
+) -> HookInstall:
+    """What `spotbag slurm install-hooks` installs for `config` (the tests' cluster
+    installs the same): the hooks pass on spotbag's partitions only, and the prolog
+    waits for a pool node's power-up as long as Slurm does (the longest ResumeTimeout)."""
+    pools = PoolBook(config.slurm.pools, config.catalog())
+    return HookInstall(
+        dest=dest,
+        config_path=config_path,
+        url=url,
+        secret=secret,
+        spool_dir=spool_dir,
+        partition=config.slurm.partition,
+        pool_partitions=pools.partitions,
+        slurm_conf=config.slurm.slurm_conf or os.environ.get("SLURM_CONF", ""),
+        bin_dir=config.slurm.bin_dir or os.path.dirname(shutil.which("sinfo") or "/usr/bin/sinfo"),
+        python=python,
+        power_up_wait_s=float(max((p.resume_timeout_s for p in pools.pools), default=600)),
+        owner=owner,
     )
 
 

@@ -37,6 +37,7 @@ partition = "spot"
 nodes = "spot-[0-3]"
 vm_types = ["local-2"]
 reserve_hours = 2.0
+suspend_time_s = 5
 """
 # A second plain user, with no spotbag account unless a test gives it one. Made here
 # when absent (and left: tests beside this one may be using it).
