@@ -300,6 +300,56 @@ def same_conf_as(cluster, config_path: Path) -> None:
     )
 
 
+# --- Slurm users' jobs on the pool ----------------------------------------------------
+
+# The pool as the daemons that serve it configure it (SLURM_POOL, what the cluster
+# declares, with what only the daemon reads: a job without a time limit reserves its
+# CPUs for 2 hours).
+POOL = SLURM_POOL + "reserve_hours = 2.0\n"
+# A second plain user, with no spotbag account unless a test gives it one. Made when
+# absent (and left: tests beside this one may be using it).
+OTHER_USER = "spotbag-pool-user"
+SAY_HOST = "echo host=$(hostname)"
+
+
+@pytest.fixture
+def pool_daemons(make_slurm_daemon, slurm_cluster) -> Iterator[Callable[..., Daemon]]:
+    """Daemons with the pool "spot": make(slurm='lines for [slurm]\n', pool='lines for
+    the pool\n', **make_slurm_daemon's). Each test leaves the pool as it found it: its
+    jobs cancelled and every pool VM released through Slurm's own power-down while the
+    daemon still runs. Pool nodes have fixed names, so a VM left behind (its daemon
+    killed, its slurmd still up) would register as the node the next test resumes, and
+    run that test's job."""
+    made: list[Daemon] = []
+
+    def make(*, slurm: str = "", pool: str = "", **kwargs) -> Daemon:
+        daemon = make_slurm_daemon(**kwargs)
+        text = daemon.config_path.read_text()
+        if slurm:
+            assert "\n[slurm]\n" in text
+            text = text.replace("\n[slurm]\n", f"\n[slurm]\n{slurm}", 1)
+        daemon.config_path.write_text(text + POOL + pool)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        if daemon.process is None or daemon.process.poll() is not None:
+            continue
+        slurm_cluster.run("scancel", "-p", "spot", check=False)
+        client = daemon.client()
+        wait_until(
+            lambda: not pool_vms_alive(client),  # noqa: B023 (called before the next loop)
+            120,
+            0.5,
+            "the pool's VMs to be released after the test",
+        )
+
+
+def pool_vms_alive(client: Client) -> list[dict]:
+    return [v for v in client.vms()["vms"] if v["pool_node"]]
+
+
 # --- the fast tier (`make test-fast`) ----------------------------------------------------
 # Unit and policy tests only: no daemon, no Slurm, no process of any kind. Tests that
 # start processes carry the `processes` marker (whole modules by pytestmark); in the

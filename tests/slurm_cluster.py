@@ -341,6 +341,10 @@ class SlurmCluster:
                 process.wait()
         self._processes.clear()
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+        import os as _os
+
+        if _os.environ.get("KEEP_SLURM_LOGS"):
+            shutil.copytree(self.base / "log", _os.environ["KEEP_SLURM_LOGS"], dirs_exist_ok=True)
         shutil.rmtree(self.base, ignore_errors=True)
 
 

@@ -235,11 +235,11 @@ async def test_a_lost_vms_jobs_end_at_once_and_none_queued_there_runs_anywhere(
         return slurm_cluster.run("squeue", "-h", "-t", "all", "-j", job, "-o", "%T").strip()
 
     assert state(queued_id) == "PENDING"
+    await rig.hosts.halt("vm-ex0000000003")  # the VM is gone, and then the driver says so
     began = time.monotonic()
     await rig.executor.vm_lost("vm-ex0000000003")
     await rig.wait(lambda: state(job_id) in ("NODE_FAIL", "CANCELLED"), 5, "its end in Slurm")
     assert time.monotonic() - began < 1.0
-    await rig.hosts.halt("vm-ex0000000003")  # the VM is gone
     end = await rig.wait(lambda: rig.end_of(running.attempt_id), 10, "the running job's end")
     assert end.outcome is Outcome.KILLED and "is gone" in end.detail, end
     never = await rig.wait(lambda: rig.end_of(queued.attempt_id), 10, "the queued job's end")

@@ -22,61 +22,14 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Daemon, wait_until
+from tests.conftest import OTHER_USER, SAY_HOST, Daemon, pool_vms_alive, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
-
-POOL = """
-[[slurm.pools]]
-partition = "spot"
-nodes = "spot-[0-3]"
-vm_types = ["local-2"]
-reserve_hours = 2.0
-suspend_time_s = 5
-"""
-# A second plain user, with no spotbag account unless a test gives it one. Made here
-# when absent (and left: tests beside this one may be using it).
-OTHER_USER = "spotbag-pool-user"
-SAY_HOST = "echo host=$(hostname)"
-
-
-@pytest.fixture
-def pool_daemons(make_slurm_daemon, slurm_cluster) -> Iterator[Callable[..., Daemon]]:
-    """Daemons with the pool "spot": make(slurm='lines for [slurm]\n', pool='lines for
-    the pool\n', **make_slurm_daemon's). Each test leaves the pool as it found it: its
-    jobs cancelled and every pool VM released through Slurm's own power-down while the
-    daemon still runs. Pool nodes have fixed names, so a VM left behind (its daemon
-    killed, its slurmd still up) would register as the node the next test resumes, and
-    run that test's job."""
-    made: list[Daemon] = []
-
-    def make(*, slurm: str = "", pool: str = "", **kwargs) -> Daemon:
-        daemon = make_slurm_daemon(**kwargs)
-        text = daemon.config_path.read_text()
-        if slurm:
-            assert "\n[slurm]\n" in text
-            text = text.replace("\n[slurm]\n", f"\n[slurm]\n{slurm}", 1)
-        daemon.config_path.write_text(text + POOL + pool)
-        made.append(daemon)
-        return daemon
-
-    yield make
-    for daemon in made:
-        if daemon.process is None or daemon.process.poll() is not None:
-            continue
-        slurm_cluster.run("scancel", "-p", "spot", check=False)
-        client = daemon.client()
-        wait_until(
-            lambda: not pool_vms_alive(client),  # noqa: B023 (called before the next loop)
-            120,
-            0.5,
-            "the pool's VMs to be released after the test",
-        )
 
 
 @pytest.fixture
@@ -149,10 +102,6 @@ def vm_record(client, vm_id: str) -> dict:
         return {v["id"]: v for v in client.vms(include_ended=True)["vms"]}.get(vm_id)
 
     return wait_until(listed, 30, 0.2, f"VM {vm_id!r} in GET /v1/vms")  # type: ignore[return-value]
-
-
-def pool_vms_alive(client) -> list[dict]:
-    return [v for v in client.vms()["vms"] if v["pool_node"]]
 
 
 def runs(daemon) -> list[dict]:

@@ -7,7 +7,11 @@ nor the shared files know are lost. Nodes of VMs that are gone are deleted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,8 +25,9 @@ from controller.executors.slurm.state import (
     SlurmState,
     read_markers,
 )
-from controller.executors.slurm.watch import JobRow, Watcher
+from controller.executors.slurm.watch import Watcher
 from controller.slurm.commands import SlurmError, slurm_time
+from controller.slurm.naming import job_name
 
 log = logging.getLogger("spotbag.executors.slurm")
 
@@ -39,20 +44,23 @@ async def recover(
     for vm_id in live_vm_ids:
         state.nodes.setdefault(vm_id, Node(vm_id, state.node_of(vm_id), 0.0))
     for live in attempts:
-        bag_job, _, number = live.attempt_id.rpartition(".")
-        bag_id = bag_job.rpartition("-")[0]
-        log_path = Path(state.log_path(bag_id, bag_job, int(number)))
+        log_path, checkpoint_dir = state.paths_of(live.attempt_id)
         attempt = Attempt(
             live.attempt_id,
             live.vm_id,
             state.node_of(live.vm_id),
             log_path,
-            state.checkpoint_dir(bag_id, bag_job),
+            checkpoint_dir,
             live.max_runtime_s,
             job_id=live.ref,
             submitted_at=live.started_at,
         )
         state.track(attempt)
+    # An sbatch of the controller before this one may still be on its way (a crash
+    # does not end its children): it would make a job after the look below.
+    stopped = await asyncio.to_thread(stop_leftover_submissions, job_name(state.controller_id, ""))
+    if stopped:
+        log.warning("stopped %d submission(s) left by the previous controller", stopped)
     try:
         found = await watcher.jobs_by_name()
     except SlurmError as exc:
@@ -63,7 +71,7 @@ async def recover(
     kept: set[str] = set()
     ended: list[tuple[Attempt, str, str]] = []
     now = state.now()
-    await cancel_orphans(state, found, {a.attempt_id: a.ref for a in attempts})
+    await watcher.cancel_orphans(found, {a.attempt_id: a.ref for a in attempts})
     for live in attempts:
         attempt = state.attempts[live.attempt_id]
         row = found.get(live.attempt_id)
@@ -90,26 +98,35 @@ async def recover(
     return kept
 
 
-async def cancel_orphans(
-    state: SlurmState, found: dict[str, JobRow], live: dict[str, str]
-) -> list[str]:
-    """Cancel this controller's jobs that Slurm may still run although their attempts
-    are over (not among `live`, the live attempts and their job ids, "" when unknown):
-    e.g. a submission that reached Slurm after the controller gave up on it. Returns
-    the job ids cancelled."""
+def stop_leftover_submissions(name_prefix: str, wait_s: float = 5.0) -> int:
+    """Kill this host's sbatch processes that submit jobs named `name_prefix...` (left
+    running by a controller that died while it submitted), and wait until they are
+    gone; how many there were. Killed before it reached slurmctld, a submission makes
+    no job; after, its job is there to be found."""
+    wanted = f"--job-name={name_prefix}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == b"sbatch" and any(a.startswith(wanted) for a in argv):
+            found.append(int(entry.name))
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(_alive(pid) for pid in found):
+        time.sleep(0.01)
+    return len(found)
 
-    def orphan(attempt_id: str, row: JobRow) -> bool:
-        if row[1] not in LIVE_STATES or row[1] == "COMPLETING":
-            return False
-        job_id = live.get(attempt_id)
-        return job_id is None or job_id not in ("", row[0])
 
-    orphans = [row[0] for attempt_id, row in found.items() if orphan(attempt_id, row)]
-    if not orphans:
-        return []
-    log.warning("cancelling %d Slurm job(s) of attempts that are over: %s", len(orphans), orphans)
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, dead but not yet reaped, does not)."""
     try:
-        await state.tools.run("scancel", *orphans)
-    except SlurmError as exc:
-        log.warning("could not cancel them: %s", exc)
-    return orphans
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

@@ -125,6 +125,13 @@ class SlurmState:
     def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
         return self.settings.shared_dir / "checkpoints" / bag_id / job_id
 
+    def paths_of(self, attempt_id: str) -> tuple[Path, Path]:
+        """An attempt's log path and its job's checkpoint directory, from its id
+        ("<bag>-<index>.<number>")."""
+        job, _, number = attempt_id.rpartition(".")
+        bag_id = job.rpartition("-")[0]
+        return Path(self.log_path(bag_id, job, int(number))), self.checkpoint_dir(bag_id, job)
+
     def node_of(self, vm_id: str) -> str:
         return node_name(self.settings.node_prefix, vm_id)
 

@@ -87,7 +87,7 @@ class Submitter:
             out = await state.tools.run(
                 "sbatch",
                 *sbatch_args(state.settings, state.controller_id, spec, node, log_path),
-                stdin=job_script(spec, log_path, checkpoint_dir).encode(),
+                stdin=job_script(spec, node.name, log_path, checkpoint_dir).encode(),
                 env=sbatch_environment(state.tools),
             )
         except SlurmRefused as exc:
@@ -169,9 +169,16 @@ def sbatch_environment(tools: SlurmTools) -> dict[str, str]:
     return env
 
 
-def job_script(spec: AttemptSpec, log_path: Path, checkpoint_dir: Path) -> str:
-    """The batch script of an attempt: its variables, its workdir, the start marker,
-    then the wrapper that runs the program and writes its exit status."""
+def job_script(spec: AttemptSpec, node: str, log_path: Path, checkpoint_dir: Path) -> str:
+    """The batch script of an attempt: a check that it runs on its VM's node, its
+    variables, its workdir, the start marker, then the wrapper that runs the program
+    and writes its exit status.
+
+    The check: slurmctld sends a job's launch to its node's address, and retries it for
+    a while when the node does not answer. A VM that died with a job on its way leaves
+    its address to the next VM the cloud starts there, whose slurmd would run the job
+    (slurmctld then logs "Batch completion ... sent from wrong node"): a job that was
+    cancelled with its VM, and whose retry may already run elsewhere."""
     variables = job_environment(
         bag_id=spec.bag_id,
         job_id=spec.job_id,
@@ -183,6 +190,8 @@ def job_script(spec: AttemptSpec, log_path: Path, checkpoint_dir: Path) -> str:
     lines = [
         "#!/bin/sh",
         f"# spotbag attempt {spec.attempt_id} (controller/executors/slurm/submission.py)",
+        f'[ "$SLURMD_NODENAME" = {quote(node)} ] || {{ echo "spotbag: attempt '
+        f'{spec.attempt_id} is for node {node}, not $SLURMD_NODENAME: not run" >&2; exit 1; }}',
         IGNORE_CHECKPOINT_SIGNAL.rstrip("\n"),
         *(f"export {name}={quote(value)}" for name, value in variables.items()),
     ]

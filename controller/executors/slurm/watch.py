@@ -22,6 +22,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from controller.executors.attempt_files import exit_status_path
 from controller.executors.base import AttemptEvent, Outcome
 from controller.executors.slurm.nodes import NodeManager
 from controller.executors.slurm.state import (
@@ -50,6 +51,7 @@ QUIET_POLLS = 5  # squeue this many times less often when nothing needs it
 # How long a job may run in Slurm without its start marker before its start is taken
 # from Slurm (the shared directory is then not what the VMs see).
 MARKER_PATIENCE_S = 60.0
+ORPHAN_SWEEP_S = 30.0  # how often all of this controller's jobs are looked at for orphans
 
 # A job as squeue shows it: id, state, reason, start time, name.
 JobRow = tuple[str, str, str, str, str]
@@ -70,6 +72,7 @@ class Watcher:
         self._nodes = nodes
         self._stop = stop
         self.task: asyncio.Task | None = None
+        self.orphans_swept_at = 0.0  # the event loop's time of the last look for orphans
 
     def ensure(self) -> None:
         """Start watching, unless it already does."""
@@ -152,6 +155,7 @@ class Watcher:
         try:
             asked = await self._poll_jobs()
             asked = await self._nodes.poll() or asked
+            await self._sweep_orphans()
             await self._nodes.delete_lost()
             if not asked:  # nothing to ask about: is it there at all?
                 await state.tools.run("scontrol", "ping")
@@ -270,6 +274,54 @@ class Watcher:
                 attempt.log_path.with_suffix(".started"),
             )
             self._state.started(attempt, attempt.slurm_running_at)
+
+    async def cancel_orphans(self, found: dict[str, JobRow], live: dict[str, str]) -> list[str]:
+        """Cancel this controller's jobs (`found`: `jobs_by_name`) that Slurm may still
+        run although their attempts are over: not among `live` (the live attempts and
+        their job ids, "" when unknown), or another job of a live attempt's name. E.g.
+        a submission that reached Slurm after the controller had given up on it. A job
+        whose program has written its exit status is ending by itself. Returns the job
+        ids cancelled."""
+        state = self._state
+        self.orphans_swept_at = asyncio.get_running_loop().time()
+
+        def orphan(attempt_id: str, row: JobRow) -> bool:
+            if row[1] not in LIVE_STATES or row[1] == "COMPLETING":
+                return False
+            job_id = live.get(attempt_id)
+            return job_id is None or job_id not in ("", row[0])
+
+        suspects = [(a, row) for a, row in found.items() if orphan(a, row)]
+        if not suspects:
+            return []
+        exited = await asyncio.to_thread(
+            lambda: [exit_status_path(state.paths_of(a)[0]).exists() for a, _ in suspects]
+        )
+        orphans = [row[0] for (_, row), done in zip(suspects, exited, strict=True) if not done]
+        if not orphans:
+            return []
+        log.warning(
+            "cancelling %d Slurm job(s) of attempts that are over: %s", len(orphans), orphans
+        )
+        try:
+            await state.tools.run("scancel", *orphans)
+        except SlurmError as exc:
+            log.warning("could not cancel them: %s", exc)
+        return orphans
+
+    async def _sweep_orphans(self) -> None:
+        """Now and then (ORPHAN_SWEEP_S), look for orphans among all of this controller's
+        jobs (a safety net: each attempt's own job is watched and stopped by id)."""
+        if asyncio.get_running_loop().time() - self.orphans_swept_at < ORPHAN_SWEEP_S:
+            return
+        # Live before or after the question: an attempt that ends while squeue runs may
+        # be shown live in its answer, and one that starts meanwhile may be in it too.
+        live = self._live_attempts()
+        found = await self.jobs_by_name()
+        await self.cancel_orphans(found, live | self._live_attempts())
+
+    def _live_attempts(self) -> dict[str, str]:
+        return {a.attempt_id: a.job_id for a in self._state.attempts.values() if not a.ended}
 
     async def jobs_by_name(self) -> dict[str, JobRow]:
         """This controller's jobs Slurm knows, by attempt id (the latest id wins)."""
