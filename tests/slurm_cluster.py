@@ -341,10 +341,8 @@ class SlurmCluster:
                 process.wait()
         self._processes.clear()
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
-        import os as _os
-
-        if _os.environ.get("KEEP_SLURM_LOGS"):
-            shutil.copytree(self.base / "log", _os.environ["KEEP_SLURM_LOGS"], dirs_exist_ok=True)
+        if os.environ.get("KEEP_SLURM_LOGS"):  # where to keep slurmctld's log, to debug a run
+            shutil.copytree(self.base / "log", os.environ["KEEP_SLURM_LOGS"], dirs_exist_ok=True)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
