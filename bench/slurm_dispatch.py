@@ -17,11 +17,15 @@ hosts, Slurm executor). The daemon first brings up 4 VMs of 4 CPUs (the note's 4
    one run of either varies by ±20 %), and the medians are compared. The CPU time the
    host spent per job (all processes) and the daemon's share of it are printed too.
 3. Preemption to retry: a running job's VM is preempted (the local driver's fault
-   injection through the API); the time until Slurm has ended its job (NODE_FAIL),
-   and until its retry runs on a new VM (VM launch, boot, join and start included).
+   injection through the API) while the other warm VMs have room; the time until
+   Slurm has ended its job, and until its retry's program runs.
+4. A Slurm user's job on the power-saving pool (`sbatch -p spot` as a plain user):
+   its first start on a fresh VM, and, its VM preempted, the time until Slurm runs
+   it again on a new VM, with the settings `spotbag slurm conf` emits (cred_expire).
 
-Target (issue 13): spotbag at >= 80 % of Slurm's own rate. Needs root, Slurm and munge
-(as the Slurm tests do).
+Targets (issues 13, 22): spotbag at >= 80 % of Slurm's own rate; the retry running
+<= 2 s after the preemption; the requeued pool job running <= 40 s after it. Needs
+root, Slurm and munge (as the Slurm tests do).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from controller.executors.base import AttemptSpec
 from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
 from controller.executors.slurm.submission import job_script as submitted_script
 from controller.slurm.commands import SlurmTools
-from tests.conftest import FAST_CONFIG, SLURM_CONFIG, SLURM_DRIVER, Daemon
+from tests.conftest import FAST_CONFIG, POOL, SLURM_CONFIG, SLURM_DRIVER, SLURM_POOL, Daemon
 from tests.slurm_cluster import SlurmCluster, missing
 
 N_JOBS = 1000
@@ -78,7 +82,7 @@ def config(cluster: SlurmCluster, state: Path, shared: Path, secret: Path) -> st
     )
     # The executor's own defaults for how often it looks (the tests look faster).
     slurm = re.sub(r"\n(poll_interval_s|file_poll_s|pending_timeout_s) = .*", "", slurm)
-    return text + slurm
+    return text + slurm + POOL
 
 
 def wait(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
@@ -109,7 +113,7 @@ def spotbag_rate(client) -> float:
     return N_JOBS / took
 
 
-def job_script(work: Path, i: int) -> bytes:
+def job_script(work: Path, i: int, node: str) -> bytes:
     """The script spotbag's Slurm executor submits for an attempt of `true`."""
     executor = SlurmExecutor(
         SlurmExecutorSettings(shared_dir=work / "plain"),
@@ -122,14 +126,14 @@ def job_script(work: Path, i: int) -> bytes:
     )
     log_path = Path(executor.log_path(spec.bag_id, spec.job_id, 1))
     return submitted_script(
-        spec, log_path, executor.checkpoint_dir(spec.bag_id, spec.job_id)
+        spec, node, log_path, executor.checkpoint_dir(spec.bag_id, spec.job_id)
     ).encode()
 
 
 def slurm_rate(cluster: SlurmCluster, nodes: list[str], work: Path) -> float:
     shutil.rmtree(work / "plain", ignore_errors=True)
     (work / "plain" / "logs" / "bplain00000").mkdir(parents=True, exist_ok=True)
-    scripts = [job_script(work, i) for i in range(N_JOBS)]
+    scripts = [job_script(work, i, nodes[i % len(nodes)]) for i in range(N_JOBS)]
 
     def submit(i: int) -> None:
         node = nodes[i % len(nodes)]
@@ -192,7 +196,11 @@ def measured(daemon, run) -> tuple[float, float, float]:
     return rate, host * 1000 / N_JOBS, own * 1000 / N_JOBS
 
 
-def preemption_to_retry(client, cluster: SlurmCluster) -> tuple[float, float]:
+def preemption_to_retry(client, cluster: SlurmCluster) -> tuple[float, float, str]:
+    """A running job's VM is preempted while the other warm VMs have room: how long
+    until Slurm has ended its job, and until its retry's program runs (its start marker
+    seen: spotbag records it running), and where."""
+    running_before = {vm["id"] for vm in client.vms()["vms"] if vm["state"] == "running"}
     bag = client.submit(
         {
             "account": "bench",
@@ -216,22 +224,64 @@ def preemption_to_retry(client, cluster: SlurmCluster) -> tuple[float, float]:
     client.preempt(job["vm_id"])
     wait(
         lambda: (
-            cluster.run("squeue", "-h", "-t", "all", "-j", ref, "-o", "%T").strip() == "NODE_FAIL"
+            cluster.run("squeue", "-h", "-t", "all", "-j", ref, "-o", "%T").strip()
+            in ("NODE_FAIL", "CANCELLED")
         ),
         30,
-        "NODE_FAIL",
+        "its job to end in Slurm",
         0.01,
     )
     ended_s = time.monotonic() - signalled
-    wait(
-        lambda: len(a := client.job(job_id)["attempt_list"]) >= 2 and a[-1]["state"] == "running",
+    retry = wait(
+        lambda: (
+            len(a := client.job(job_id)["attempt_list"]) >= 2 and a[-1]["state"] == "running" and a
+        ),
         120,
         "the retry to run",
         0.02,
-    )
+    )[-1]
     retry_s = time.monotonic() - signalled
     client.cancel(bag["id"])
-    return ended_s, retry_s
+    where = "a warm VM" if retry["vm_id"] in running_before else "a new VM"
+    return ended_s, retry_s, where
+
+
+def pool_requeue(client, cluster: SlurmCluster, work: Path) -> tuple[float, float]:
+    """A Slurm user's job on the pool (`sbatch -p spot` as a plain user) has its VM
+    preempted: how long until Slurm runs it again (its program's second run began),
+    on a VM spotbag launches for the node Slurm resumes: Slurm's hold of a requeued
+    job (cred_expire + 1 s, from `spotbag slurm conf`), the resume, the new VM's boot
+    and join. Also: its first start, from submission, on a fresh pool VM."""
+    # The user's directory: one anyone may enter (the bench's own is 0700).
+    out = Path(tempfile.mkdtemp(dir="/tmp", prefix="spotbag-bench-pool-"))
+    out.chmod(0o777)
+    runs = out / "runs"
+    submitted = time.monotonic()
+    line = cluster.run(
+        "runuser", "-u", "nobody", "--", "env", f"SLURM_CONF={cluster.conf}",
+        "sbatch", "--parsable", "-p", "spot", f"--chdir={out}", f"--output={out}/%j.out",
+        "--wrap", f"echo run >> {runs}; sleep 120",
+    )  # fmt: skip
+    slurm_job = line.strip().split(";")[0]
+
+    def run_count() -> int:
+        return len(runs.read_text().splitlines()) if runs.exists() else 0
+
+    wait(lambda: run_count() >= 1, 180, "the pool job's first run", 0.05)
+    first_s = time.monotonic() - submitted
+
+    def pool_vm() -> str | None:
+        vms = [v for v in client.vms()["vms"] if v["pool_node"] and v["state"] == "running"]
+        return vms[0]["id"] if len(vms) == 1 else None
+
+    victim = wait(pool_vm, 30, "the pool job's VM")
+    preempted = time.monotonic()
+    client.preempt(victim)
+    wait(lambda: run_count() >= 2, 180, "the pool job's second run", 0.05)
+    requeue_s = time.monotonic() - preempted
+    cluster.run("scancel", slurm_job)
+    shutil.rmtree(out, ignore_errors=True)
+    return first_s, requeue_s
 
 
 def main() -> None:
@@ -243,7 +293,7 @@ def main() -> None:
     # The rounds' 10,000 jobs stay in slurmctld for MinJobAge: past Slurm's default
     # MaxJobCount (10,000) it refuses submissions for a while, in whichever round that
     # falls (a cluster this busy raises it too).
-    cluster = SlurmCluster(extra_conf="MaxJobCount=100000\n").start()
+    cluster = SlurmCluster(spotbag_config=SLURM_POOL, extra_conf="MaxJobCount=100000\n").start()
     work = Path(tempfile.mkdtemp(prefix="spotbag-bench-"))
     state = work / "state"
     state.mkdir()
@@ -254,6 +304,22 @@ def main() -> None:
     try:
         client = daemon.start()
         cluster.point_hooks(client.url)
+        client.create_account("nobody", cpu_hours=100.0)  # the pool job's user
+        # First, while no VM of the bags holds the VM budget (max_vms): the pool.
+        first_s, requeue_s = pool_requeue(client, cluster, work)
+        hold_s = cluster.config.slurm.cred_expire_s + 1
+        print(
+            f"Slurm user's pool job: first run {first_s:.1f} s after sbatch (a fresh VM); "
+            f"preemption -> requeued job running on a new VM: {requeue_s:.1f} s "
+            f"{against(requeue_s, 40, 's')} (Slurm holds a requeued job {hold_s} s: "
+            "cred_expire + 1)",
+            file=out,
+        )
+        wait(
+            lambda: not [v for v in client.vms()["vms"] if v["pool_node"]],
+            120,
+            "the pool VM released",
+        )
         # Warm up: four VMs of 4 CPUs join as nodes.
         warm = client.submit(
             {
@@ -294,11 +360,11 @@ def main() -> None:
             f"spotbag at {ratio:.0%} of Slurm's own rate ({verdict} the target of {TARGET:.0%})",
             file=out,
         )
-        ended_s, retry_s = preemption_to_retry(client, cluster)
+        ended_s, retry_s, where = preemption_to_retry(client, cluster)
         print(
-            f"preemption (API fault injection) -> Slurm ended the job (NODE_FAIL): {ended_s:.2f} s; "
-            f"{against(ended_s, 1, 's')}; -> its retry running on a new VM: {retry_s:.2f} s "
-            f"{against(retry_s, 1, 's')}",
+            f"preemption (API fault injection) -> Slurm ended the job: {ended_s:.2f} s "
+            f"{against(ended_s, 1, 's')}; -> its retry running on {where} with room: "
+            f"{retry_s:.2f} s {against(retry_s, 2, 's')}",
             file=out,
         )
     finally:

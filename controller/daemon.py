@@ -96,6 +96,9 @@ class Controller:
         self.hook_secret = b""
         self.learner: Learner | None = None
         self._lock_file: Any = None
+        # Pool jobs whose start is being taken (Slurm asked for its limits): their end
+        # waits for it, so that the start is queued first.
+        self._pool_starts: dict[tuple[str, str], asyncio.Event] = {}
 
     async def start(self) -> None:
         # What the daemon (and its local jobs) create is private to its user: the
@@ -244,6 +247,11 @@ class Controller:
                 await self._pool_run_started(event)
                 return True
             if event.event == "jobcomp":
+                # After its start, if that is still being taken (its limits asked of
+                # Slurm): an end taken first would leave the start's reservation open.
+                starting = self._pool_starts.get((event.job_id, event.job_name))
+                if starting is not None:
+                    await starting.wait()
                 code, sig = exit_status(event.exit_code)
                 ended = scheduler.pool_run(
                     PoolRunEvent(
@@ -281,21 +289,29 @@ class Controller:
         """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then
         its reservation (or its cancellation), once decided."""
         scheduler = self.running_scheduler
-        cpus, limit_h = await self.executor.job_limits(event.job_id)
-        verdict = scheduler.pool_run(
-            PoolRunEvent(
-                "start",
-                event.job_id,
-                event.job_name,
-                event.partition,
-                event.nodes,
-                user=event.user,
-                account=event.account,
-                restart=event.restart_count,
-                cpus=cpus or event.cpus,
-                limit_h=limit_h,
+        ident = (event.job_id, event.job_name)
+        # Its end, should it come meanwhile, waits until the start is queued (jobcomp).
+        queued = self._pool_starts[ident] = asyncio.Event()
+        try:
+            cpus, limit_h = await self.executor.job_limits(event.job_id)
+            verdict = scheduler.pool_run(
+                PoolRunEvent(
+                    "start",
+                    event.job_id,
+                    event.job_name,
+                    event.partition,
+                    event.nodes,
+                    user=event.user,
+                    account=event.account,
+                    restart=event.restart_count,
+                    cpus=cpus or event.cpus,
+                    limit_h=limit_h,
+                )
             )
-        )
+        finally:
+            queued.set()
+            if self._pool_starts.get(ident) is queued:
+                del self._pool_starts[ident]
         if verdict is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(verdict), POOL_VERDICT_WAIT_S)

@@ -55,6 +55,10 @@ class VmView(NamedTuple):
     # Room for attempts that wait in the executor's queue (Slurm) beyond what fits now, so
     # that a slot is refilled the moment it frees; None: no such queue.
     ahead: Shape | None = None
+    # When it began to be waited for, if not at its launch (a VM that had joined before a
+    # controller restart, seen joined again by the executor): its boot timeout counts
+    # from here.
+    waited_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -235,7 +239,8 @@ def plan(snapshot: Snapshot) -> Plan:
         if not vm.running_attempts:
             terminations.append(Terminate(vm.vm_id, f"drained: {vm.draining}"))
     for vm in pending:
-        deadline = vm.requested_at + snapshot.boot_timeout_s
+        since = vm.requested_at if vm.waited_since is None else vm.waited_since
+        deadline = since + snapshot.boot_timeout_s
         if deadline <= now:
             terminations.append(
                 Terminate(vm.vm_id, f"did not boot within {snapshot.boot_timeout_s:.0f} s")

@@ -144,6 +144,9 @@ class VmRun:
     # attempts. Always true for executors that do not join VMs.
     ready: bool = True
     ready_at: float | None = None
+    # It had joined before a controller restart, and is waited for to be seen joined again
+    # since then (its boot timeout counts from there, not from its launch).
+    rejoin_since: float | None = None
     pool_node: str = ""  # the Slurm power-saving node it serves ("" for spotbag's own VMs)
     belief: Belief | None = None  # the preemption model assumed for it
     table: ReuseTable | None = None  # reuse decisions under that model (None: always reuse)

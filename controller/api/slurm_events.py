@@ -45,7 +45,12 @@ async def slurm_event(request: web.Request) -> web.Response:
         )
         raise ApiError(f"malformed Slurm event: {problems}", code="invalid_event") from None
     key = event.key
-    if c.executor.seen(key) or await c.store.callback_seen(key):
+    if c.executor.seen(key):
+        return json_response({"key": key, "duplicate": True, "applied": False})
+    # Taken from here on: a copy sent while the store is asked (a hook that gave up
+    # waiting spools and sends it again) is a duplicate too.
+    c.executor.remember(key)
+    if await c.store.callback_seen(key):
         return json_response({"key": key, "duplicate": True, "applied": False})
     applied = await c.take_slurm_event(event)
     return json_response({"key": key, "duplicate": False, "applied": applied})

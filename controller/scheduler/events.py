@@ -113,6 +113,7 @@ class EventsMixin(TransitionsMixin):
             return
         if event.ready and not vm.ready:
             vm.ready = True
+            vm.rejoin_since = None
             vm.ready_at = vm.ready_at or event.at
             if not vm.attempts:
                 vm.idle_since = event.at

@@ -95,6 +95,7 @@ class PlanningMixin(TransitionsMixin):
                     vm.table,
                     vm.draining,
                     _queue_room(vm, queue_ahead) if queue_ahead else None,
+                    vm.rejoin_since,
                 )
             )
         return Snapshot(

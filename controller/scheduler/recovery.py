@@ -219,6 +219,8 @@ class RecoveryMixin(ActionsMixin):
                 vm.idle_since = now
             self._refresh_vm_sets(vm)
             if vm.state is VmState.RUNNING and not vm.ready:
+                if vm.ready_at is not None:  # it had joined: not a boot to time out
+                    vm.rejoin_since = now
                 await self._call(self.executor.vm_started(vm.id, vm.vm_type))
         for bag in list(self.bags.values()):
             if bag.done:

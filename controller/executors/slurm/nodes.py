@@ -72,12 +72,14 @@ class NodeManager:
 
     def watch(self, vm_id: str, vm_type: VmType) -> None:
         """Watch for the VM's node (the watcher's polls say when it is up)."""
-        nodes = self._state.nodes
-        node = nodes.get(vm_id)
+        state = self._state
+        node = state.nodes.get(vm_id)
         if node is None:
-            nodes[vm_id] = Node(vm_id, self._state.node_of(vm_id), vm_type.memory_gb)
-        else:  # known since a recovery, which did not know its type
-            node.memory_gb = node.memory_gb or vm_type.memory_gb
+            state.nodes[vm_id] = Node(vm_id, state.node_of(vm_id), vm_type.memory_gb)
+            return
+        node.memory_gb = node.memory_gb or vm_type.memory_gb  # a recovery did not know it
+        if node.ready:  # up already (the scheduler rebuilt its world): say so again
+            state.emit(NodeEvent(vm_id, state.now(), True, f"node {node.name} is up in Slurm"))
 
     async def lose_pool_node(self, vm_id: str, pool_node: str) -> None:
         """A pool node's VM is gone: down it (its users' jobs are requeued at once; a

@@ -40,12 +40,18 @@ async def recover(
     live_vm_ids: Sequence[str],
 ) -> set[str]:
     """Re-adopt the attempts the store says were live; the ones kept. When Slurm does
-    not answer, every attempt is kept and the watcher settles them once it does."""
+    not answer, every attempt is kept and the watcher settles them once it does.
+
+    After a failed scheduler pass this runs again while the executor watches: an
+    attempt it already tracks is kept as it is (its stop or checkpoint tasks hold
+    it), and one that ends meanwhile has been reported."""
     for vm_id in live_vm_ids:
         state.nodes.setdefault(vm_id, Node(vm_id, state.node_of(vm_id), 0.0))
     for live in attempts:
+        if live.attempt_id in state.attempts:
+            continue
         log_path, checkpoint_dir = state.paths_of(live.attempt_id)
-        attempt = Attempt(
+        adopted = Attempt(
             live.attempt_id,
             live.vm_id,
             state.node_of(live.vm_id),
@@ -55,7 +61,7 @@ async def recover(
             job_id=live.ref,
             submitted_at=live.started_at,
         )
-        state.track(attempt)
+        state.track(adopted)
     # An sbatch of the controller before this one may still be on its way (a crash
     # does not end its children): it would make a job after the look below.
     stopped = await asyncio.to_thread(stop_leftover_submissions, job_name(state.controller_id, ""))
@@ -71,9 +77,13 @@ async def recover(
     kept: set[str] = set()
     ended: list[tuple[Attempt, str, str]] = []
     now = state.now()
-    await watcher.cancel_orphans(found, {a.attempt_id: a.ref for a in attempts})
+    tracked = {a.attempt_id: a.job_id for a in state.attempts.values() if not a.ended}
+    await watcher.cancel_orphans(found, {a.attempt_id: a.ref for a in attempts} | tracked)
     for live in attempts:
-        attempt = state.attempts[live.attempt_id]
+        attempt = state.attempts.get(live.attempt_id)
+        if attempt is None or attempt.ended:  # reported ended meanwhile
+            kept.add(live.attempt_id)
+            continue
         row = found.get(live.attempt_id)
         if row is not None and (not attempt.job_id or attempt.job_id == row[0]):
             job_id, job_state, reason, start, _ = row
@@ -85,10 +95,16 @@ async def recover(
                 ended.append((attempt, job_state, reason))
             continue
         ((started_at, finished),) = await asyncio.to_thread(read_markers, [attempt.log_path])
+        if attempt.ended:
+            kept.add(live.attempt_id)
+            continue
+        state.saw_marker(attempt, started_at)
         if finished is not None:  # it ran to its end while the controller was away
             kept.add(live.attempt_id)
-            state.saw_marker(attempt, started_at)
             state.finish_with_exit(attempt, *finished)
+        elif attempt.program_started:  # it ran, and Slurm has forgotten how it ended
+            kept.add(live.attempt_id)
+            state.end(attempt, state.slurm_end(attempt, "", "", None))
         else:
             state.untrack(attempt)
     if ended:

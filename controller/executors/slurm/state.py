@@ -144,7 +144,11 @@ class SlurmState:
             node.attempts.add(attempt.attempt_id)
 
     def untrack(self, attempt: Attempt) -> None:
-        self.attempts.pop(attempt.attempt_id, None)
+        """Forget an attempt that is over (or never became a job): whatever waits on it
+        (a stop, a checkpoint) sees it ended."""
+        attempt.ended = True
+        if self.attempts.get(attempt.attempt_id) is attempt:
+            del self.attempts[attempt.attempt_id]
         node = self.nodes.get(attempt.vm_id)
         if node is not None:
             node.attempts.discard(attempt.attempt_id)

@@ -11,9 +11,10 @@ with two more steps: it notes on the shared filesystem when the program starts (
 checkpoint signal sent earlier would be lost silently), and it enters the bag's
 workdir or fails (Slurm would fall back to /tmp).
 
-When sbatch gets no answer, the job may exist: it is looked up by its name, never
-given up on while Slurm does not answer (it may run); new attempts are refused
-(ExecutorUnavailable) until Slurm answers again.
+When sbatch gets no answer, the job may exist, or come to exist: it is looked up by
+its name until UNKNOWN_GRACE_S (watch.py) have passed, never given up on while Slurm
+does not answer (it may run); new attempts are refused (ExecutorUnavailable) until
+Slurm answers again.
 """
 
 from __future__ import annotations
@@ -94,8 +95,7 @@ class Submitter:
             state.untrack(attempt)
             raise ExecutorError(f"Slurm refused the job: {exc}") from None
         except SlurmUnavailable as exc:
-            attempt.submitting = False  # what became of it is looked for now
-            if exc.maybe_done:
+            if exc.maybe_done:  # what became of it is looked for now
                 return await self._unknown_submission(attempt, exc)
             state.untrack(attempt)
             state.unavailable = str(exc)
@@ -108,25 +108,29 @@ class Submitter:
         return attempt.job_id
 
     async def _unknown_submission(self, attempt: Attempt, error: SlurmUnavailable) -> str:
-        """sbatch got no answer: the job may exist. Look for it by name; if Slurm
-        answers that it has none, the attempt did not start; if Slurm does not answer,
-        the attempt stays tracked and the next poll that gets an answer decides."""
+        """sbatch got no answer: the job may exist, or come to exist (its request may
+        still wait in a busy slurmctld). Look for it by name; if it is not there (or
+        Slurm does not answer), the attempt stays tracked without a job id, and the
+        watcher keeps looking for it by name until UNKNOWN_GRACE_S have passed (it is
+        then cancelled by name, and did not start)."""
         state = self._state
         state.unavailable = str(error)
         try:
             found = await self._watcher.jobs_by_name()
         except SlurmError:
+            found = None
+        else:
+            state.unavailable = ""
+        attempt.submitting = False
+        job = found.get(attempt.attempt_id) if found is not None else None
+        if job is not None and not attempt.ended and not attempt.job_id:
+            attempt.job_id = job[0]
+        if not attempt.job_id:
             log.warning(
-                "submission of %s unknown (Slurm down): will look again", attempt.attempt_id
+                "submission of %s got no answer (%s): looking for its job by name",
+                attempt.attempt_id,
+                error,
             )
-            self._watcher.ensure()
-            return ""
-        state.unavailable = ""
-        job = found.get(attempt.attempt_id)
-        if job is None:
-            state.untrack(attempt)
-            raise ExecutorUnavailable(f"Slurm did not take the job: {error}") from None
-        attempt.job_id = job[0]
         self._watcher.ensure()
         return attempt.job_id
 

@@ -41,7 +41,7 @@ from controller.slurm.commands import (
     slurm_time,
     split_rows,
 )
-from controller.slurm.naming import attempt_of_job
+from controller.slurm.naming import attempt_of_job, job_name
 
 log = logging.getLogger("spotbag.executors.slurm")
 
@@ -51,6 +51,10 @@ QUIET_POLLS = 5  # squeue this many times less often when nothing needs it
 # How long a job may run in Slurm without its start marker before its start is taken
 # from Slurm (the shared directory is then not what the VMs see).
 MARKER_PATIENCE_S = 60.0
+# How long a submission that got no answer is looked for by its job's name before it is
+# taken as never made (its request may wait in a busy slurmctld after sbatch gave up).
+UNKNOWN_GRACE_S = 60.0
+SQUEUE_IDS = 2000  # job ids per squeue -j (one argument may not exceed 128 KiB)
 ORPHAN_SWEEP_S = 30.0  # how often all of this controller's jobs are looked at for orphans
 
 # A job as squeue shows it: id, state, reason, start time, name.
@@ -190,17 +194,8 @@ class Watcher:
                 row = found.get(attempt.attempt_id)
                 if row is not None:
                     attempt.job_id = row[0]
-                else:
-                    state.end(
-                        attempt,
-                        AttemptEvent(
-                            attempt.attempt_id,
-                            state.now(),
-                            Outcome.NOT_STARTED,
-                            None,
-                            "Slurm never took the job (its submission got no answer)",
-                        ),
-                    )
+                elif state.now() - attempt.submitted_at > UNKNOWN_GRACE_S:
+                    await self._give_up_submission(attempt)
         asked = {a.attempt_id: a.job_id for a in tracked if a.job_id and not a.ended}
         rows = await self._job_rows(list(asked.values())) if asked else {}
         now = state.now()
@@ -224,22 +219,45 @@ class Watcher:
             await self.finish_from_slurm(finished)
         return True
 
-    async def _job_rows(self, job_ids: list[str]) -> dict[str, JobRow]:
-        """squeue's rows of these jobs, by attempt id (jobs Slurm forgot are absent)."""
+    async def _give_up_submission(self, attempt: Attempt) -> None:
+        """A submission that got no answer, and whose job Slurm has not shown for
+        UNKNOWN_GRACE_S: cancelled by name (should its request be handled yet), it did
+        not start. (A job that comes later still is an orphan: `_sweep_orphans`.)"""
         state = self._state
-        try:
-            out = await state.tools.run(
-                "squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%S|%j"
-            )
-        except SlurmRefused as exc:
-            if "Invalid job id" not in str(exc):  # squeue's answer when it knows none
-                raise
-            out = ""
+        name = job_name(state.controller_id, attempt.attempt_id)
+        await state.tools.run("scancel", f"--name={name}")
+        if attempt.ended or attempt.job_id:
+            return
+        state.end(
+            attempt,
+            AttemptEvent(
+                attempt.attempt_id,
+                state.now(),
+                Outcome.NOT_STARTED,
+                None,
+                "Slurm never took the job (its submission got no answer)",
+            ),
+        )
+
+    async def _job_rows(self, job_ids: list[str]) -> dict[str, JobRow]:
+        """squeue's rows of these jobs, by attempt id (jobs Slurm forgot are absent);
+        asked SQUEUE_IDS at a time (one argument may not exceed 128 KiB)."""
+        state = self._state
         rows: dict[str, JobRow] = {}
-        for job_id, job_state, reason, start, name in split_rows(out, 5):
-            attempt_id = attempt_of_job(state.controller_id, name)
-            if attempt_id is not None:
-                rows[attempt_id] = (job_id, job_state, reason, start, name)
+        for first in range(0, len(job_ids), SQUEUE_IDS):
+            chunk = ",".join(job_ids[first : first + SQUEUE_IDS])
+            try:
+                out = await state.tools.run(
+                    "squeue", "-h", "-t", "all", "-j", chunk, "-o", "%i|%T|%r|%S|%j"
+                )
+            except SlurmRefused as exc:
+                if "Invalid job id" not in str(exc):  # squeue's answer when it knows none
+                    raise
+                out = ""
+            for job_id, job_state, reason, start, name in split_rows(out, 5):
+                attempt_id = attempt_of_job(state.controller_id, name)
+                if attempt_id is not None:
+                    rows[attempt_id] = (job_id, job_state, reason, start, name)
         return rows
 
     def _pending(self, attempt: Attempt, reason: str, now: float) -> None:
