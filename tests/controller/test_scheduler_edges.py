@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import numpy as np
 import pytest
 
 from controller.admission import admit
 from controller.clock import SimClock
-from controller.executors.base import AttemptEvent, Outcome
+from controller.executors.base import AttemptEvent, NodeEvent, Outcome
+from controller.executors.sim import SimExecutor
 from controller.planner import CatalogType, DemandGroup, Launch, Snapshot, plan
 from controller.scheduler import loop as scheduler_module
 from drivers.base import CapacityError, LaunchRequest, VmState, VmType
@@ -292,3 +294,40 @@ async def test_a_big_bag_is_cancelled_a_chunk_per_pass_and_none_of_it_starts(tmp
     assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
     assert rows(tmp_path, "SELECT state, count(*) FROM jobs GROUP BY state") == [("cancelled", n)]
     check_store_consistent(tmp_path)
+
+
+class JoiningSimExecutor(SimExecutor):
+    """The sim executor with VMs that join a cluster, as Slurm's nodes do: a VM's node
+    is seen up by a later poll (half a second after it is watched)."""
+
+    joins_vms = True
+
+    async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
+        def up() -> None:
+            for listener in self._listeners:
+                listener(NodeEvent(vm_id, self._now(), True, "node up"))
+
+        self._call_at(self._now() + 0.5, up)
+
+
+async def test_a_rebuild_does_not_take_joined_vms_for_ones_that_never_booted(tmp_path):
+    """VMs older than boot_timeout_s that had joined before a rebuild (a restart, a failed
+    pass) wait to be seen joined again; the pass before that must not end them as VMs
+    that "did not boot" (with their running jobs)."""
+    cfg = config(**{"scheduler.boot_timeout_s": 900.0})
+    clock = SimClock(1_000_000.0)
+    executor = JoiningSimExecutor(
+        now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(1)
+    )
+    scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
+    await submit(scheduler, cfg, bag(4, runtime_s=7200))
+    await run_until(scheduler, clock, clock.now() + 1200)  # past the boot timeout
+    running = {vm.id for vm in scheduler.vms.values() if vm.ready and vm.attempts}
+    assert running and len(scheduler.attempts) == 4
+    await scheduler.recover()
+    await scheduler.tick()  # before the executor says the nodes are up again
+    assert not [vm.reason for vm in scheduler.vms.values() if vm.terminating]
+    await run_until(scheduler, clock, clock.now() + 5)
+    assert {vm.id for vm in scheduler.vms.values() if vm.ready} == running
+    assert len(scheduler.attempts) == 4
+    await scheduler.store.close()

@@ -395,3 +395,33 @@ async def test_a_node_left_idle_is_not_powered_down_by_slurm(rig, slurm_cluster)
     await rig.executor.start(spec)
     end = await rig.wait(lambda: rig.end_of(spec.attempt_id), 30)
     assert (end.outcome, end.exit_code) == (Outcome.EXITED, 0)
+
+
+async def test_a_second_recovery_while_watching_keeps_the_attempts_it_watches(rig, tmp_path):
+    """The scheduler recovers again after a failed pass, while the executor watches: an
+    attempt it already tracks stays the one it watches (its end, seen while recovery
+    asks Slurm, is reported once), not a second copy."""
+    await rig.boot("vm-ex0000000015")
+    bin_dir = tmp_path / "slow-bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "sinfo", "scontrol", "scancel"):
+        (bin_dir / tool).symlink_to(os.popen(f"command -v {tool}").read().strip())
+    real = os.popen("command -v squeue").read().strip()
+    (bin_dir / "squeue").write_text(f'#!/bin/sh\nsleep 1.5; exec {real} "$@"\n')
+    (bin_dir / "squeue").chmod(0o755)
+    rig.executor = rig.new_executor(
+        SlurmTools(slurm_conf=str(rig.cluster.conf), bin_dir=str(bin_dir), timeout_s=10)
+    )
+    await rig.executor.vm_started("vm-ex0000000015", VM_TYPE)
+    await rig.wait(lambda: rig.executor._nodes["vm-ex0000000015"].ready, 20)
+    spec = rig.spec("vm-ex0000000015", 0, "sleep 1; exit 0")
+    job_id = await rig.executor.start(spec)
+    await rig.wait(lambda: rig.started(spec.attempt_id), 30, "it to start")
+    live = [LiveAttempt(spec.attempt_id, spec.vm_id, time.time(), 60.0, job_id)]
+    # It ends while recovery's squeue runs.
+    kept = await rig.executor.recover(live, [spec.vm_id])
+    assert kept == {spec.attempt_id}
+    end = await rig.wait(lambda: rig.end_of(spec.attempt_id), 30, "its end")
+    assert (end.outcome, end.exit_code) == (Outcome.EXITED, 0)
+    await asyncio.sleep(2)
+    assert rig.end_of(spec.attempt_id) == end  # once
