@@ -109,9 +109,10 @@ class TransitionsMixin(SchedulerState):
             if not vm.attempts and vm.state is VmState.RUNNING:
                 vm.idle_since = at
             self._refresh_vm_sets(vm)
-        if attempt.state is AttemptState.STARTING and self.executor.queues_attempts:
-            # It never left the executor's queue: it used nothing (charged nothing, and
-            # takes no time on its VM in reports).
+        if attempt.ran_at is None:
+            # Its program never ran (it waited in the executor's queue, or the controller
+            # stopped between recording it and starting it): it used nothing (charged
+            # nothing, and takes no time on its VM in reports).
             attempt.started_at = max(attempt.started_at, at)
         attempt.state = state
         self._write_attempt(attempt, batch, at, exit_code, reason)

@@ -69,7 +69,6 @@ class Callbacks:
                 return "noted"
             shared.saw_marker(attempt, started_at)
             if finished is not None:
-                attempt.program_started = True
                 shared.finish_with_exit(attempt, finished[0], finished[1], key)
             else:
                 code, sig = exit_status(exit_code)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from controller.executors.attempt_files import exit_status_path
+from controller.executors.attempt_files import exit_status_path, started_path
 from controller.executors.base import AttemptEvent, Outcome
 from controller.executors.slurm.nodes import NodeManager
 from controller.executors.slurm.state import (
@@ -137,7 +137,6 @@ class Watcher:
             if attempt.program_started and not attempt.ended:
                 state.started(attempt, attempt.program_started_at or state.now())
             if finished is not None:
-                attempt.program_started = True
                 state.finish_with_exit(attempt, *finished)
 
     def _check_timeouts(self) -> None:
@@ -289,7 +288,7 @@ class Watcher:
                 "the shared directory shared with the VMs?",
                 attempt.attempt_id,
                 now - attempt.slurm_running_at,
-                attempt.log_path.with_suffix(".started"),
+                started_path(attempt.log_path),
             )
             self._state.started(attempt, attempt.slurm_running_at)
 
@@ -364,7 +363,6 @@ class Watcher:
         ):
             state.saw_marker(attempt, started_at)
             if finished is not None:
-                attempt.program_started = True
                 state.finish_with_exit(attempt, *finished)
                 continue
             code = None
