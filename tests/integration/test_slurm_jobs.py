@@ -87,7 +87,9 @@ def test_a_checkpointable_bag_runs_on_the_vms_through_slurm_across_preemptions(
         log = Path(last["log_path"]).read_text()
         # It ran on its VM's host (named after the VM), as a Slurm job there.
         assert log.splitlines()[0] == last["vm_id"], log[:200]
-        result = json.loads(log.strip().splitlines()[-1])
+        # The program's last line is its result (slurmstepd may add a line after it: a
+        # checkpoint signal that came as the program exited, "failed signal 10").
+        result = json.loads([x for x in log.splitlines() if x.startswith("{")][-1])
         assert result["lyapunov"] == clean_result(rate)["lyapunov"]
         assert result["attempt"] == job["attempts"]
         for attempt in job["attempt_list"]:
@@ -122,5 +124,7 @@ def test_a_checkpointable_bag_runs_on_the_vms_through_slurm_across_preemptions(
     names = [line.split("|") for line in listed.splitlines() if bag["id"] in line]
     total_attempts = sum(client.job(f"{bag['id']}-{i}")["attempts"] for i in range(len(RATES)))
     assert len(names) == total_attempts
-    assert all(node.startswith("sb-vm-") for _, node, _ in names)
+    assert all(node.startswith("sb-vm-") for _, node, _ in names if node)
+    # No node: a job queued on the preempted VM, cancelled before it ran.
+    assert all(state == "CANCELLED" for _, node, state in names if not node), names
     assert not [n for n in names if n[2] in ("RUNNING", "PENDING")]

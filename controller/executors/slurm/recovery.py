@@ -48,7 +48,7 @@ async def recover(
     for vm_id in live_vm_ids:
         state.nodes.setdefault(vm_id, Node(vm_id, state.node_of(vm_id), 0.0))
     for live in attempts:
-        if live.attempt_id in state.attempts:
+        if live.attempt_id in state.attempts or live.attempt_id in state.ended_ids:
             continue
         log_path, checkpoint_dir = state.paths_of(live.attempt_id)
         adopted = Attempt(

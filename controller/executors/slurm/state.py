@@ -10,6 +10,7 @@ end without an exit status read from Slurm's final state (SLURM.md's mapping).
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,10 @@ class SlurmState:
         self.controller_id = controller_id
         self.now = now
         self.attempts: dict[str, Attempt] = {}
+        # Attempts over since the executor was made (their ends reported): a recovery
+        # after a failed scheduler pass, whose store still lists them live, keeps them
+        # without reporting their ends again.
+        self.ended_ids: OrderedDict[str, None] = OrderedDict()
         self.nodes: dict[str, Node] = {}  # vm id -> its node
         self.listeners: list[AttemptListener] = []
         self.wake = asyncio.Event()
@@ -149,6 +154,9 @@ class SlurmState:
         attempt.ended = True
         if self.attempts.get(attempt.attempt_id) is attempt:
             del self.attempts[attempt.attempt_id]
+            self.ended_ids[attempt.attempt_id] = None
+            while len(self.ended_ids) > 100_000:
+                self.ended_ids.popitem(last=False)
         node = self.nodes.get(attempt.vm_id)
         if node is not None:
             node.attempts.discard(attempt.attempt_id)
