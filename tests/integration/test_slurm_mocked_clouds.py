@@ -152,7 +152,10 @@ def test_a_spot_interruption_reaches_slurm_and_the_job_resumes_on_a_new_vm(
         assert down_s <= DESCRIBE_S + 2.0, down_s
 
         done = wait_for_bag(client, bag["id"], 180)
-        assert done["state"] == "succeeded", daemon.log()[-4000:]
+        assert done["state"] == "succeeded", (
+            [(a["state"], a["reason"]) for a in client.job(job_id)["attempt_list"]],
+            daemon.log()[-4000:],
+        )
         job = client.job(job_id)
         first, last = job["attempt_list"][0], job["attempt_list"][-1]
         assert first["state"] == "preempted" and last["vm_id"] != first["vm_id"]
