@@ -29,6 +29,7 @@ import json
 import os
 import secrets
 import shlex
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,13 +289,25 @@ class NamespaceHosts:
             (self._records() / f"{host.namespace}.json").unlink(missing_ok=True)
 
     async def _remove(self, namespace: str) -> None:
-        for _ in range(50):
-            pids = (await _run("ip", "netns", "pids", namespace, check=False)).split()
-            if not pids:
+        """Stop every process of the host, then kill them: a VM dies at once, all of it.
+        Killed one by one as they run, a job's wrapper could outlive its program for a
+        moment and record how it died, which no real VM's end leaves behind."""
+        stopped: set[str] = set()
+        for _ in range(50):  # new processes may start until every one is stopped
+            pids = set((await _run("ip", "netns", "pids", namespace, check=False)).split())
+            if pids <= stopped:
                 break
-            for pid in pids:
+            for pid in pids - stopped:
                 with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
-                    os.kill(int(pid), 9)
+                    os.kill(int(pid), signal.SIGSTOP)
+            stopped |= pids
+        for _ in range(50):
+            left = (await _run("ip", "netns", "pids", namespace, check=False)).split()
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
+                    os.kill(int(pid), signal.SIGKILL)
             await asyncio.sleep(0.02)
         await _run("ip", "netns", "delete", namespace, check=False)
 
