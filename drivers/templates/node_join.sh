@@ -153,12 +153,24 @@ mount_shared() {
     fi
 }
 
+add_user() {  # add_user NAME UID GID, unless the VM knows NAME already
+    local name=$1 uid=$2 gid=$3
+    id -u "$name" >/dev/null 2>&1 && return 0
+    getent group "$gid" >/dev/null || groupadd -g "$gid" "$name"
+    useradd -u "$uid" -g "$gid" -M -d / -s /usr/sbin/nologin "$name"
+}
+
 add_job_user() {
-    # Jobs run as the daemon's user: slurmd must know it, by the same ids.
-    [ -n "${SPOTBAG_JOB_USER:-}" ] || return 0
-    id -u "$SPOTBAG_JOB_USER" >/dev/null 2>&1 && return 0
-    getent group "${SPOTBAG_JOB_GID:?}" >/dev/null || groupadd -g "$SPOTBAG_JOB_GID" "$SPOTBAG_JOB_USER"
-    useradd -u "${SPOTBAG_JOB_UID:?}" -g "$SPOTBAG_JOB_GID" -M -d / -s /usr/sbin/nologin "$SPOTBAG_JOB_USER"
+    # Jobs run as the daemon's user, or as their accounts' users (SPOTBAG_JOB_USERS:
+    # "name:uid:gid ..."): slurmd must know them, by the same ids.
+    if [ -n "${SPOTBAG_JOB_USER:-}" ]; then
+        add_user "$SPOTBAG_JOB_USER" "${SPOTBAG_JOB_UID:?}" "${SPOTBAG_JOB_GID:?}"
+    fi
+    local entry name uid gid
+    for entry in ${SPOTBAG_JOB_USERS:-}; do
+        IFS=: read -r name uid gid <<<"$entry"
+        add_user "$name" "$uid" "$gid"
+    done
 }
 
 slurmd_args() {  # one argument per line
