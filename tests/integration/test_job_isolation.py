@@ -18,10 +18,14 @@ import os
 import pwd
 import signal
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import plain_user, wait_for_bag, wait_until
+from controller.cli.client import ClientError
+from tests.conftest import REPO, plain_user, wait_for_bag, wait_until
 from tests.integration.forgery import (
     FORGER,
     SHARED_USER,
@@ -186,3 +190,52 @@ def test_a_job_of_one_account_cannot_forge_the_result_of_anothers(make_daemon, p
     # The attempt the restart killed is not among them: it ran again.
     assert attempts[0]["state"] != "succeeded" and f"{job}.1" not in ended, attempts
     assert daemon.stop() == 0
+
+
+def test_a_bag_whose_account_has_no_user_is_refused_at_admission(make_daemon, passable_dir):
+    """A user is looked up when its account's bag comes: a missing one refuses the bag
+    (what an admin would create is in the message), not each of its attempts later."""
+    require_root()
+    user_of(FORGER)
+    daemon = make_daemon(base=passable_dir)
+    daemon.config_path.write_text(
+        as_run_as(daemon.config_path.read_text(), 'run_as = "spotbag-{account}"\n')
+    )
+    client = daemon.start()
+    bag = {"command": "true", "max_runtime_s": 10}
+    with pytest.raises(ClientError) as refused:
+        client.submit({**bag, "account": "iso-no-such-user"})
+    assert (refused.value.status, refused.value.code) == (422, "no_job_user")
+    assert (
+        "useradd" in refused.value.message and "spotbag-iso-no-such-user" in refused.value.message
+    )
+    assert client.bags() == []
+    done = wait_for_bag(client, client.submit({**bag, "account": FORGER})["id"])
+    assert done["state"] == "succeeded"
+    assert daemon.stop() == 0
+
+
+def test_config_check_says_who_jobs_run_as(tmp_path, passable_dir):
+    """`spotbag config check` refuses users that do not exist or are root, and a state
+    directory they cannot reach, and says whether accounts are kept apart."""
+
+    def check(lines: str, state: Path = passable_dir / "state") -> subprocess.CompletedProcess:
+        path = tmp_path / "c.toml"
+        path.write_text(f'state_dir = "{state}"\n[executor]\n{lines}\n')
+        return subprocess.run(
+            [sys.executable, "-m", "controller.cli", "config", "check", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+
+    apart = check('run_as = "spotbag-{account}"')
+    assert apart.returncode == 0 and "a user per account" in apart.stdout, apart
+    shared = check('run_as = "nobody"')
+    assert shared.returncode == 0 and "accounts share a user" in shared.stdout, shared
+    missing = check('run_as_accounts = {lab = "spotbag-iso-no-such-user"}')
+    assert missing.returncode == 1 and "does not exist" in missing.stderr, missing
+    root = check('run_as_accounts = {lab = "root"}')
+    assert root.returncode == 1 and "must not run as root" in root.stderr, root
+    closed = check('run_as = "spotbag-{account}"', tmp_path / "state")  # pytest's: 0700
+    assert closed.returncode == 1 and "cannot pass through" in closed.stderr, closed
