@@ -194,9 +194,11 @@ def test_a_slurm_job_is_an_attempts_only_when_the_attempts_user_runs_it(tmp_path
         f"8|PENDING|None|N/A|{me}|sb:c0ffee:b1-5.1\n"
         f"10|PENDING|None|N/A|{nobody}|sb:c0ffee:b1-6.1|{nobody}\n"
     )
-    assert [r[4] for r in rows][-1] == f"sb:c0ffee:b1-6.1|{nobody}"  # a name may hold "|"
-    named = [("b1-0.1", rows[0]), ("b1-0.1", rows[1]), ("b1-5.1", rows[2])]
-    watcher = Watcher(state, None, lambda attempt, why: None)  # type: ignore[arg-type]
-    found = watcher.latest_owned(named)
-    assert found == {"b1-0.1": rows[0]}  # not job 9, nor the untracked one of uid `me`
+    assert rows[3][4:] == (f"sb:c0ffee:b1-6.1|{nobody}", nobody)  # a name may hold "|"
+    named = [("b1-0.1", rows[0]), ("b1-0.1", rows[1]), ("b1-5.1", rows[2]), ("b1-6.1", rows[3])]
+    # squeue is asked for the jobs of the users jobs run as (here: nobody alone).
     assert state.squeue_users() == ["-u", nobody]
+    watcher = Watcher(state, None, lambda attempt, why: None)  # type: ignore[arg-type]
+    # Not job 9 (another user's, though newer), nor the untracked one of uid `me`; the
+    # untracked one of a job user is (an orphan to cancel).
+    assert watcher.latest_owned(named) == {"b1-0.1": rows[0], "b1-6.1": rows[3]}

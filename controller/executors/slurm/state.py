@@ -116,6 +116,7 @@ class SlurmState:
         self.settings = settings
         self.tools = tools
         self.users = users or JobUsers(daemon_uid=os.getuid())
+        self._job_uids: set[str] = set()  # the users jobs run as (squeue_users)
         self.controller_id = controller_id
         self.now = now
         self.attempts: dict[str, Attempt] = {}
@@ -151,22 +152,25 @@ class SlurmState:
 
     def squeue_users(self) -> list[str]:
         """squeue's options for the jobs this executor may have made: the daemon's own
-        (--me), or those of the users its jobs run as."""
+        (--me), or those of the users its jobs run as (noted for `owns`)."""
         if not self.users.configured:
             return ["--me"]
         uids = {a.owner for a in self.attempts.values() if a.owner >= 0}
         uids.update(u.uid for u in self.users.known())
+        self._job_uids = {str(uid) for uid in uids}
         return ["-u", ",".join(str(uid) for uid in sorted(uids))] if uids else ["--me"]
 
     def owns(self, attempt_id: str, uid: str) -> bool:
         """Whether a job named after `attempt_id` and run by `uid` can be that attempt's:
-        one of another user (another account's job may name itself so) is not."""
+        one of another user (another account's job may name itself so) is not. For an
+        attempt not tracked: whether `uid` is one of the users jobs run as (as of the
+        last `squeue_users`)."""
         attempt = self.attempts.get(attempt_id)
         if attempt is not None:
             return uid == str(attempt.owner)
         if not self.users.configured:
             return uid == str(self.users.daemon_uid)
-        return uid.isdigit() and int(uid) in {u.uid for u in self.users.known()}
+        return uid in self._job_uids
 
     # --- attempt bookkeeping --------------------------------------------------------
 
