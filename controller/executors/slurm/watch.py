@@ -304,11 +304,11 @@ class Watcher:
     ) -> list[str]:
         """Cancel this controller's jobs (`named`: `named_jobs`) that Slurm may still
         run although their attempts are over: not among `live` (the live attempts and
-        their job ids, "" when unknown), or another job of a live attempt's name (of
-        another user too: a job may name itself after another account's attempt). E.g.
-        a submission that reached Slurm after the controller had given up on it. A job
-        whose program has written its exit status (in a file of the job's user) is
-        ending by itself. Returns the job ids cancelled."""
+        their job ids, "" when unknown), or another job of a live attempt's name, or
+        one its user does not run (a job may name itself after another account's
+        attempt). E.g. a submission that reached Slurm after the controller had given
+        up on it. A job whose program has written its exit status (in a file of the
+        job's user) is ending by itself. Returns the job ids cancelled."""
         state = self._state
         self.orphans_swept_at = asyncio.get_running_loop().time()
 
@@ -316,7 +316,9 @@ class Watcher:
             if row[1] not in LIVE_STATES or row[1] == "COMPLETING":
                 return False
             job_id = live.get(attempt_id)
-            return job_id is None or job_id not in ("", row[0])
+            return (
+                job_id is None or job_id not in ("", row[0]) or not state.owns(attempt_id, row[5])
+            )
 
         suspects = [(a, row) for a, row in named if orphan(a, row)]
         if not suspects:
