@@ -17,6 +17,9 @@
 #                             or the local driver's VM hosts, which share the head's disk)
 
 set -euo pipefail
+# What this starts (munged, slurmd: its configless cache is what jobs' Slurm commands
+# read, as the jobs' users) gets the usual umask, whatever the caller's.
+umask 022
 set -a
 . /etc/spotbag/node.env
 set +a
@@ -111,6 +114,9 @@ PY
 
 install_munge_key() {
     install -d -m 0700 /etc/munge
+    # Private while it is written; what is started later keeps the script's umask.
+    local umask_was
+    umask_was=$(umask)
     umask 077
     retry fetch_munge_key >/etc/munge/munge.key.new
     if [ "$(wc -c </etc/munge/munge.key.new)" -lt 32 ]; then
@@ -119,6 +125,7 @@ install_munge_key() {
     fi
     chmod 0400 /etc/munge/munge.key.new
     mv /etc/munge/munge.key.new /etc/munge/munge.key
+    umask "$umask_was"
     if id munge >/dev/null 2>&1 && systemd_runs; then
         chown -R munge:munge /etc/munge
     fi
