@@ -4,7 +4,8 @@
 A job of account A looks for account B's attempt ids in other processes' environments
 (/proc/*/environ), then writes "0" into B's attempt's exit-status file, a line into
 its start marker, and files into B's checkpoint directory and beside B's log, and says
-which of these it could do. B's job writes a line of its own when it really ends, into
+which of these it could do; with the Slurm executor it also submits a Slurm job of its
+own named like B's attempt's. B's job writes a line of its own when it really ends, into
 a directory only B's user may write: the test holds spotbag's record against it.
 """
 
@@ -29,8 +30,9 @@ PYTHON = "/usr/bin/python3"  # the system's: job users cannot reach this checkou
 
 FORGER_PROGRAM = r'''
 """Account A's job forging account B's attempt. argv: B's bag id, where spotbag keeps
-attempts' files (its state directory; the Slurm executor's shared directory), B's uid."""
-import errno, os, sys
+attempts' files (its state directory; the Slurm executor's shared directory), B's uid,
+and with the Slurm executor its partition."""
+import errno, os, subprocess, sys
 
 bag, root, victim_uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
 found, denied = {}, 0
@@ -68,6 +70,19 @@ for what, (path, text) in targets.items():
         print(f"forge {what} denied {errno.errorcode.get(exc.errno, exc.errno)}", flush=True)
     else:
         print(f"forge {what} written", flush=True)
+if len(sys.argv) > 4:
+    # A Slurm job of A's own, held, named like B's attempt's job (squeue shows every name).
+    names = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%j"], capture_output=True, text=True)
+    victims = [n for n in names.stdout.split() if n.endswith(f":{job}.{attempt}")]
+    made = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "-p", sys.argv[4], "-J", victims[0], "--wrap", "sleep 300"],
+        capture_output=True,
+        text=True,
+    ) if victims else None
+    if made is not None and made.returncode == 0:
+        print(f"impostor {made.stdout.strip()}", flush=True)
+    else:
+        print(f"impostor failed: {names.stderr.strip()} {made and made.stderr.strip()}", flush=True)
 '''
 
 
@@ -112,8 +127,10 @@ def log_of(client: Client, job_id: str) -> str:
         return ""
 
 
-def forger_command(program: Path, victim_bag: str, root: Path, victim_uid: int) -> str:
-    return f"{PYTHON} {program} {victim_bag} {root} {victim_uid}"
+def forger_command(
+    program: Path, victim_bag: str, root: Path, victim_uid: int, partition: str = ""
+) -> str:
+    return f"{PYTHON} {program} {victim_bag} {root} {victim_uid} {partition}".rstrip()
 
 
 def completions(out: Path) -> dict[str, float]:
@@ -125,13 +142,15 @@ def completions(out: Path) -> dict[str, float]:
 
 def forger_report(log: str) -> dict[str, str]:
     """What the forger could do: {"environ": "found=N denied=M", "exit": "written" or
-    "denied EACCES", ...}."""
+    "denied EACCES", ..., "impostor": its Slurm job's id}."""
     report = {}
     for line in log.splitlines():
         if m := re.fullmatch(r"environ (found=\d+ denied=\d+)", line):
             report["environ"] = m.group(1)
         elif m := re.fullmatch(r"forge (\w+) (written|denied \w+)", line):
             report[m.group(1)] = m.group(2)
+        elif m := re.fullmatch(r"impostor (.*)", line):
+            report["impostor"] = m.group(1)
     return report
 
 

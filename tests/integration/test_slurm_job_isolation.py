@@ -40,12 +40,14 @@ def test_a_slurm_job_of_one_account_cannot_forge_the_result_of_anothers(
     """Account B's job runs on a VM (30 s on its first attempt); account A's job, on the
     same VM, looks for B's attempt ids in /proc/*/environ and writes "0" into B's
     exit-status file on the shared directory (which the executor watches), a line into
-    its start marker, files into its checkpoint directory and beside its log; then the
-    daemon is killed (SIGKILL) and started again while B's program still works.
+    its start marker, files into its checkpoint directory and beside its log, and
+    submits a Slurm job of its own named like B's attempt's job; then the daemon is
+    killed (SIGKILL) and started again while B's program still works.
 
     With a user per account, A finds nothing and every write is refused; B's attempt
     stays running through the restart (its Slurm job outlives the controller) and is
-    recorded succeeded once, after B's program wrote its own completion line. With both
+    recorded succeeded once, after B's program wrote its own completion line; A's job
+    named like B's is cancelled. With both
     accounts sharing one user the same job makes the executor record B's unfinished
     attempt as succeeded at once: that run shows this test catches the forgery."""
     if users == "per-account":
@@ -72,7 +74,9 @@ def test_a_slurm_job_of_one_account_cannot_forge_the_result_of_anothers(
         forger = client.submit(
             {
                 "account": FORGER,
-                "command": forger_command(program, victim["id"], shared, victim_user.pw_uid),
+                "command": forger_command(
+                    program, victim["id"], shared, victim_user.pw_uid, "spotbag"
+                ),
                 "max_runtime_s": 60,
                 "resources": ONE_CPU,
             }
@@ -81,7 +85,9 @@ def test_a_slurm_job_of_one_account_cannot_forge_the_result_of_anothers(
         forger_attempt = client.job(f"{forger['id']}-0")["attempt_list"][-1]
         said = log_of(client, f"{forger['id']}-0")
         report = forger_report(said)
-        assert set(report) == {"environ", "exit", "started", "checkpoint", "logdir"}, said
+        assert set(report) == {"environ", "exit", "started", "checkpoint", "logdir", "impostor"}
+        impostor = report["impostor"]
+        assert impostor.isdigit(), said
         victim_attempt = client.job(job)["attempt_list"][0]
         # Both ran on the one VM, each as its account's user.
         assert forger_attempt["vm_id"] == victim_attempt["vm_id"]
@@ -103,7 +109,7 @@ def test_a_slurm_job_of_one_account_cannot_forge_the_result_of_anothers(
                 "the forged success",
             )
             assert f"{job}.1" not in completions(out)
-            slurm_cluster.run("scancel", victim_attempt["executor_ref"], check=False)
+            slurm_cluster.run("scancel", victim_attempt["executor_ref"], impostor, check=False)
             return
 
         # The executor reads B's files every 0.1 s: a forged status would be taken by now.
@@ -128,4 +134,8 @@ def test_a_slurm_job_of_one_account_cannot_forge_the_result_of_anothers(
     assert [a["state"] for a in attempts] == ["succeeded"], attempts
     assert list(ended) == [f"{job}.1"]
     assert attempts[0]["ended_at"] >= ended[f"{job}.1"] - 0.05, (attempts, ended)
+    # A's job named like B's, though newer, was not taken for B's (B's attempt would have
+    # been lost at the restart and run again): it was cancelled, as an orphan.
+    impostor_state = slurm_cluster.run("squeue", "-h", "-t", "all", "-j", impostor, "-o", "%U|%T")
+    assert impostor_state.strip() == f"{forger_user.pw_uid}|CANCELLED", impostor_state
     assert daemon.stop() == 0
