@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from controller.errors import SpotbagError
 
 ACCOUNT = "{account}"
-# Users below this uid are the system's (daemons such as slurm and munge, whose rights
-# in the cluster a job must never get): a template never resolves to one.
+# Users below this uid are the system's (daemons such as munge, whose rights a job must
+# never get): a template never resolves to one. Not all are below it (Debian's slurm is
+# 64030): the template's fixed part is what keeps account names from other users.
 FIRST_REGULAR_UID = 1000
 # Account names as bags may name them (controller/bagspec.py ACCOUNT_NAME).
 _ACCOUNT_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
