@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 import tomllib
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from controller.bagspec import ACCOUNT_NAME
 from controller.errors import SpotbagError
+from controller.executors.job_users import ACCOUNT, template_problem
 from drivers.base import VmType
 
 
@@ -383,10 +386,40 @@ class ExecutorConfig(_Section):
     )
     run_as: str = Field(
         "",
-        description="local executor, daemon running as root: the unprivileged user jobs run "
-        "as (its primary group, no others), so they cannot read the daemon's token, database "
-        "or other jobs' files; empty: jobs run as the daemon's user (and can read all of it).",
+        description="Daemon running as root: the unprivileged user jobs run as (its primary "
+        "group, no others), so they cannot read the daemon's token or database. "
+        '"spotbag-{account}" gives each account a user of its own, so that one account\'s '
+        "jobs cannot read or forge another's results or checkpoints (README: What a job can "
+        "touch); one name for all: accounts share that user. Empty: jobs run as the "
+        "daemon's user (and can read all of it).",
     )
+    run_as_accounts: dict[str, str] = Field(
+        {},
+        description='Account -> the user its jobs run as, e.g. {lab = "alice"}; before '
+        "run_as, which then serves the accounts not named here (empty run_as: only these "
+        "accounts may submit bags).",
+    )
+
+    @field_validator("run_as")
+    @classmethod
+    def _run_as_template(cls, value: str) -> str:
+        problem = template_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("run_as_accounts")
+    @classmethod
+    def _run_as_users(cls, value: dict[str, str]) -> dict[str, str]:
+        for account, user in value.items():
+            if not re.fullmatch(ACCOUNT_NAME, account):
+                raise ValueError(f"{account!r} is not an account name")
+            problem = template_problem(user) or (
+                f"{ACCOUNT} has no place here" if ACCOUNT in user else None
+            )
+            if not user or problem is not None:
+                raise ValueError(f"{account}: {problem or 'no user named'}")
+        return value
 
 
 class SlurmPoolConfig(_Section):

@@ -34,6 +34,7 @@ from controller.clock import RealClock
 from controller.config import Config, ConfigError
 from controller.errors import SpotbagError
 from controller.executors.base import CallbackNoted
+from controller.executors.job_users import JobUsers
 from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
@@ -144,11 +145,7 @@ class Controller:
             controller_id=self.controller_id,
             now=self.clock.now,
         )
-        if self.executor.name == "local" and os.geteuid() == 0 and not self.config.executor.run_as:
-            log.warning(
-                "jobs run as root and can read this daemon's token and database: set "
-                "[executor] run_as to an unprivileged user (README: What a job can touch)"
-            )
+        self._warn_about_job_users()
         self.hook_secret = b""
         pools = PoolBook((), ())
         if self.executor.name == "slurm":
@@ -213,6 +210,31 @@ class Controller:
         self._loop_task = asyncio.create_task(
             self.scheduler.run(describe=not pushes), name="scheduler"
         )
+
+    def _warn_about_job_users(self) -> None:
+        """Say at start what jobs can touch when accounts are not kept apart (README:
+        What a job can touch)."""
+        executor = self.config.executor
+        users = JobUsers(executor.run_as, executor.run_as_accounts)
+        if not users.configured:
+            if self.executor.name == "local" and os.geteuid() == 0:
+                log.warning(
+                    "jobs run as root and can read this daemon's token and database: set "
+                    '[executor] run_as = "spotbag-{account}" (README: What a job can touch)'
+                )
+            elif self.executor.name == "slurm":
+                log.warning(
+                    "jobs run on the VMs as this daemon's user (uid %d), with its rights in "
+                    "Slurm, and all accounts' jobs can touch each other's: set [executor] "
+                    'run_as = "spotbag-{account}" (README: What a job can touch)',
+                    os.getuid(),
+                )
+        elif not users.per_account:
+            log.warning(
+                "jobs of several accounts run as one user: they can read and change each "
+                'other\'s results and checkpoints; run_as = "spotbag-{account}" gives each '
+                "account a user of its own (README: What a job can touch)"
+            )
 
     @property
     def running_scheduler(self) -> Scheduler:

@@ -116,6 +116,7 @@ class AttemptSpec(NamedTuple):
     cpus: int = 1  # what the job reserves on its VM (Slurm: -c, --mem)
     memory_gb: float = 1.0
     gpus: int = 0
+    account: str = ""  # its bag's: whose user it runs as (executors/job_users.py)
 
 
 class LiveAttempt(NamedTuple):
@@ -126,6 +127,7 @@ class LiveAttempt(NamedTuple):
     started_at: float
     max_runtime_s: float
     ref: str = ""  # the executor's own reference, e.g. the Slurm job id
+    account: str = ""  # its bag's: whose user's files tell how it went
 
 
 ExecutorEvent = AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | CallbackNoted

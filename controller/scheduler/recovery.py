@@ -166,7 +166,12 @@ class RecoveryMixin(ActionsMixin):
         adopted = await self.executor.recover(
             [
                 LiveAttempt(
-                    a.id, a.vm_id, a.started_at, self.bags[a.bag_id].spec.max_runtime_s, a.ref
+                    a.id,
+                    a.vm_id,
+                    a.started_at,
+                    self.bags[a.bag_id].spec.max_runtime_s,
+                    a.ref,
+                    self.bags[a.bag_id].spec.account,
                 )
                 for a in attempts
             ],
