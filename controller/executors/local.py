@@ -36,9 +36,9 @@ from controller.executors.base import (
     AttemptListener,
     AttemptSpec,
     CheckpointEvent,
-    ExecutorError,
     LiveAttempt,
     Outcome,
+    start_error,
 )
 from controller.job_command import job_environment
 from drivers.base import VmType
@@ -149,7 +149,7 @@ class LocalExecutor:
             # state directory.
             log = await asyncio.to_thread(open, log_path, "ab")
         except OSError as exc:
-            raise ExecutorError(f"cannot prepare log/checkpoint directories: {exc}") from exc
+            raise start_error("cannot prepare log/checkpoint directories", exc) from exc
         try:
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh",
@@ -167,7 +167,7 @@ class LocalExecutor:
                 **self._user_arguments(),
             )
         except OSError as exc:
-            raise ExecutorError(f"cannot start /bin/sh in workdir {spec.workdir!r}: {exc}") from exc
+            raise start_error(f"cannot start /bin/sh in workdir {spec.workdir!r}", exc) from exc
         finally:
             log.close()
         running = _Running(spec, process)
