@@ -84,11 +84,12 @@ class ApiConfig(_Section):
         "client has the proxy's address: raise it to max_connections there.",
     )
     reserved_fds: int = Field(
-        256,
+        512,
         ge=0,
-        description="File descriptors kept out of HTTP clients' reach, for the daemon's "
-        "own work: the database, job logs and processes, Slurm commands, cloud API "
-        "sessions, and connections being accepted.",
+        description="File descriptors kept out of HTTP clients' reach: for the daemon's "
+        "own work (the database, job logs and processes, Slurm commands, cloud API "
+        "sessions) and for connections being accepted or closed, which under a flood "
+        "are a few hundred at once (accept() takes up to 128 at a time).",
     )
 
 

@@ -64,7 +64,11 @@ SWITCH_INTERVAL_S = 0.001  # the GIL's time slice (sys.setswitchinterval) in the
 # (the local driver's VM hosts do).
 EPHEMERAL_DRIVERS = {"local", "sim"}
 POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
-ACCEPT_BACKLOG = 128  # connections the kernel queues until the daemon accepts them (aiohttp's)
+# The API's listening socket: the kernel queues up to LISTEN_BACKLOG connections (capped
+# by net.core.somaxconn) until they are accepted, ACCEPT_BATCH at a time. asyncio takes
+# one number for both; they differ on purpose (`_listen`).
+LISTEN_BACKLOG = 1024
+ACCEPT_BATCH = 64
 
 
 class StateDirBusy(SpotbagError, RuntimeError):
@@ -558,7 +562,7 @@ async def serve(
         )
         controller.metrics.http_connections_open.set_function(lambda: gate.open_connections)
         quiet_accept_errors(loop)
-        listening = await loop.create_server(gate, api.host, api.port, backlog=ACCEPT_BACKLOG)
+        listening = await _listen(gate, api.host, api.port)
         log.info(
             "HTTP limits: at most %d connections (%d from one client), a request's headers "
             "within %g s, its body within %g s",
@@ -609,6 +613,24 @@ async def serve(
         log.info("stopped")
     if died is not None:
         raise died
+
+
+async def _listen(factory: Any, host: str, port: int) -> asyncio.Server:
+    """The API's listening sockets, with a long kernel queue but short accept batches.
+
+    asyncio accepts up to its `backlog` connections each time the socket is readable,
+    and the connection caps see them only afterwards: every one of a batch holds a
+    descriptor meanwhile, so the batch is kept short (the descriptors beyond the cap stay
+    few). The kernel's queue must stay long: when it is full, new connections' SYNs are
+    dropped and their clients retry only a second later (a /healthz probe took 1.01 s
+    under a flood). Calling listen() again on a listening socket only changes its queue."""
+    server = await asyncio.get_running_loop().create_server(
+        factory, host, port, backlog=ACCEPT_BATCH
+    )
+    for sock in server.sockets:
+        with sock.dup() as same:  # the same socket; asyncio's wrapper has no listen()
+            same.listen(LISTEN_BACKLOG)
+    return server
 
 
 def _connection_cap(config: Config) -> int:

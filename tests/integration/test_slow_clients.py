@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -130,7 +131,7 @@ def metrics(url: str) -> str:
 # --- the acceptance test of issue 23 ------------------------------------------------------
 
 # 16 "hosts" with ~69 slow connections each: together more than the daemon may hold under
-# 1,024 descriptors (768), so the total cap, not the per-client one, holds them.
+# 1,024 descriptors (512), so the total cap, not the per-client one, holds them.
 FLOOD_SOURCES = [f"127.0.0.{i}" for i in range(2, 18)]
 
 
@@ -170,7 +171,8 @@ def test_1100_slow_clients_under_ulimit_1024_starve_nothing(make_daemon, tmp_pat
     assert seen["opened"] >= 1100 and seen["connect_errors"] == 0, seen
     assert seen["longest_open_s"] <= 10.0 + 5.0, seen
     assert metric(counters, 'spotbag_http_connections_refused_total{reason="made_room"}') > 0
-    # The daemon kept its reserve (256 descriptors) for its own work.
+    # The daemon kept descriptors free for its own work: at most 512 connections, and
+    # those being accepted or closed.
     assert prober.most_descriptors <= 1024 - 128, prober.most_descriptors
     # The log grew by a few lines, not one per connection.
     assert grown < 100, daemon.log()[-5000:]
@@ -401,6 +403,13 @@ def test_connection_caps_refuse_the_greedy_and_make_room_for_others(make_daemon)
     configure(daemon, api="max_connections = 40\nmax_connections_per_client = 10\n")
     client = daemon.start()
     port = int(client.url.rsplit(":", 1)[1])
+    if shutil.which("ss"):
+        # The kernel queues 1,024 connections (a full queue drops SYNs: a 1 s retry),
+        # although asyncio accepts 64 at a time (controller/daemon.py `_listen`).
+        listening = subprocess.run(
+            ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert listening[:3] == ["LISTEN", "0", "1024"], listening
     found = asyncio.run(_caps(port, daemon.token))
 
     refused = found["per_client"]
@@ -430,7 +439,7 @@ def test_a_descriptor_limit_that_leaves_too_few_connections_is_refused_at_start(
     daemon = make_daemon()
     with pytest.raises(RuntimeError, match="exited with 78"):
         daemon.start(nofile=200)
-    assert "RLIMIT_NOFILE 200" in daemon.log() and "reserved_fds (256)" in daemon.log()
+    assert "RLIMIT_NOFILE 200" in daemon.log() and "reserved_fds (512)" in daemon.log()
 
 
 # --- the controller out of descriptors ------------------------------------------------
