@@ -79,9 +79,9 @@ class ApiConfig(_Section):
     max_connections_per_client: int = Field(
         64,
         ge=1,
-        description="Most HTTP connections open at once from one client address (IPv6: "
-        "one /64); more are refused at once with 503. Behind a reverse proxy every "
-        "client has the proxy's address: raise it to max_connections there.",
+        description="Most HTTP connections open at once from one client address; more "
+        "are refused at once with 503. Behind a reverse proxy every client has the "
+        "proxy's address: raise it to max_connections there.",
     )
     reserved_fds: int = Field(
         512,

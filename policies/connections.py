@@ -9,8 +9,10 @@ clients' reach and say which connection makes room for a new one:
 
 - `connection_cap`: the most connections open at once, so many descriptors below the
   limit that the daemon's own work always finds some free;
-- `client_key`: what counts as one client for the per-client cap: its IPv4 address,
-  or the /64 of an IPv6 address (one host's, or one attacker's, usual allocation);
+- `client_key`: what counts as one client for the per-client cap: its address (an IPv4
+  address mapped into IPv6 is that IPv4 address). Not an IPv6 /64, as internet-facing
+  servers count: the daemon serves a cluster, whose hosts may all share one /64; a
+  client with many addresses is held by the total cap and `make_room` instead;
 - `make_room`: at the cap, the oldest connection that is not in a request (idle on
   keep-alive, or still sending its headers) is closed for the new one; a client that
   sends its request at once is thus never shut out by slow ones, from however many
@@ -26,7 +28,6 @@ import ipaddress
 from collections.abc import Iterable
 from typing import TypeVar
 
-IPV6_CLIENT_PREFIX = 64  # one client's share of IPv6 addresses (RFC 6177's /64)
 MIN_CONNECTIONS = 16  # fewer would leave the API unusable: refuse to start instead
 
 C = TypeVar("C")
@@ -48,17 +49,15 @@ def connection_cap(max_connections: int, nofile_soft: int, reserved_fds: int) ->
 
 
 def client_key(host: str) -> str:
-    """The client a peer address belongs to: the address itself (IPv4, and IPv4 mapped
-    into IPv6), or its /64 for IPv6. Anything unparsable (a UNIX socket's empty peer)
-    is its own client."""
+    """The client a peer address belongs to: the address, in one spelling (an IPv4
+    address mapped into IPv6 as IPv4, a link-local one without its zone). Anything
+    unparsable (a UNIX socket's empty peer) is its own client."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
     return str(address)
 
 
