@@ -54,6 +54,46 @@ class ApiConfig(_Section):
     max_jobs_per_bag: int = Field(
         1_000_000, ge=1, description="Largest number of jobs (parameter points) in one bag."
     )
+    # Resource limits (issue 23): slow or idle clients must not hold the daemon's
+    # descriptors, which its jobs, database and drivers need too.
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A client must send a request's line and headers within this many "
+        "seconds of connecting, or of the previous answer on a kept-alive connection; "
+        "the connection is closed otherwise (this is also how long an idle kept-alive "
+        "connection stays open).",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A request's body must have arrived this many seconds after its "
+        "headers; otherwise the answer is 408 and the connection is closed. Raise it with "
+        "max_body_mb for clients on slow links.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Most HTTP connections open at once. At the cap a new connection "
+        "closes the oldest one that is not in a request (idle, or still sending its "
+        "headers), else it is refused (503). Lowered at start to what the descriptor "
+        "limit (RLIMIT_NOFILE, LimitNOFILE= in the unit) leaves after reserved_fds.",
+    )
+    max_connections_per_client: int = Field(
+        64,
+        ge=1,
+        description="Most HTTP connections open at once from one client address; more "
+        "are refused at once with 503. Behind a reverse proxy every client has the "
+        "proxy's address: raise it to max_connections there.",
+    )
+    reserved_fds: int = Field(
+        512,
+        ge=0,
+        description="File descriptors kept out of HTTP clients' reach: for the daemon's "
+        "own work (the database, job logs and processes, Slurm commands, cloud API "
+        "sessions) and for connections being accepted or closed, which under a flood "
+        "are a few hundred at once (accept() takes up to 128 at a time).",
+    )
 
 
 class SchedulerConfig(_Section):

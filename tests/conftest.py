@@ -75,14 +75,25 @@ class Daemon:
         self.process: subprocess.Popen | None = None
         self.log_path = state_dir / "daemon.log"
 
-    def start(self, timeout_s: float = 20.0, extra_env: dict[str, str] | None = None) -> Client:
+    def start(
+        self,
+        timeout_s: float = 20.0,
+        extra_env: dict[str, str] | None = None,
+        nofile: int | None = None,
+    ) -> Client:
+        """Start the daemon; `nofile` runs it with that many descriptors at most (soft
+        and hard RLIMIT_NOFILE, as `ulimit -n` or systemd's LimitNOFILE= would)."""
         url_file = self.state_dir / "api.url"
         url_file.unlink(missing_ok=True)
         log = self.log_path.open("ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
         env.update(extra_env or {})
+        # util-linux's prlimit sets the limit before exec: no preexec_fn in a test
+        # process that may have threads.
+        limit = ["prlimit", f"--nofile={nofile}:{nofile}", "--"] if nofile else []
         self.process = subprocess.Popen(
             [
+                *limit,
                 sys.executable,
                 "-m",
                 "controller.cli",

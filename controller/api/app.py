@@ -38,6 +38,7 @@ from controller.api import (
     vms,
 )
 from controller.api.base import CONTROLLER, Handler, Route, json_response
+from controller.api.limits import request_limits
 from controller.errors import ApiError, Forbidden, SpotbagError, Unauthorized
 from controller.store import StoreUnavailable
 from controller.web import pages as ui_pages
@@ -220,6 +221,9 @@ def build_app(controller: Controller) -> web.Application:
             counting_middleware(controller),
             error_middleware,
             auth_middleware(controller),
+            # After the token check: an unauthenticated body is never read, only
+            # discarded by aiohttp (for lingering_time at most).
+            request_limits(controller.config.api.body_timeout_s),
         ],
     )
     app[CONTROLLER] = controller

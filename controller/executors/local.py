@@ -37,9 +37,9 @@ from controller.executors.base import (
     AttemptListener,
     AttemptSpec,
     CheckpointEvent,
-    ExecutorError,
     LiveAttempt,
     Outcome,
+    start_error,
 )
 from controller.executors.job_users import JobUser, JobUserError, JobUsers
 from controller.job_command import job_environment
@@ -163,7 +163,7 @@ class LocalExecutor:
             # state directory.
             log = await asyncio.to_thread(open, log_path, "ab")
         except OSError as exc:
-            raise ExecutorError(f"cannot prepare log/checkpoint directories: {exc}") from exc
+            raise start_error("cannot prepare log/checkpoint directories", exc) from exc
         try:
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh",
@@ -181,7 +181,7 @@ class LocalExecutor:
                 **self._user_arguments(user),
             )
         except OSError as exc:
-            raise ExecutorError(f"cannot start /bin/sh in workdir {spec.workdir!r}: {exc}") from exc
+            raise start_error(f"cannot start /bin/sh in workdir {spec.workdir!r}", exc) from exc
         finally:
             log.close()
         running = _Running(spec, process)
