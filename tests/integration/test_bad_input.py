@@ -187,6 +187,77 @@ def test_resource_values_out_of_range_are_400_naming_the_field_and_the_range(cli
         assert words in answer["error"]["message"], answer["error"]["message"]
 
 
+def post_json(client, path: str, body: bytes) -> tuple[int, dict]:
+    """POST raw JSON text (1e999, 1699.0: forms json.dumps would not write) to `path`."""
+    request = urllib.request.Request(
+        client.url + path,
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {client.token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("runtime", ["2.2250738585072014e-308", "1e-320", "0.5", "1e999"])
+@pytest.mark.parametrize("when_short", ["hold", "reject"])
+def test_a_runtime_under_a_second_is_400_on_a_finite_account(client, runtime, when_short):
+    # Issue 23: with "hold" on a finite account a denormal runtime was a 500
+    # (OverflowError in jobs_covered); with "reject" the bag was accepted and every
+    # attempt killed at once.
+    try:
+        client.create_account("finite", cpu_hours=50)
+    except ClientError as exc:
+        assert exc.status == 409  # made by an earlier case
+    spec = {**BASE, "account": "finite", "on_insufficient_balance": when_short}
+    body = json.dumps({**spec, "max_runtime_s": 123.25}).replace("123.25", runtime)
+    code, answer = post_raw(client, body.encode())
+    assert code == 400, answer
+    error = answer["error"]
+    assert error["detail"]["errors"] == [
+        {
+            "field": "max_runtime_s",
+            "message": "Input should be a finite number"
+            if runtime == "1e999"
+            else "Input should be greater than or equal to 1",
+        }
+    ]
+    assert error["message"].startswith("max_runtime_s: ")
+    assert client.account("finite")["reserved_cpu_h"] == 0  # nothing was admitted
+
+
+def test_integers_may_come_as_integral_floats_and_other_floats_are_400(client):
+    body = json.dumps({**BASE, "resources": {"cpus": 2.0}, "max_attempts": 3.0})
+    assert "2.0" in body and "3.0" in body
+    code, answer = post_raw(client, body.encode())
+    assert code == 201, answer
+    assert answer["spec"]["resources"]["cpus"] == 2 and answer["spec"]["max_attempts"] == 3
+    client.cancel(answer["id"])
+    # Accepted as the integer 1699, then refused for what it is: no VM type has 1699 CPUs.
+    code, answer = post_raw(client, json.dumps({**BASE, "resources": {"cpus": 1699.0}}).encode())
+    assert code == 422, answer
+    code, answer = post_raw(client, json.dumps({**BASE, "resources": {"cpus": 1699.5}}).encode())
+    assert code == 400, answer
+    assert answer["error"]["message"] == "resources.cpus: must be an integer, not 1699.5"
+    code, answer = post_raw(client, b'{"account": "a", "command": "x", "max_runtime_s": 1e400}')
+    assert code == 400 and answer["error"]["message"].startswith("max_runtime_s: "), answer
+
+
+def test_account_amounts_are_finite(client):
+    client.create_account("amounts", cpu_hours=1)
+    for path, body in (
+        ("/v1/accounts", b'{"name": "inf-lab", "cpu_hours": 1e999}'),
+        ("/v1/accounts", b'{"name": "inf-lab", "cpu_hours": -1e999}'),
+        ("/v1/accounts/amounts/credit", b'{"cpu_hours": 1e999}'),
+    ):
+        code, answer = post_json(client, path, body)
+        assert code == 400, (path, answer)
+        assert answer["error"]["message"].startswith("cpu_hours: must be a number of CPU-hours")
+
+
 def test_a_range_too_long_for_a_machine_integer_is_400_with_the_field_and_reason(client):
     started = time.monotonic()
     code, answer = post_raw(
