@@ -232,6 +232,21 @@ class BagSpec(_Strict):
             )
         return value
 
+    @classmethod
+    def from_stored(cls, text: str) -> BagSpec:
+        """A spec read back from the store (its JSON as admission wrote it). It was valid
+        when it was admitted; a bound tightened since (runtimes of at least 1 s, from
+        issue 23) must not stop a restart from recovering the bag, so a stored spec that
+        today's checks refuse is taken as it was stored."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError:
+            data = json.loads(text)
+        resources = Resources.model_construct(**(data.pop("resources", None) or {}))
+        hints = data.pop("simulation", None)
+        simulation = SimulationHints.model_construct(**hints) if hints is not None else None
+        return cls.model_construct(resources=resources, simulation=simulation, **data)
+
 
 @dataclass(frozen=True)
 class Bag:

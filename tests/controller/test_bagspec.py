@@ -5,8 +5,9 @@ from __future__ import annotations
 import shlex
 
 import pytest
+from pydantic import ValidationError
 
-from controller.bagspec import BagSpecError, parse_bag
+from controller.bagspec import BagSpec, BagSpecError, parse_bag
 from controller.job_command import job_environment, render_command
 
 BASE = {"account": "lab", "command": "prog", "max_runtime_s": 60}
@@ -209,3 +210,20 @@ def test_integral_floats_are_the_integers_they_stand_for():
 def test_a_schema_problem_elsewhere_does_not_make_the_placeholders_unknown():
     error = error_of(spec(command="prog {x}", parameters={"x": [1]}, max_runtime_s=1e-320))
     assert [p.field for p in error.problems] == ["max_runtime_s"]
+
+
+def test_a_stored_spec_admitted_under_looser_bounds_is_still_read_back():
+    # A bag admitted before runtimes had to be 1 s or more: a restart recovers it.
+    stored = parse_bag(spec(resources={"cpus": 2}, simulation={"runtime_cv": 0.5}))
+    text = stored.spec.model_dump_json(exclude={"points"}).replace(
+        '"max_runtime_s":60.0', '"max_runtime_s":0.5'
+    )
+    assert '"max_runtime_s":0.5' in text
+    with pytest.raises(ValidationError):
+        BagSpec.model_validate_json(text)
+    old = BagSpec.from_stored(text)
+    assert old.max_runtime_s == 0.5 and old.resources.cpus == 2 and old.account == "lab"
+    assert old.simulation is not None and old.simulation.runtime_cv == 0.5
+    assert old.model_dump_json(exclude={"points"}) == text  # the same spec, field for field
+    # One that passes today's checks is validated as usual.
+    assert BagSpec.from_stored(stored.spec.model_dump_json()) == stored.spec
