@@ -408,7 +408,7 @@ def _check_parameters(
     plans: dict[str, tuple[int, Callable[[], list]]] = {}
     for name, axis in spec.parameters.items():
         field = f"parameters.{name}"
-        if not PARAM_NAME.match(name):
+        if not PARAM_NAME.fullmatch(name):
             problems.append(
                 FieldProblem(
                     field, "a parameter name must be an identifier ([A-Za-z_][A-Za-z0-9_]*)"
@@ -547,7 +547,7 @@ def _point_names(spec: BagSpec, problems: list[FieldProblem], max_jobs: int) -> 
         if len(problems) > 20:
             break
     for name in names:
-        if not PARAM_NAME.match(name):
+        if not PARAM_NAME.fullmatch(name):
             problems.append(
                 FieldProblem(f"points[0].{name}", "a parameter name must be an identifier")
             )
@@ -641,7 +641,7 @@ def _check_env(spec: BagSpec, names: list[str], problems: list[FieldProblem]) ->
                     f"env.{key}", f"is {len(value):,} characters; at most {MAX_VALUE_CHARS:,}"
                 )
             )
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             problems.append(FieldProblem(f"env.{key}", "not a valid environment variable name"))
         elif key.startswith("SPOTBAG_"):
             problems.append(FieldProblem(f"env.{key}", "SPOTBAG_* variables are set by spotbag"))

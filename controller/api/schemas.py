@@ -46,11 +46,12 @@ ABSENT: Any = None
 class _Request(BaseModel):
     """A request body: unknown fields are ignored (as they always were); values are
     strictly typed (no "1" for 1, no 1 for true) and numbers finite (1e999 decodes as
-    infinity). The regex engine is Python's, which the handlers always used. `messages`:
-    per field, the 400's message, formatted with the value given (`{value!r}`), and the
-    `detail.errors` entry's message if any."""
+    infinity). Patterns use pydantic's default regex engine, whose `$` is the end of the
+    text (Python's `re` lets `$` match before a final newline: "lab\n" passed for "lab").
+    `messages`: per field, the 400's message, formatted with the value given
+    (`{value!r}`), and the `detail.errors` entry's message if any."""
 
-    model_config = ConfigDict(strict=True, regex_engine="python-re", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
     messages: ClassVar[dict[str, tuple[str, str | None]]] = {}
 
 

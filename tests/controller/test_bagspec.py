@@ -227,3 +227,19 @@ def test_a_stored_spec_admitted_under_looser_bounds_is_still_read_back():
     assert old.model_dump_json(exclude={"points"}) == text  # the same spec, field for field
     # One that passes today's checks is validated as usual.
     assert BagSpec.from_stored(stored.spec.model_dump_json()) == stored.spec
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        # `$` in re.match lets a final newline through: names are matched whole.
+        (spec(env={"A\n": "1"}), "env.A\n"),
+        (spec(env={"\nA": "1"}), "env.\nA"),
+        (spec(command="prog", parameters={"x\n": [1]}), "parameters.x\n"),
+        (spec(command="prog", points=[{"x\n": 1}]), "points[0].x\n"),
+        (spec(account="lab\n"), "account"),
+    ],
+)
+def test_names_with_a_trailing_newline_are_refused(data, field):
+    error = error_of(data)
+    assert [p.field for p in error.problems] == [field], error.problems

@@ -418,3 +418,22 @@ def test_any_json_in_any_field_is_a_4xx_or_accepted(client, field, value):
             client.cancel(answer["id"])
         except ClientError as exc:  # an accepted bag may finish before the cancel
             assert exc.status == 409 and "already finished" in exc.message, exc
+
+
+def test_names_with_a_trailing_newline_are_400_whole_names_only(client):
+    # Python's `$` matches before a final newline: these passed re.match(r"...$").
+    for spec, field in (
+        ({**BASE, "env": {"OMP\n": "1"}}, "env.OMP\n"),
+        ({**BASE, "command": "echo", "parameters": {"x\n": [1]}}, "parameters.x\n"),
+        ({**BASE, "command": "echo", "parameters": None, "points": [{"x\n": 1}]}, "points[0].x\n"),
+        ({**BASE, "account": "a\n"}, "account"),
+    ):
+        code, answer = post_raw(client, json.dumps(spec).encode())
+        assert code == 400, answer
+        assert [e["field"] for e in answer["error"]["detail"]["errors"]] == [field], answer
+    code, answer = post_json(client, "/v1/accounts", b'{"name": "lab\\n", "cpu_hours": 1}')
+    assert code == 400, answer
+    assert answer["error"]["message"].startswith("name: must be 1-64 letters"), answer
+    with pytest.raises(ClientError) as caught:
+        client.account("a\n")
+    assert caught.value.status == 404
