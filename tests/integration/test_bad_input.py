@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import urllib.request
 
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.cli.client import ClientError
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -437,3 +439,47 @@ def test_names_with_a_trailing_newline_are_400_whole_names_only(client):
     with pytest.raises(ClientError) as caught:
         client.account("a\n")
     assert caught.value.status == 404
+
+
+def send_half_and_close(url: str, head: bytes, body: bytes, chunked: bool) -> None:
+    """Start a POST whose body should be twice `body`, send `body` only, and close."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        if chunked:
+            sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
+            sock.sendall(f"{2 * len(body):x}\r\n".encode() + body)
+        else:
+            sock.sendall(head + f"Content-Length: {2 * len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.2)  # the server has begun to read the body
+
+
+def test_a_client_that_drops_a_post_mid_body_is_one_debug_line(daemon, client):
+    client.create_account("half-body", cpu_hours=1)
+    before = daemon.log()
+    drops = 0
+    for path, body in (
+        ("/v1/bags", json.dumps(BASE).encode()),
+        ("/v1/accounts", b'{"name": "half", "cpu_hours": 1}'),
+        ("/v1/accounts/half-body/credit", b'{"cpu_hours": 1, "note": "x"}'),
+    ):
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+            "Content-Type: application/json\r\n"
+        ).encode()
+        for chunked in (False, True):
+            send_half_and_close(client.url, head, body, chunked)
+            drops += 1
+
+    def new_lines() -> list[str]:
+        return daemon.log()[len(before) :].splitlines()
+
+    said = "the client closed the connection before the end of its request"
+    wait_until(lambda: sum(said in line for line in new_lines()) >= drops, 20, 0.1, "the lines")
+    client.health()  # and it goes on answering
+    lines = [line for line in new_lines() if " spotbag.api:" in line or " aiohttp." in line]
+    assert len(lines) == drops, lines  # one line each, nothing else from the API or aiohttp
+    assert all(" DEBUG spotbag.api: POST /v1/" in line and said in line for line in lines), lines
+    assert "Traceback" not in "\n".join(new_lines())
+    # Nothing was made from the halves.
+    assert [a["account"] for a in client.accounts()["accounts"]].count("half") == 0
+    assert client.account("half-body")["allocation_cpu_h"] == 1
