@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import re
+import reprlib
 import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -662,8 +663,11 @@ def _has_format_specs(command: str) -> bool:
 
 
 def _check_rendering(bag: Bag) -> None:
+    """Every job's command formats. A format spec can fail on a value: `{x:d}` on a
+    string, and on a number too large for it (`{x:.2f}` on 10**400: OverflowError)."""
     for i, point in enumerate(bag.points()):
         try:
             render_command(bag.spec.command, point)
-        except (ValueError, TypeError) as exc:
-            raise BagSpecError.one("command", f"cannot format job {i} ({point}): {exc}") from None
+        except (ValueError, TypeError, OverflowError) as exc:
+            shown = reprlib.repr(point)  # a 400-digit value is not worth quoting whole
+            raise BagSpecError.one("command", f"cannot format job {i} ({shown}): {exc}") from None

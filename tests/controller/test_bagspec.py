@@ -115,6 +115,8 @@ def test_environment_of_a_job():
         (spec(command="x {a!r}", parameters={"a": [1]}), "command", "conversions"),
         (spec(command="x {a", parameters={"a": [1]}), "command", "placeholder syntax"),
         (spec(command="x {a:d}", parameters={"a": ["s"]}), "command", "cannot format job 0"),
+        (spec(command="x {a:.2f}", parameters={"a": [10**400]}), "command", "too large"),
+        (spec(command="x {a:c}", points=[{"a": 10**10}]), "command", "not in range"),
         (spec(env={"SPOTBAG_JOB_ID": "x"}), "env.SPOTBAG_JOB_ID", "set by spotbag"),
         (spec(estimated_runtime_s=100), "estimated_runtime_s", "exceeds max_runtime_s"),
         (spec(retryable_exit_codes=[0]), "retryable_exit_codes[0]", "1..255"),

@@ -102,6 +102,24 @@ def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, dict[str
             "parameters",
         ),
         (json.dumps({**BASE, "command": "x {x:>10000000000}"}).encode(), 400, "command"),
+        # A number a format spec overflows on (OverflowError in the size check: a 500).
+        (
+            json.dumps({**BASE, "command": "x {x:.2f}", "parameters": {"x": [10**400]}}).encode(),
+            400,
+            "command",
+        ),
+        (
+            json.dumps({**BASE, "command": "x {x:c}", "parameters": {"x": [10**10]}}).encode(),
+            400,
+            "command",
+        ),
+        (
+            json.dumps(
+                {**BASE, "command": "x {x:e}", "parameters": None, "points": [{"x": -(10**400)}]}
+            ).encode(),
+            400,
+            "command",
+        ),
         (
             json.dumps({**BASE, "parameters": {"x": ["y" * 200_000]}}).encode(),
             400,
