@@ -471,7 +471,11 @@ def _range_plan(
         )
         return None
     if not all(
-        isinstance(b, int | float) and not isinstance(b, bool) and math.isfinite(b) for b in bounds
+        # An int is finite, and may be too large for math.isfinite (10**400: OverflowError).
+        isinstance(b, int | float)
+        and not isinstance(b, bool)
+        and (isinstance(b, int) or math.isfinite(b))
+        for b in bounds
     ):
         problems.append(
             FieldProblem(f"{field}.range", "start, stop and step must be finite numbers")

@@ -105,6 +105,7 @@ def test_environment_of_a_job():
         (spec(parameters={"a": [1, [2]]}), "parameters.a[1]", "strings, numbers or booleans"),
         (spec(parameters={"a": {"range": [0, 1, 0]}}), "parameters.a.range", "step must not be 0"),
         (spec(parameters={"a": {"range": [0, "9"]}}), "parameters.a.range", "finite numbers"),
+        (spec(parameters={"a": {"range": [0.5, 10**400]}}), "parameters.a.range", "too large"),
         (spec(parameters={"a": {"from": 0}}), "parameters.a", "range"),
         (spec(parameters={"1a": [1]}), "parameters.1a", "identifier"),
         (spec(parameters={"a": [1], "A": [2]}), "parameters", "SPOTBAG_PARAM_A"),

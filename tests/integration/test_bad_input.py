@@ -170,6 +170,12 @@ def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, dict[str
             400,
             "parameters.x.range",
         ),
+        # An int bound too large for a float beside a float one (math.isfinite raised).
+        (
+            json.dumps({**BASE, "parameters": {"x": {"range": [0.5, 10**400, 1]}}}).encode(),
+            400,
+            "parameters.x.range",
+        ),
     ],
 )
 def test_hostile_and_broken_bodies(client, body, status, field):
