@@ -123,7 +123,7 @@ def test_errors_are_clear_and_exit_nonzero(make_daemon, tmp_path):
         input_text=json.dumps({"account": "lab", "command": "x {y}", "max_runtime_s": -1}),
     )
     assert bad.returncode == 2
-    assert "error: max_runtime_s: Input should be greater than 0" in bad.stderr
+    assert "error: max_runtime_s: Input should be greater than or equal to 1" in bad.stderr
     assert "command: placeholder {y} is not a parameter" in bad.stderr
     wrong = spotbag(
         "status", state_dir=daemon.state_dir, check=False, extra_env={"SPOTBAG_TOKEN": "nope"}
