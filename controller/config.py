@@ -35,6 +35,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# The largest request body, by default: also what `spotbag submit` lets a YAML file's
+# aliases expand to (controller/cli/specfile.py).
+DEFAULT_MAX_BODY_MB = 64.0
+
+
 class ApiConfig(_Section):
     host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
     port: int = Field(
@@ -50,7 +55,9 @@ class ApiConfig(_Section):
         "SPOTBAG_TOKEN environment variable, else generate a random token into "
         "STATE_DIR/token (mode 0600).",
     )
-    max_body_mb: float = Field(64.0, gt=0, description="Largest request body accepted, in MB.")
+    max_body_mb: float = Field(
+        DEFAULT_MAX_BODY_MB, gt=0, description="Largest request body accepted, in MB."
+    )
     max_jobs_per_bag: int = Field(
         1_000_000, ge=1, description="Largest number of jobs (parameter points) in one bag."
     )
