@@ -37,6 +37,7 @@ from controller.executors.base import (
     AttemptListener,
     AttemptSpec,
     CheckpointEvent,
+    ExecutorError,
     LiveAttempt,
     Outcome,
     start_error,
