@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controller.bagspec import ACCOUNT_NAME
 from controller.errors import SpotbagError
@@ -420,10 +420,12 @@ class CostConfig(_Section):
 
 
 class ExecutorConfig(_Section):
-    name: Literal["local", "slurm"] = Field(
+    name: Literal["local", "slurm", "sim"] = Field(
         "local",
-        description="Where jobs run: local (processes on this host) or slurm (Slurm jobs on "
-        "the VMs, which join the cluster as nodes; see [slurm]).",
+        description="Where jobs run: local (processes on this host), slurm (Slurm jobs on "
+        "the VMs, which join the cluster as nodes; see [slurm]) or sim (no program runs: "
+        "each attempt takes its bag's simulation runtime on the daemon's clock; with "
+        'driver "sim", a daemon to try the API and web UI on).',
     )
     kill_grace_s: float = Field(
         5.0,
@@ -704,6 +706,16 @@ class Config(_Section):
         DEFAULT_VM_TYPES, min_length=1, description="The VM types the local and sim drivers offer."
     )
 
+    @model_validator(mode="after")
+    def _sim_executor_on_sim_vms(self) -> Config:
+        # Simulated attempts on real VMs would pay for machines that run nothing.
+        if self.executor.name == "sim" and self.driver.name != "sim":
+            raise ValueError(
+                f'executor.name "sim" runs no program and needs driver.name "sim", '
+                f'not "{self.driver.name}"'
+            )
+        return self
+
     @field_validator("vm_types")
     @classmethod
     def _unique_names(cls, value: tuple[VmTypeConfig, ...]) -> tuple[VmTypeConfig, ...]:
@@ -759,7 +771,9 @@ def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> Conf
         return Config.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']) or 'configuration'}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
         )
         raise ConfigError(f"config {source}: {problems}") from None
 

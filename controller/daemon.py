@@ -152,6 +152,7 @@ class Controller:
             state_dir=self.state_dir,
             controller_id=self.controller_id,
             now=self.clock.now,
+            call_at=self.clock.call_at,
         )
         self._warn_about_job_users()
         self.hook_secret = b""

@@ -140,10 +140,17 @@ async def make_executor(
     state_dir: Path,
     controller_id: str,
     now: Callable[[], float],
+    call_at: Callable[[float, Callable[[], None]], Any],
     head_address: str = "",
 ) -> Any:
     """The executor [executor] names. For Slurm, a conf_server left empty is found with
     `scontrol show config` (or is the local VM hosts' view of this host)."""
+    if config.executor.name == "sim":
+        from controller.executors.sim import SimExecutor
+
+        # Its own generator: the driver's draws (lifetimes) stay as they were.
+        rng = np.random.default_rng(config.driver.seed).spawn(2)[1]
+        return SimExecutor(now=now, call_at=call_at, rng=rng)
     if config.executor.name == "local":
         from controller.executors.local import LocalExecutor
 
