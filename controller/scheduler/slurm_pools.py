@@ -199,7 +199,6 @@ class PoolsMixin(TransitionsMixin):
                 "reason": "",
             }
             self._pool_runs[ident] = run
-            # WriteBatch.slurm_run takes a dict[str, Any]: a SlurmRunRow is what it reads.
             batch.slurm_run(run)
             return
         started = event.started_at if event.started_at is not None else now
