@@ -217,7 +217,7 @@ class PreemptionConfig(_Section):
     reuse_policy: Literal["model", "always"] = Field(
         "model",
         description="model: start a job on an idle VM only when, by the VM's preemption model and age, "
-        "that beats a fresh VM (SPEC.md §3); always: reuse any idle VM (memoryless thinking).",
+        "that beats a fresh VM (docs/design.md#reuse); always: reuse any idle VM (memoryless thinking).",
     )
     hot_spare_h: float = Field(
         1.0,
@@ -244,7 +244,7 @@ class CheckpointConfig(_Section):
     policy: CheckpointPolicyName = Field(
         "optimal",
         description="When checkpointable jobs are signalled: optimal (the dynamic program over "
-        "the VM's preemption model, from its age and the job's remaining work, SPEC.md §4); "
+        "the VM's preemption model, from its age and the job's remaining work, docs/design.md#checkpoints); "
         "young-daly (every sqrt(2·δ·MTTF), MTTF from the model); none (never).",
     )
     step_s: float = Field(
@@ -372,7 +372,7 @@ class AwsConfig(_Section):
 
 
 class HoppingConfig(_Section):
-    """Spot hopping by cloud-index tracking (SPEC.md §5): sample spot prices, choose the
+    """Spot hopping by cloud-index tracking (docs/design.md#index-tracking): sample spot prices, choose the
     type of new VMs by a policy, and move checkpointable jobs when the move pays."""
 
     enabled: bool = Field(True, description="Sample prices and choose types by the policy.")
@@ -398,7 +398,9 @@ class HoppingConfig(_Section):
         1.0, gt=0, description="A type priced above this × its on-demand price is not used."
     )
     literal_trigger: bool = Field(
-        False, description="Migrate by the paper's printed eq. 5 instead of SPEC.md's rule."
+        False,
+        description="Migrate by the paper's printed eq. 5 instead of the corrected rule "
+        "(docs/design.md#migration-rule).",
     )
     trace: str = Field(
         "",
@@ -412,7 +414,7 @@ class HoppingConfig(_Section):
 
 
 class CostConfig(_Section):
-    """How cost reports split a shared VM's cost among its jobs (SPEC.md §7)."""
+    """How cost reports split a shared VM's cost among its jobs (docs/design.md#cost-reports)."""
 
     cpu_weight: float = Field(0.9, ge=0, description="Relative cost weight of one vCPU.")
     memory_weight: float = Field(0.1, ge=0, description="Relative cost weight of one GB of memory.")
@@ -438,8 +440,8 @@ class ExecutorConfig(_Section):
         description="Daemon running as root: the unprivileged user jobs run as (its primary "
         "group, no others), so they cannot read the daemon's token or database. "
         '"spotbag-{account}" gives each account a user of its own, so that one account\'s '
-        "jobs cannot read or forge another's results or checkpoints (README: What a job can "
-        "touch); one name for all: accounts share that user. Empty: jobs run as the "
+        "jobs cannot read or forge another's results or checkpoints "
+        "(docs/operations.md#job-isolation); one name for all: accounts share that user. Empty: jobs run as the "
         "daemon's user (and can read all of it).",
     )
     run_as_accounts: dict[str, str] = Field(
@@ -495,7 +497,7 @@ class SlurmPoolConfig(_Section):
         gt=0,
         description="Typical length of a job on this pool, model hours: an idle pool VM on "
         "which the reuse policy would not start a job this long (it is too close to its "
-        "preemption or deadline, SPEC.md §3) is powered down, so the next job gets a fresh VM.",
+        "preemption or deadline, docs/design.md#reuse) is powered down, so the next job gets a fresh VM.",
     )
     suspend_time_s: int = Field(
         300,
@@ -518,7 +520,7 @@ class SlurmPoolConfig(_Section):
 
 class SlurmConfig(_Section):
     """executor.name = "slurm": every attempt is a Slurm job pinned to its VM's node; VMs
-    join as dynamic nodes named after them (README "Slurm")."""
+    join as dynamic nodes named after them (docs/slurm.md)."""
 
     slurm_conf: str = Field(
         "",

@@ -143,7 +143,7 @@ def _pack(
     """Put up to `remaining` jobs of `group` on the VMs' free capacity (best fit first).
 
     Appends Place actions when `places` is given (running VMs, where the reuse policy
-    must agree: SPEC.md §3); otherwise only reserves the capacity (pending VMs, which
+    must agree: docs/design.md#reuse); otherwise only reserves the capacity (pending VMs, which
     will be fresh). Idle VMs the policy turns down are noted in `refused`.
     Returns how many jobs are left.
     """

@@ -151,7 +151,7 @@ class Usage(_Response):
     checkpoint_hours: float = Field(description="Time spent writing them.")
     vm_hours: float = Field(
         description="The bag's share of its VMs' time, split as its cost report splits it "
-        "(SPEC.md §7): its jobs' split VM-hours and its share of the VMs' idle, spare and "
+        "(docs/design.md#cost-reports): its jobs' split VM-hours and its share of the VMs' idle, spare and "
         "unreserved time."
     )
     spot_cost_usd: float = Field(description="What those VM-hours cost (the report's cost).")
@@ -377,7 +377,7 @@ class PriceHistory(_Response):
     types: list[TypePrices] = Field(description="Every catalog type, in catalog order.")
     index: IndexSeries = Field(
         description="The equal-weight mean of the types' normalised prices, capped ones "
-        "left out (SPEC.md §5)."
+        "left out (docs/design.md#index-tracking)."
     )
 
 

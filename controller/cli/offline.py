@@ -289,7 +289,7 @@ def checkpoint_plan_command(
     as_json: bool,
     plot_path: str | None,
 ) -> None:
-    """When a job should checkpoint (the optimal schedule of SPEC.md §4), and the
+    """When a job should checkpoint (the optimal schedule of docs/design.md#checkpoints), and the
     expected overhead of each policy, under a VM type's preemption model."""
     from controller.checkpoint_tables import TableCache
     from controller.tools import checkpoint_plan as cp
@@ -415,7 +415,7 @@ def render_split(request: SplitCostInput, result: CostSplit, console: Console) -
 )
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 def split_cost_command(file: str, fmt: str, as_json: bool) -> None:
-    """Split a VM's cost among the jobs that shared it (SPEC.md §7).
+    """Split a VM's cost among the jobs that shared it (docs/design.md#cost-reports).
 
     Each resource has a weight; unit cost = VM cost / Σ weight × capacity; a
     job's allocation is max(reserved, used); it pays its share of each

@@ -1,7 +1,7 @@
 """Planning: what the pure planner sees, and its decision recorded as intents.
 
 `_snapshot` describes the open world to `controller.planner.plan` (which places jobs
-by the VM reuse policy, SPEC.md §3, and picks types by price or by the hopping market): the
+by the VM reuse policy, docs/design.md#reuse, and picks types by price or by the hopping market): the
 demand per bag (queued jobs, their shape, allowed types and regions, runtime estimate
 in model hours), the VMs that can take work (pending, roomy or idle, draining; with an
 executor that queues attempts, full VMs too, up to `queue_ahead` of their capacity),

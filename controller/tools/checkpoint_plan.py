@@ -1,6 +1,6 @@
 """`spotbag checkpoint-plan`: when a job of a given length, started on a VM of a given
 age, should checkpoint, by each policy, with each policy's expected overhead under
-the VM type's preemption model (SPEC.md §4).
+the VM type's preemption model (docs/design.md#checkpoints).
 
 The optimal schedule comes from the same cached tables the daemon uses
 (controller.checkpoint_tables); the others are evaluated exactly by
