@@ -21,6 +21,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy --strict --follow-imports=silent controller/scheduler/
 	# Two workers (pytest-xdist): each test is independent (its own state directory,
 	# daemon port, Slurm cluster on a bridge of its own), and the suite takes 5 min, not 8.
 	$(BIN)/python -m pytest -q -n 2
@@ -40,6 +41,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy --strict --follow-imports=silent controller/scheduler/
 
 # Every benchmark to the end, each figure printed beside its target (bench/targets.py).
 # From a fresh clone: 22:44 on the 2-CPU development machine while other test suites ran
