@@ -146,6 +146,15 @@ class DriverConfig(_Section):
     boot_delay_s: float = Field(
         0.5, ge=0, description="Local driver: seconds from launch until a VM can run jobs."
     )
+    notice_lead_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Local and sim drivers: a preemption notice comes this many model seconds "
+        "before each sampled preemption, as the cloud the VMs stand for gives one (EC2 120, "
+        "GCE 30); 0: none. The VM takes no new job from the notice on and its checkpointable "
+        "jobs are signalled (docs/design.md#checkpoint-notices).",
+    )
     time_scale: float = Field(
         1.0,
         gt=0,
@@ -631,6 +640,13 @@ class SimulationConfig(_Section):
     )
     boot_delay_s: float = Field(
         60.0, ge=0, description="spotbag simulate: VM boot time in seconds."
+    )
+    notice_lead_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="spotbag simulate: seconds of notice before each preemption (EC2 120, "
+        "GCE 30; 0: none).",
     )
     seed: int = Field(
         0, description="spotbag simulate: default seed (runs are deterministic per seed)."

@@ -142,6 +142,7 @@ class Controller:
             book=self.book,
             controller_id=self.controller_id,
             state_dir=self.state_dir,
+            notice_lead_s=self.config.driver.notice_lead_s,
         )
         # The driver's view of the catalog: it may fill in prices (aws: on-demand table).
         self.catalog = list(self.driver.vm_types())

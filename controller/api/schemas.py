@@ -386,7 +386,9 @@ class VmList(_Response):
         description="The VMs' rows, each with billed_hours (running → ended, or "
         "usage.cost_as_of), cost_usd (what it paid over them, priced as cost reports "
         "price it: a spot VM its type's recorded spot prices while price samples exist, "
-        "else its own price) and on_demand_cost_usd (the same hours at its on-demand price)."
+        "else its own price) and on_demand_cost_usd (the same hours at its on-demand price); "
+        "a live VM that got a preemption notice has notice_until, when the provider takes it "
+        "(epoch s; null: no notice)."
     )
     usage: dict[str, Any] = Field(
         description="Every VM that ran, so far: total and by_vm_type (vms, vms_preempted, "

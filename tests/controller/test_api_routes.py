@@ -362,3 +362,27 @@ async def test_query_parameters_are_checked(api: Api) -> None:
         assert status in (400, 404), (path, status, body)
     status, body = await api.call("GET", "/v1/reports?bag=b0123456789")
     assert status == 404, body
+
+
+async def test_a_preemption_notice_drains_the_vm_then_it_is_preempted(api: Api) -> None:
+    await api.ok("POST", "/v1/accounts", 201, json={"name": "lab", "cpu_hours": 100})
+    long = bag(simulation={"runtime_s": 3600}, max_runtime_s=7200, parameters={"i": [1]})
+    submitted = await api.ok("POST", "/v1/bags", 201, json=long)
+    deadline = time.monotonic() + 30
+    while not (await api.ok("GET", f"/v1/bags/{submitted['id']}"))["counts"]["running"]:
+        assert time.monotonic() < deadline, "the job never ran"
+        await asyncio.sleep(0.05)
+    (vm,) = (await api.ok("GET", "/v1/vms?state=running"))["vms"]
+    assert vm["notice_until"] is None
+    asked = time.time()
+    await api.ok("POST", f"/v1/vms/{vm['id']}/preempt?notice_s=2", 202)
+    (noticed,) = [v for v in (await api.ok("GET", "/v1/vms"))["vms"] if v["id"] == vm["id"]]
+    assert asked + 1.5 <= noticed["notice_until"] <= time.time() + 2.5, noticed
+    status, body = await api.call("POST", f"/v1/vms/{vm['id']}/preempt?notice_s=9999")
+    assert status == 400 and "notice_s" in body["error"]["message"], body
+    deadline = time.monotonic() + 30
+    while (await api.ok("GET", f"/v1/jobs/{submitted['id']}-0"))["attempts"] < 2:
+        assert time.monotonic() < deadline, "no retry after the preemption"
+        await asyncio.sleep(0.05)
+    (ended,) = (await api.ok("GET", "/v1/vms?state=preempted"))["vms"]
+    assert ended["id"] == vm["id"] and ended["ended_at"] >= noticed["notice_until"] - 0.1
