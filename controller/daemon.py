@@ -31,7 +31,7 @@ from controller.api import build_app, server_logger
 from controller.api.jobs import MAX_REQUEST_LINE_BYTES
 from controller.api.limits import ConnectionGate, quiet_accept_errors
 from controller.bag_cost import BagCosts
-from controller.checkpoint_tables import TableCache
+from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
 from controller.errors import SpotbagError
@@ -186,6 +186,7 @@ class Controller:
                 step_h=self.config.checkpoint.step_s / 3600.0,
                 restart_h=self.book.launch_h,
                 max_work_h=self.config.checkpoint.max_work_h,
+                notices=planned_notices(self.config.driver.notice_lead_s),
             ),
         )
         self.scheduler.pools = pools

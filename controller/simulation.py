@@ -20,6 +20,7 @@ import numpy as np
 
 from controller.admission import admit
 from controller.bag_cost import compute_bag_costs
+from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import SimClock
 from controller.config import Config
 from controller.errors import SpotbagError
@@ -88,6 +89,14 @@ async def simulate(
             book=book,
             checkpointing=config.checkpoint,
             ledger=config.ledger,
+            tables=TableCache(
+                None,
+                step_h=config.checkpoint.step_s / 3600.0,
+                restart_h=book.launch_h,
+                max_work_h=config.checkpoint.max_work_h,
+                inline=True,
+                notices=planned_notices(config.simulation.notice_lead_s),
+            ),
         )
         bag_row, _ = await admit(
             spec,

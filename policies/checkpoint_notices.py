@@ -136,10 +136,10 @@ def build_notice_table(
     notice-less one (same lookups). Without useful notices it is `build_table`'s."""
     if not notices.useful(delta_h):
         return build_table(model, max_work_h, delta_h, restart_h, step_h)
-    return _solve(model, max_work_h, delta_h, notices, restart_h, step_h)
+    return solve_with_notices(model, max_work_h, delta_h, notices, restart_h, step_h)
 
 
-def _solve(
+def solve_with_notices(
     model: LifetimeModel,
     max_work_h: float,
     delta_h: float,
@@ -148,7 +148,9 @@ def _solve(
     step_h: float,
 ) -> CheckpointTable:
     """The recursion itself, float64, vectorised over ages and first intervals for each
-    amount of work J (O(ages·J) per J). Tests run it with q = 0 against `build_table`."""
+    amount of work J (O(ages·J) per J), whether or not the notices are useful for this δ
+    (the daemon decides that on a job's own δ, finer than the grid's; tests run it with
+    q = 0 against `build_table`)."""
     n = max(1, round(max_work_h / step_h))
     D = delta_steps(delta_h, step_h)
     ages = round(_horizon_h(model, step_h) / step_h) + 1

@@ -14,9 +14,9 @@ import pytest
 from policies.checkpoint import CheckpointTable, build_table
 from policies.checkpoint_notices import (
     Notices,
-    _solve,
     build_notice_table,
     simulate_makespan_with_notices,
+    solve_with_notices,
 )
 from policies.preemption import Bathtub, Exponential, LifetimeModel, Weibull
 
@@ -42,7 +42,9 @@ def notice_table(
 def test_without_notices_the_recursion_is_the_notice_less_one(model, delta_h, restart_h):
     plain = build_table(model, 3.0, delta_h, restart_h, STEP_H)
     # A share of 0 through the recursion itself (build_notice_table would not call it).
-    none = _solve(model, 3.0, delta_h, Notices(lead_h=1.0, share=0.0), restart_h, STEP_H)
+    none = solve_with_notices(
+        model, 3.0, delta_h, Notices(lead_h=1.0, share=0.0), restart_h, STEP_H
+    )
     finite = np.isfinite(plain.makespan)
     assert (finite == np.isfinite(none.makespan)).all()
     # build_table ranks candidates in float32 and may keep one a hair worse (1e-6):
