@@ -322,6 +322,7 @@ class _Operation:
     http_status: int = 0
     polls: int = 0
     finished: bool = False  # DONE from the start (preemptions) or waited for
+    done_at: float | None = None  # DONE from then on (monotonic; a preemption's notice)
     end_time: str = ""  # RFC 3339, fixed when first seen DONE
 
 
@@ -469,8 +470,11 @@ class FakeGceApi:
         with self._lock:
             self._request_ids.clear()
 
-    def preempt(self, project: str, zone: str, name: str) -> bool:
-        """Preempt a live instance now; False if there is none."""
+    def preempt(self, project: str, zone: str, name: str, notice_s: float = 0.0) -> bool:
+        """Preempt a live instance; False if there is none. With `notice_s`, as GCE does
+        for Spot VMs: the preemption operation is RUNNING from now while the instance
+        still runs (its notice; the metadata server's instance/preempted is TRUE), and the
+        instance stops `notice_s` later; without, it stops now."""
         with self._lock:
             now = time.monotonic()
             inst = self._instance(project, zone, name, now)
@@ -478,13 +482,22 @@ class FakeGceApi:
                 return False
             scheduling = inst.body.get("scheduling", {})
             gone = scheduling.get("instanceTerminationAction") == "DELETE"
-            inst.body["status"] = "STOPPING"
-            inst.body["statusMessage"] = "Instance was preempted."
-            inst.timeline = [(now + self.stop_s, None if gone else "TERMINATED")]
+            stops_at = now + notice_s
+            end = None if gone else "TERMINATED"
+            if notice_s > 0:
+                inst.timeline = [(stops_at, "STOPPING"), (stops_at + self.stop_s, end)]
+            else:
+                inst.body["status"] = "STOPPING"
+                inst.body["statusMessage"] = "Instance was preempted."
+                inst.timeline = [(now + self.stop_s, end)]
             # Named and shaped like the real API's system events.
             name = f"systemevent-{int(self._wall(now) * 1000)}-{uuid.uuid4().hex[:13]}"
             op = self._new_operation(project, zone, PREEMPTED, inst.body, now, name=name)
-            op.finished = True
+            if notice_s > 0:
+                op.done_at = stops_at
+                inst.body["statusMessage"] = "Instance was preempted."
+            else:
+                op.finished = True
             op.body["user"] = "system"
             op.body["statusMessage"] = "Instance was preempted."
             return True
@@ -622,6 +635,8 @@ class FakeGceApi:
         return op
 
     def _operation_status(self, op: _Operation, now: float) -> str:
+        if op.done_at is not None:  # a system event: RUNNING until it is done
+            return "DONE" if now >= op.done_at else "RUNNING"
         if op.finished or op.polls >= self.op_polls_to_done:
             return "DONE"
         if self.op_done_s is not None and now - op.created >= self.op_done_s:
