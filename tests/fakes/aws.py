@@ -340,12 +340,14 @@ class MotoCloud:
     def _instance(self, instance_id: str):
         return ec2_backends[DEFAULT_ACCOUNT_ID][self.region].get_instance(instance_id)
 
-    def notice(self, instance_id: str, lead_s: float = 120.0) -> None:
+    def notice(self, instance_id: str, lead_s: float | None = 120.0) -> None:
         """An interruption notice, as EC2 gives one two minutes ahead: the instance's spot
         request is marked for termination now, and the instance is interrupted `lead_s`
-        later (a timer thread)."""
+        later (a timer thread; None: never, a notice not followed by an interruption)."""
         with self.layer.lock:
             self.layer.notices[instance_id] = time.time()
+        if lead_s is None:
+            return
         timer = threading.Timer(lead_s, self.interrupt, args=(instance_id,))
         timer.daemon = True
         timer.start()

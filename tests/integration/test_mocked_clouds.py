@@ -374,3 +374,53 @@ def test_a_preemption_notice_moves_a_checkpointable_job_losing_nothing(start_dae
     assert noticed_at <= replacement["requested_at"] < views[vm["id"]]["ended_at"]
     nothing_left_behind(daemon, client, cloud)
     daemon.stop()
+
+
+def test_a_vm_noticed_but_not_interrupted_drains_and_is_released_losing_nothing(start_daemon):
+    """A notice the cloud does not follow with an interruption (EC2 marked the spot
+    request, then let the instance live): the VM takes no new job, the job it runs
+    (not checkpointable: it is not moved) finishes there, and then the VM is ended."""
+    cloud = AwsCloud()
+    try:
+        daemon, client = start_daemon(cloud)
+        bag = client.submit(
+            {
+                "account": "lab",
+                "command": "sleep {s}; echo done {s}",
+                "parameters": {"s": [6, 1, 1]},
+                "resources": {"cpus": 2, "memory_gb": 4},
+                "max_runtime_s": 120,
+                "max_attempts": 5,
+            }
+        )
+        first = f"{bag['id']}-0"
+        job = wait_until(
+            lambda: (j := client.job(first))["state"] == "running" and j, 60, 0.1, "job 0 running"
+        )
+        noticed_at = time.time()
+        cloud.cloud.notice(_provider(client, job["vm_id"]), lead_s=None)
+        done = wait_for_bag(client, bag["id"], 90)
+        assert done["state"] == "succeeded"
+        job = client.job(first)
+        assert job["attempts"] == 1 and job["attempt_list"][0]["vm_id"] == job["vm_id"]
+
+        def ended() -> dict | None:
+            views = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
+            return views[job["vm_id"]] if views[job["vm_id"]]["ended_at"] else None
+
+        noticed = wait_until(ended, 10, 0.1, "the noticed VM to be released")
+        assert noticed["state"] == "terminated" and "spot notice" in noticed["reason"], noticed
+        # No job was placed on it after the notice (reading it takes one describe).
+        for i in (1, 2):
+            for attempt in client.job(f"{bag['id']}-{i}")["attempt_list"]:
+                on_it = attempt["vm_id"] == job["vm_id"]
+                assert not on_it or attempt["started_at"] < noticed_at + DESCRIBE_S + 1
+        nothing_left_behind(daemon, client, cloud)
+        daemon.stop()
+    finally:
+        cloud.close()
+
+
+def _provider(client, vm_id: str) -> str:
+    (vm,) = [v for v in client.vms()["vms"] if v["id"] == vm_id]
+    return vm["provider_id"]
