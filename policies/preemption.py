@@ -31,7 +31,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-from scipy import integrate, optimize
+
+# scipy is imported where it is used (a saturating bathtub's end, the quadrature the tests
+# check against): importing scipy.optimize costs ~0.5 s of CPU, which every command and
+# the daemon's start paid for models that never need it.
 
 ArrayLike = float | np.ndarray
 
@@ -393,6 +396,8 @@ class Bathtub(LifetimeModel):
         end = self.L if self.L is not None else self._horizon_h()
         if self._raw(end) - self._offset < 1.0:
             return math.inf
+        from scipy import optimize
+
         return float(optimize.brentq(lambda t: float(self._raw(t)) - self._offset - 1.0, 0.0, end))
 
     @property
@@ -443,6 +448,8 @@ def quad_first_moment(model: LifetimeModel, a: float, b: float) -> float:
     The density drops to 0 at the model's end (a bathtub whose F_c reaches 1 before the
     deadline stops there): that jump is a breakpoint, or quadrature can step over the
     last sliver of mass."""
+    from scipy import integrate
+
     end = model.end_h
     points = [end] if a < end < b else None
     value, _ = integrate.quad(lambda t: t * float(model.pdf(t)), a, b, limit=200, points=points)
