@@ -179,6 +179,13 @@ class Engine:
         conn = _connect(self.path)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        if self._group_commit:
+            # A group-commit transaction changes more pages than the 2 MB page cache
+            # holds: SQLite then spills them to the WAL and writes them again and again
+            # (the 100,000-job simulation: 3.0 million page writes, 1.2-1.8 s of system
+            # time; without spilling 86,000 writes, 0.5 s, +37 MB peak memory). The
+            # transaction is bounded by GROUP_COMMIT_ROWS, so its pages stay in memory.
+            conn.execute("PRAGMA cache_spill = OFF")
         self._conn = conn
         if self._threaded:
             self._writer = _Writer(conn)
