@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
-from controller.errors import Conflict, InsufficientBalance, InvalidBag, NotFound, NoVmTypeFits
+from controller.errors import (
+    ApiError,
+    Conflict,
+    InsufficientBalance,
+    InvalidBag,
+    NotFound,
+    NoVmTypeFits,
+)
 from controller.ledger import Admission, UnknownAccount, first_attempt_keys
 from controller.planner import CatalogType, why_unplaceable
 from controller.runtime import capacity_of, shape_of
@@ -33,6 +40,7 @@ class Expanded:
 
 
 WorkdirCheck = Callable[[str], str | None]
+JobUserCheck = Callable[[str], str | None]  # why an account's jobs could not run, or None
 
 # Reservations opened per slice after a bag is written (~10 ms of the event loop).
 OPEN_KEYS_CHUNK = 20_000
@@ -44,13 +52,25 @@ def expand(
     max_jobs: int,
     workdir_problem: WorkdirCheck | None = None,
     bag_id: str = "",
+    job_user_problem: JobUserCheck | None = None,
 ) -> Expanded:
     """Validate and expand a decoded spec, with its jobs' first reservation keys
-    (CPU-bound and may touch the file system: run it off the event loop)."""
+    (CPU-bound and may touch the file system, and the users' database: run it off the
+    event loop). A bag whose account has no user its jobs may run as (executor
+    run_as) is refused here, not at each of its attempts."""
     try:
         bag = parse_bag(data, max_jobs=max_jobs)
     except BagSpecError as exc:
         raise InvalidBag(str(exc), detail={"errors": [p.__dict__ for p in exc.problems]}) from None
+    if job_user_problem is not None:
+        problem = job_user_problem(bag.spec.account)
+        if problem is not None:
+            raise ApiError(
+                f"account: {problem}",
+                status=422,
+                code="no_job_user",
+                detail={"account": bag.spec.account},
+            )
     if bag.spec.workdir is not None and workdir_problem is not None:
         problem = workdir_problem(bag.spec.workdir)
         if problem is not None:
@@ -112,13 +132,16 @@ async def admit(
     idempotency_key: str | None = None,
     offload: bool = True,
     workdir_problem: WorkdirCheck | None = None,
+    job_user_problem: JobUserCheck | None = None,
 ) -> tuple[BagRow, bool]:
     """Admit a bag; returns (bag row, created). A repeated idempotency key returns the
     earlier bag and admits nothing, or raises Conflict when it named a different bag."""
     if offload:
-        expanded = await asyncio.to_thread(expand, data, catalog, max_jobs, workdir_problem, bag_id)
+        expanded = await asyncio.to_thread(
+            expand, data, catalog, max_jobs, workdir_problem, bag_id, job_user_problem
+        )
     else:
-        expanded = expand(data, catalog, max_jobs, workdir_problem, bag_id)
+        expanded = expand(data, catalog, max_jobs, workdir_problem, bag_id, job_user_problem)
     spec = expanded.bag.spec
     row = {
         "id": bag_id,

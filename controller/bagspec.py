@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import re
+import reprlib
 import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -48,6 +50,13 @@ PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ACCOUNT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_RUNTIME_S = 30 * 86_400.0
+# Runtimes (max_runtime_s, estimated_runtime_s, simulation.runtime_s) are at least a
+# second: no program starts, runs and is reported in less, and a runtime of 1e-320 s
+# made reservations so small that dividing a balance by one overflowed (issue 23).
+MIN_RUNTIME_S = 1.0
+# Writing a checkpoint may be quick (the tests and the demo, on a time-compressed
+# clock, take 10-50 ms), but not denormal: 1 ms.
+MIN_CHECKPOINT_COST_S = 0.001
 # Each value goes into the environment: Linux refuses any single one above 128 KiB
 # (MAX_ARG_STRLEN). The limits of a whole job are controller/job_command.py's.
 MAX_VALUE_CHARS = 100_000
@@ -79,6 +88,22 @@ class BagSpecError(SpotbagError, ValueError):
         return cls([FieldProblem(field, message)])
 
 
+def _whole(value: Any) -> Any:
+    """A float with no fractional part as the int it is: JSON has one number type, and
+    JSON Schema's "integer" (what /openapi.json says) includes 1699.0, which some
+    encoders write for 1699. Any other float is refused with the value given; other
+    types are left to the strict check (no "2" for 2, no true for 1)."""
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError(f"must be an integer, not {value!r}")
+    return value
+
+
+# An integer field: strict, except that an integral float counts (see _whole).
+Integer = Annotated[int, BeforeValidator(_whole)]
+
+
 def _exit_code(code: int) -> int:
     # A validator rather than Field(ge=1, le=255): the message says what exit codes are.
     if not 1 <= code <= 255:
@@ -88,18 +113,22 @@ def _exit_code(code: int) -> int:
 
 ExitCode = Annotated[
     int,
+    BeforeValidator(_whole),
     AfterValidator(_exit_code),
     WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 255}),
 ]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    """Strict types (no "1" for 1, no 1 for true) and finite numbers: a JSON number too
+    large for a float (1e999) decodes as infinity, refused here by name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Resources(_Strict):
-    cpus: int = Field(1, ge=1, le=4096, description="vCPUs each job needs.")
-    gpus: int = Field(0, ge=0, le=64, description="GPUs each job needs.")
+    cpus: Integer = Field(1, ge=1, le=4096, description="vCPUs each job needs.")
+    gpus: Integer = Field(0, ge=0, le=64, description="GPUs each job needs.")
     memory_gb: float = Field(
         1.0, ge=MIN_MEMORY_GB, le=65536, description="Memory each job needs, in GB."
     )
@@ -116,7 +145,7 @@ class SimulationHints(_Strict):
 
     runtime_s: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_RUNTIME_S,
         le=MAX_RUNTIME_S,
         description="Runtime of each job (default: estimated_runtime_s).",
     )
@@ -126,7 +155,9 @@ class SimulationHints(_Strict):
     failure_probability: float = Field(
         0.0, ge=0, le=1, description="Chance that an attempt exits non-zero."
     )
-    failure_exit_code: int = Field(1, ge=1, le=255, description="Exit code of a failing attempt.")
+    failure_exit_code: Integer = Field(
+        1, ge=1, le=255, description="Exit code of a failing attempt."
+    )
 
 
 class BagSpec(_Strict):
@@ -145,10 +176,15 @@ class BagSpec(_Strict):
     )
     resources: Resources = Field(default_factory=Resources)
     max_runtime_s: float = Field(
-        gt=0, le=MAX_RUNTIME_S, description="Longest an attempt may run; what the ledger reserves."
+        ge=MIN_RUNTIME_S,
+        le=MAX_RUNTIME_S,
+        description="Longest an attempt may run, seconds; what the ledger reserves.",
     )
     estimated_runtime_s: float | None = Field(
-        None, gt=0, le=MAX_RUNTIME_S, description="Expected runtime of a job, if known."
+        None,
+        ge=MIN_RUNTIME_S,
+        le=MAX_RUNTIME_S,
+        description="Expected runtime of a job, seconds, if known.",
     )
     checkpointable: bool = Field(
         False,
@@ -157,7 +193,7 @@ class BagSpec(_Strict):
     )
     checkpoint_cost_s: float = Field(
         60.0,
-        gt=0,
+        ge=MIN_CHECKPOINT_COST_S,
         le=MAX_RUNTIME_S,
         description="How long a job takes to write one checkpoint, seconds (δ of the schedule).",
     )
@@ -167,11 +203,13 @@ class BagSpec(_Strict):
         "(HTTP 402, nothing admitted), or hold the jobs that do not fit until reservations "
         "are released or the account is credited.",
     )
-    max_attempts: int = Field(
+    max_attempts: Integer = Field(
         5, ge=1, le=100, description="Attempts per job, preemptions included."
     )
     retryable_exit_codes: list[ExitCode] = Field(
-        default_factory=list, description="Non-zero exit codes that mean 'try again'."
+        default_factory=list,
+        max_length=255,
+        description="Non-zero exit codes that mean 'try again'.",
     )
     env: dict[str, str] = Field(
         default_factory=dict,
@@ -194,6 +232,21 @@ class BagSpec(_Strict):
                 f"must be an absolute path, not {value!r} (relative to what, on the daemon's host?)"
             )
         return value
+
+    @classmethod
+    def from_stored(cls, text: str) -> BagSpec:
+        """A spec read back from the store (its JSON as admission wrote it). It was valid
+        when it was admitted; a bound tightened since (runtimes of at least 1 s, from
+        issue 23) must not stop a restart from recovering the bag, so a stored spec that
+        today's checks refuse is taken as it was stored."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError:
+            data = json.loads(text)
+        resources = Resources.model_construct(**(data.pop("resources", None) or {}))
+        hints = data.pop("simulation", None)
+        simulation = SimulationHints.model_construct(**hints) if hints is not None else None
+        return cls.model_construct(resources=resources, simulation=simulation, **data)
 
 
 @dataclass(frozen=True)
@@ -256,7 +309,14 @@ def _check_semantics(
 ) -> dict[str, list] | None:
     """The checks a schema cannot express; returns the resolved parameter axes."""
     axes = _check_parameters(spec, problems, max_jobs)
-    names = list(axes) if axes is not None else _point_names(spec, problems, max_jobs)
+    if axes is not None:
+        names = list(axes)
+    elif isinstance(spec.parameters, Mapping) and spec.points is None:
+        # Not expanded (a problem here or in another field): the placeholders may
+        # still name them, rather than be reported as unknown.
+        names = [str(name) for name in spec.parameters]
+    else:
+        names = _point_names(spec, problems, max_jobs)
     if isinstance(spec.command, str):
         _check_command(spec.command, names, problems)
     _check_env(spec, names, problems)
@@ -349,7 +409,7 @@ def _check_parameters(
     plans: dict[str, tuple[int, Callable[[], list]]] = {}
     for name, axis in spec.parameters.items():
         field = f"parameters.{name}"
-        if not PARAM_NAME.match(name):
+        if not PARAM_NAME.fullmatch(name):
             problems.append(
                 FieldProblem(
                     field, "a parameter name must be an identifier ([A-Za-z_][A-Za-z0-9_]*)"
@@ -411,7 +471,11 @@ def _range_plan(
         )
         return None
     if not all(
-        isinstance(b, int | float) and not isinstance(b, bool) and math.isfinite(b) for b in bounds
+        # An int is finite, and may be too large for math.isfinite (10**400: OverflowError).
+        isinstance(b, int | float)
+        and not isinstance(b, bool)
+        and (isinstance(b, int) or math.isfinite(b))
+        for b in bounds
     ):
         problems.append(
             FieldProblem(f"{field}.range", "start, stop and step must be finite numbers")
@@ -488,7 +552,7 @@ def _point_names(spec: BagSpec, problems: list[FieldProblem], max_jobs: int) -> 
         if len(problems) > 20:
             break
     for name in names:
-        if not PARAM_NAME.match(name):
+        if not PARAM_NAME.fullmatch(name):
             problems.append(
                 FieldProblem(f"points[0].{name}", "a parameter name must be an identifier")
             )
@@ -582,7 +646,7 @@ def _check_env(spec: BagSpec, names: list[str], problems: list[FieldProblem]) ->
                     f"env.{key}", f"is {len(value):,} characters; at most {MAX_VALUE_CHARS:,}"
                 )
             )
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             problems.append(FieldProblem(f"env.{key}", "not a valid environment variable name"))
         elif key.startswith("SPOTBAG_"):
             problems.append(FieldProblem(f"env.{key}", "SPOTBAG_* variables are set by spotbag"))
@@ -603,8 +667,11 @@ def _has_format_specs(command: str) -> bool:
 
 
 def _check_rendering(bag: Bag) -> None:
+    """Every job's command formats. A format spec can fail on a value: `{x:d}` on a
+    string, and on a number too large for it (`{x:.2f}` on 10**400: OverflowError)."""
     for i, point in enumerate(bag.points()):
         try:
             render_command(bag.spec.command, point)
-        except (ValueError, TypeError) as exc:
-            raise BagSpecError.one("command", f"cannot format job {i} ({point}): {exc}") from None
+        except (ValueError, TypeError, OverflowError) as exc:
+            shown = reprlib.repr(point)  # a 400-digit value is not worth quoting whole
+            raise BagSpecError.one("command", f"cannot format job {i} ({shown}): {exc}") from None

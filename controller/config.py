@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 import tomllib
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from controller.bagspec import ACCOUNT_NAME
 from controller.errors import SpotbagError
+from controller.executors.job_users import ACCOUNT, template_problem
 from drivers.base import VmType
 
 
@@ -30,6 +33,11 @@ class ConfigError(SpotbagError, ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# The largest request body, by default: also what `spotbag submit` lets a YAML file's
+# aliases expand to (controller/cli/specfile.py).
+DEFAULT_MAX_BODY_MB = 64.0
 
 
 class ApiConfig(_Section):
@@ -47,9 +55,51 @@ class ApiConfig(_Section):
         "SPOTBAG_TOKEN environment variable, else generate a random token into "
         "STATE_DIR/token (mode 0600).",
     )
-    max_body_mb: float = Field(64.0, gt=0, description="Largest request body accepted, in MB.")
+    max_body_mb: float = Field(
+        DEFAULT_MAX_BODY_MB, gt=0, description="Largest request body accepted, in MB."
+    )
     max_jobs_per_bag: int = Field(
         1_000_000, ge=1, description="Largest number of jobs (parameter points) in one bag."
+    )
+    # Resource limits (issue 23): slow or idle clients must not hold the daemon's
+    # descriptors, which its jobs, database and drivers need too.
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A client must send a request's line and headers within this many "
+        "seconds of connecting, or of the previous answer on a kept-alive connection; "
+        "the connection is closed otherwise (this is also how long an idle kept-alive "
+        "connection stays open).",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A request's body must have arrived this many seconds after its "
+        "headers; otherwise the answer is 408 and the connection is closed. Raise it with "
+        "max_body_mb for clients on slow links.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Most HTTP connections open at once. At the cap a new connection "
+        "closes the oldest one that is not in a request (idle, or still sending its "
+        "headers), else it is refused (503). Lowered at start to what the descriptor "
+        "limit (RLIMIT_NOFILE, LimitNOFILE= in the unit) leaves after reserved_fds.",
+    )
+    max_connections_per_client: int = Field(
+        64,
+        ge=1,
+        description="Most HTTP connections open at once from one client address; more "
+        "are refused at once with 503. Behind a reverse proxy every client has the "
+        "proxy's address: raise it to max_connections there.",
+    )
+    reserved_fds: int = Field(
+        512,
+        ge=0,
+        description="File descriptors kept out of HTTP clients' reach: for the daemon's "
+        "own work (the database, job logs and processes, Slurm commands, cloud API "
+        "sessions) and for connections being accepted or closed, which under a flood "
+        "are a few hundred at once (accept() takes up to 128 at a time).",
     )
 
 
@@ -383,10 +433,40 @@ class ExecutorConfig(_Section):
     )
     run_as: str = Field(
         "",
-        description="local executor, daemon running as root: the unprivileged user jobs run "
-        "as (its primary group, no others), so they cannot read the daemon's token, database "
-        "or other jobs' files; empty: jobs run as the daemon's user (and can read all of it).",
+        description="Daemon running as root: the unprivileged user jobs run as (its primary "
+        "group, no others), so they cannot read the daemon's token or database. "
+        '"spotbag-{account}" gives each account a user of its own, so that one account\'s '
+        "jobs cannot read or forge another's results or checkpoints (README: What a job can "
+        "touch); one name for all: accounts share that user. Empty: jobs run as the "
+        "daemon's user (and can read all of it).",
     )
+    run_as_accounts: dict[str, str] = Field(
+        {},
+        description='Account -> the user its jobs run as, e.g. {lab = "alice"}; before '
+        "run_as, which then serves the accounts not named here (empty run_as: only these "
+        "accounts may submit bags).",
+    )
+
+    @field_validator("run_as")
+    @classmethod
+    def _run_as_template(cls, value: str) -> str:
+        problem = template_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("run_as_accounts")
+    @classmethod
+    def _run_as_users(cls, value: dict[str, str]) -> dict[str, str]:
+        for account, user in value.items():
+            if not re.fullmatch(ACCOUNT_NAME, account):
+                raise ValueError(f"{account!r} is not an account name")
+            problem = template_problem(user) or (
+                f"{ACCOUNT} has no place here" if ACCOUNT in user else None
+            )
+            if not user or problem is not None:
+                raise ValueError(f"{account}: {problem or 'no user named'}")
+        return value
 
 
 class SlurmPoolConfig(_Section):

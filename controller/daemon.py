@@ -15,6 +15,7 @@ import fcntl
 import gc
 import logging
 import os
+import resource
 import secrets
 import signal
 import sys
@@ -28,12 +29,14 @@ from aiohttp import web
 
 from controller.api import build_app, server_logger
 from controller.api.jobs import MAX_REQUEST_LINE_BYTES
+from controller.api.limits import ConnectionGate, quiet_accept_errors
 from controller.bag_cost import BagCosts
 from controller.checkpoint_tables import TableCache
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
 from controller.errors import SpotbagError
 from controller.executors.base import CallbackNoted
+from controller.executors.job_users import JobUsers
 from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
@@ -51,6 +54,7 @@ from controller.store import Store
 from controller.tokens import Tokens
 from controller.wiring import make_driver, make_executor, make_model_book
 from drivers.base import PriceSample
+from policies.connections import connection_cap
 
 log = logging.getLogger("spotbag.daemon")
 
@@ -61,6 +65,11 @@ SWITCH_INTERVAL_S = 0.001  # the GIL's time slice (sys.setswitchinterval) in the
 # (the local driver's VM hosts do).
 EPHEMERAL_DRIVERS = {"local", "sim"}
 POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
+# The API's listening socket: the kernel queues up to LISTEN_BACKLOG connections (capped
+# by net.core.somaxconn) until they are accepted, ACCEPT_BATCH at a time. asyncio takes
+# one number for both; they differ on purpose (`_listen`).
+LISTEN_BACKLOG = 1024
+ACCEPT_BATCH = 64
 
 
 class StateDirBusy(SpotbagError, RuntimeError):
@@ -144,11 +153,7 @@ class Controller:
             controller_id=self.controller_id,
             now=self.clock.now,
         )
-        if self.executor.name == "local" and os.geteuid() == 0 and not self.config.executor.run_as:
-            log.warning(
-                "jobs run as root and can read this daemon's token and database: set "
-                "[executor] run_as to an unprivileged user (README: What a job can touch)"
-            )
+        self._warn_about_job_users()
         self.hook_secret = b""
         pools = PoolBook((), ())
         if self.executor.name == "slurm":
@@ -213,6 +218,31 @@ class Controller:
         self._loop_task = asyncio.create_task(
             self.scheduler.run(describe=not pushes), name="scheduler"
         )
+
+    def _warn_about_job_users(self) -> None:
+        """Say at start what jobs can touch when accounts are not kept apart (README:
+        What a job can touch)."""
+        executor = self.config.executor
+        users = JobUsers(executor.run_as, executor.run_as_accounts)
+        if not users.configured:
+            if self.executor.name == "local" and os.geteuid() == 0:
+                log.warning(
+                    "jobs run as root and can read this daemon's token and database: set "
+                    '[executor] run_as = "spotbag-{account}" (README: What a job can touch)'
+                )
+            elif self.executor.name == "slurm":
+                log.warning(
+                    "jobs run on the VMs as this daemon's user (uid %d), with its rights in "
+                    "Slurm, and all accounts' jobs can touch each other's: set [executor] "
+                    'run_as = "spotbag-{account}" (README: What a job can touch)',
+                    os.getuid(),
+                )
+        elif not users.per_account:
+            log.warning(
+                "jobs of several accounts run as one user: they can read and change each "
+                'other\'s results and checkpoints; run_as = "spotbag-{account}" gives each '
+                "account a user of its own (README: What a job can touch)"
+            )
 
     @property
     def running_scheduler(self) -> Scheduler:
@@ -511,6 +541,7 @@ async def serve(
     # request's waits short while a big bag is written (issue 14).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     _watch_children_with_pidfds()
+    connections = _connection_cap(config)  # a limit too low is refused before anything starts
     controller = Controller(config)
     starting = asyncio.create_task(_keep_systemd_waiting(), name="start-keepalive")
     try:
@@ -525,18 +556,43 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    api = config.api
     runner = web.AppRunner(
         build_app(controller),
         access_log=None,
         handle_signals=False,
         logger=server_logger(),
         max_line_size=MAX_REQUEST_LINE_BYTES,
+        # Also the deadline of a new connection's request line and headers (aiohttp's
+        # keep-alive timer starts when the connection is made): slow clients let go.
+        keepalive_timeout=api.header_timeout_s,
     )
+    listening: asyncio.Server | None = None
     died: TaskDied | None = None
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.api.host, config.api.port)
-        await site.start()
+        assert runner.server is not None
+        # Connections pass the caps before aiohttp sees them (controller/api/limits.py):
+        # the listening socket is ours, aiohttp's web.Server is its protocol factory.
+        gate = ConnectionGate(
+            runner.server,
+            cap=connections,
+            per_client=api.max_connections_per_client,
+            count=lambda reason: controller.metrics.http_connections_refused.labels(
+                reason=reason
+            ).inc(),
+        )
+        controller.metrics.http_connections_open.set_function(lambda: gate.open_connections)
+        quiet_accept_errors(loop)
+        listening = await _listen(gate, api.host, api.port)
+        log.info(
+            "HTTP limits: at most %d connections (%d from one client), a request's headers "
+            "within %g s, its body within %g s",
+            connections,
+            min(connections, api.max_connections_per_client),
+            api.header_timeout_s,
+            api.body_timeout_s,
+        )
         # What start-up made (modules, schemas, routes, the recovered state) lives as
         # long as the daemon: out of the collector's generations, it is not walked by
         # every full collection (~50,000 objects, tens of ms of the event loop each
@@ -544,7 +600,7 @@ async def serve(
         # cancelled; issue 14). Objects still die by reference counting.
         gc.collect()
         gc.freeze()
-        host, port = runner.addresses[0][:2]
+        host, port = listening.sockets[0].getsockname()[:2]
         url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
         write_url_file(controller.state_dir, url)
         log.info(
@@ -570,6 +626,8 @@ async def serve(
         log.info("stopping")
         await notify(STOPPING="1", STATUS="stopping: ending running jobs")
     finally:
+        if listening is not None:
+            listening.close()  # no new connections; aiohttp ends the open ones
         await _step("closing the API", runner.cleanup())
         await controller.stop()
         with contextlib.suppress(FileNotFoundError):
@@ -577,6 +635,37 @@ async def serve(
         log.info("stopped")
     if died is not None:
         raise died
+
+
+async def _listen(factory: Any, host: str, port: int) -> asyncio.Server:
+    """The API's listening sockets, with a long kernel queue but short accept batches.
+
+    asyncio accepts up to its `backlog` connections each time the socket is readable,
+    and the connection caps see them only afterwards: every one of a batch holds a
+    descriptor meanwhile, so the batch is kept short (the descriptors beyond the cap stay
+    few). The kernel's queue must stay long: when it is full, new connections' SYNs are
+    dropped and their clients retry only a second later (a /healthz probe took 1.01 s
+    under a flood). Calling listen() again on a listening socket only changes its queue."""
+    server = await asyncio.get_running_loop().create_server(
+        factory, host, port, backlog=ACCEPT_BATCH
+    )
+    for sock in server.sockets:
+        with sock.dup() as same:  # the same socket; asyncio's wrapper has no listen()
+            same.listen(LISTEN_BACKLOG)
+    return server
+
+
+def _connection_cap(config: Config) -> int:
+    """The most HTTP connections the daemon holds: [api] max_connections, lowered so
+    that [api] reserved_fds descriptors stay free for its own work (the database, job
+    logs and processes, Slurm commands, cloud sessions) under RLIMIT_NOFILE."""
+    nofile_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if nofile_soft == resource.RLIM_INFINITY:
+        return config.api.max_connections
+    try:
+        return connection_cap(config.api.max_connections, nofile_soft, config.api.reserved_fds)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _how_it_ended(task: asyncio.Task) -> str:

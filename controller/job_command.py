@@ -105,7 +105,8 @@ class _JobSizes:
 
 
 def _job_sizes(command: str, values: dict[str, list]) -> _JobSizes:
-    """ValueError/TypeError when a format spec does not suit a value."""
+    """ValueError/TypeError/OverflowError when a format spec does not suit a value
+    (`{x:.2f}` of 10**400 overflows a float)."""
     parsed = parsed_template(command)
     used = {(name, fmt or "") for _, name, fmt in parsed if name is not None and name in values}
     shown: dict[tuple[str, str], tuple[int, int]] = {}  # placeholder -> (chars, bytes)
@@ -142,7 +143,7 @@ def size_problem(
     format spec does not suit a value (the caller reports that when it renders)."""
     try:
         sizes = _job_sizes(command, values)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         return None
     if sizes.command_chars > MAX_COMMAND_CHARS:
         return (

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -111,6 +112,19 @@ class Metrics:
             "spotbag_http_requests",
             "HTTP requests, by route and status.",
             ["route", "status"],
+            registry=self.registry,
+        )
+        self.http_connections_refused = Counter(
+            "spotbag_http_connections_refused",
+            "HTTP connections closed by the caps ([api] max_connections*): refused over the "
+            "per-client cap (per_client_cap) or the total one (total_cap), or an older one "
+            "not in a request closed to make room for a new one (made_room).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.http_connections_open = Gauge(
+            "spotbag_http_connections_open",
+            "HTTP connections open now.",
             registry=self.registry,
         )
 

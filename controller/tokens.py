@@ -92,7 +92,7 @@ class Tokens:
             return None
         if self._admin and hmac.compare_digest(token.encode(), self._admin):
             return ADMIN
-        match = TOKEN_FORMAT.match(token)
+        match = TOKEN_FORMAT.fullmatch(token)
         if match is None:
             return None
         token_id, secret = match.groups()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import pwd
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from controller.config import Config, ConfigError
-from controller.executors.local import JobUser
+from controller.executors.job_users import ACCOUNT, JobUserError, JobUsers
 from controller.model_book import ModelBook
 from drivers import driver_class
 from drivers.base import Driver, VmType
@@ -97,31 +96,42 @@ def local_hosts(config: Config, controller_id: str, state_dir: Path) -> Any:
         raise ConfigError(f"[driver] hosts = netns: {exc}") from None
 
 
-def job_user(name: str, state_dir: Path) -> JobUser | None:
-    """The user local jobs run as (`[executor] run_as`), checked: it exists, it is not
-    root, the daemon can switch to it (it runs as root, or already as that user), and
-    it can pass through the directories above the state directory (to its checkpoints)."""
-    if not name:
-        return None
+def make_job_users(config: Config, state_dir: Path, *, as_daemon: bool = True) -> JobUsers:
+    """Who jobs run as (`[executor] run_as`, `run_as_accounts`), checked: every user
+    named outright exists and is neither root nor the daemon's user; the daemon can
+    switch to them (it runs as root); they can pass through the directories above
+    where their files are (the state directory; for Slurm, the shared directory).
+    `as_daemon=False` (`spotbag config check`): the checks that need not be made as
+    the daemon's user."""
+    executor = config.executor
+    users = JobUsers(executor.run_as, executor.run_as_accounts)
+    if not users.configured:
+        return users
     try:
-        entry = pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
-    except KeyError:
-        raise ConfigError(f"executor.run_as: no user {name!r} on this host") from None
-    if entry.pw_uid == 0:
-        raise ConfigError("executor.run_as: jobs must not run as root")
-    if os.geteuid() not in (0, entry.pw_uid):
+        for account, name in sorted(executor.run_as_accounts.items()):
+            users.lookup(name, f"executor.run_as_accounts: the jobs of account {account!r}")
+        if ACCOUNT not in executor.run_as and executor.run_as:
+            users.lookup(executor.run_as, "executor.run_as: jobs")
+    except JobUserError as exc:
+        raise ConfigError(str(exc)) from None
+    if as_daemon and os.geteuid() != 0:
         raise ConfigError(
-            f"executor.run_as = {name!r} needs the daemon to run as root (it runs as uid "
-            f"{os.geteuid()}); leave it empty to run jobs as the daemon's user"
+            "executor.run_as / run_as_accounts need the daemon to run as root, to start "
+            f"jobs as those users (it runs as uid {os.geteuid()}); leave them empty to run "
+            "jobs as the daemon's user"
         )
-    for above in Path(state_dir).resolve().parents:
-        if not above.stat().st_mode & 0o001:
+    if config.executor.name == "slurm":
+        where = Path(config.slurm.shared_dir) if config.slurm.shared_dir else state_dir / "shared"
+    else:
+        where = state_dir
+    for above in where.resolve().parents:
+        if above.exists() and not above.stat().st_mode & 0o001:
             raise ConfigError(
-                f"executor.run_as = {name!r}: that user cannot pass through {above} to its "
-                f"checkpoint directories under {state_dir}; let others pass (chmod o+x "
-                f"{above}) or put the state directory elsewhere"
+                f"executor.run_as: the jobs' users cannot pass through {above} to their "
+                f"files and checkpoint directories under {where}; let others pass (chmod "
+                f"o+x {above}) or put {where} elsewhere"
             )
-    return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/")
+    return users
 
 
 async def make_executor(
@@ -142,7 +152,7 @@ async def make_executor(
             controller_id=controller_id,
             now=now,
             kill_grace_s=config.executor.kill_grace_s,
-            run_as=job_user(config.executor.run_as, state_dir),
+            users=make_job_users(config, state_dir),
         )
     from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
 
@@ -174,6 +184,7 @@ async def make_executor(
         controller_id=controller_id,
         now=now,
         kill_grace_s=config.executor.kill_grace_s,
+        users=make_job_users(config, state_dir),
     )
 
 

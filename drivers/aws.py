@@ -226,12 +226,12 @@ def client_token(controller_id: str, token: str) -> str:
 def region_of(zone: str) -> str | None:
     """The region of an availability zone ("us-east-1a" -> "us-east-1",
     "us-west-2-lax-1a" -> "us-west-2"); None if `zone` is not one."""
-    match = _REGION_OF_ZONE.match(zone)
+    match = _REGION_OF_ZONE.fullmatch(zone)
     return match.group(1) if match else None
 
 
 def is_instance_id(text: str) -> bool:
-    return bool(_INSTANCE_ID.match(text))
+    return bool(_INSTANCE_ID.fullmatch(text))
 
 
 def bundled_on_demand_prices() -> dict[str, dict[str, float]]:

@@ -53,10 +53,32 @@ def settlement(
 
 
 def jobs_covered(available_cpu_h: float, per_job_cpu_h: float, job_count: int) -> int:
-    """How many of `job_count` jobs, each reserving `per_job_cpu_h`, the balance covers."""
-    if per_job_cpu_h <= 0 or math.isinf(available_cpu_h):
+    """How many of `job_count` jobs, each reserving `per_job_cpu_h`, the balance covers:
+    the largest n ≤ job_count whose block `Ledger.reserve_block` accepts (with its
+    slack), so that a held bag reserves exactly what this says.
+
+    Any floats give an answer in [0, job_count], never an error: a tiny reservation
+    makes the quotient overflow to infinity (int(inf) raised OverflowError, a 500 on
+    admission), and a NaN is taken as "covers nothing" rather than guessed at."""
+    if job_count <= 0 or math.isnan(available_cpu_h) or math.isnan(per_job_cpu_h):
+        return 0
+    if per_job_cpu_h <= 0 or available_cpu_h == math.inf:
         return job_count
-    return max(0, min(job_count, int(max(0.0, available_cpu_h) // per_job_cpu_h)))
+    budget = available_cpu_h + _EPS_CPU_H  # what can_reserve compares with
+    if not budget >= per_job_cpu_h:  # nothing, or an overdrawn account
+        return 0
+    quotient = budget / per_job_cpu_h  # ≥ 1 here; inf when per_job is tiny
+    n = job_count if quotient >= job_count else int(quotient)
+    # The quotient is rounded; the block is per_job × n, rounded too. A step or two
+    # makes them agree (bounded: past 2**53 jobs a step may not change the float).
+    for _ in range(4):
+        if n > 0 and per_job_cpu_h * n > budget:
+            n -= 1
+        elif n < job_count and per_job_cpu_h * (n + 1) <= budget:
+            n += 1
+        else:
+            break
+    return n
 
 
 class Entry(NamedTuple):

@@ -37,7 +37,7 @@ def region_of(zone: str) -> str:
     and us-west-2-lax-1a -> us-west-2 (AWS); any other name (a region, "local") is its
     own region. The one rule for the registry's keys, `spotbag fit --by region` and
     `spotbag index --by region`."""
-    match = _GCE_ZONE.match(zone) or _AWS_ZONE.match(zone)
+    match = _GCE_ZONE.fullmatch(zone) or _AWS_ZONE.fullmatch(zone)
     return match.group(1) if match else zone
 
 

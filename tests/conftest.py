@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,14 +75,25 @@ class Daemon:
         self.process: subprocess.Popen | None = None
         self.log_path = state_dir / "daemon.log"
 
-    def start(self, timeout_s: float = 20.0, extra_env: dict[str, str] | None = None) -> Client:
+    def start(
+        self,
+        timeout_s: float = 20.0,
+        extra_env: dict[str, str] | None = None,
+        nofile: int | None = None,
+    ) -> Client:
+        """Start the daemon; `nofile` runs it with that many descriptors at most (soft
+        and hard RLIMIT_NOFILE, as `ulimit -n` or systemd's LimitNOFILE= would)."""
         url_file = self.state_dir / "api.url"
         url_file.unlink(missing_ok=True)
         log = self.log_path.open("ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
         env.update(extra_env or {})
+        # util-linux's prlimit sets the limit before exec: no preexec_fn in a test
+        # process that may have threads.
+        limit = ["prlimit", f"--nofile={nofile}:{nofile}", "--"] if nofile else []
         self.process = subprocess.Popen(
             [
+                *limit,
                 sys.executable,
                 "-m",
                 "controller.cli",
@@ -122,7 +135,8 @@ class Daemon:
 
 @pytest.fixture
 def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Build daemons: make_daemon(model="exponential", mttf_h=..., time_scale=..., max_vms=...)."""
+    """Build daemons: make_daemon(model="exponential", mttf_h=..., time_scale=..., max_vms=...,
+    base=where its state directory goes, tmp_path by default)."""
     daemons: list[Daemon] = []
 
     def make(
@@ -132,8 +146,9 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         time_scale: float = 1.0,
         max_vms: int = 4,
         token: str = "test-token",
+        base: Path | None = None,
     ) -> Daemon:
-        state_dir = tmp_path / f"state{len(daemons)}"
+        state_dir = (base or tmp_path) / f"state{len(daemons)}"
         state_dir.mkdir()
         config_path = state_dir / "spotbag.toml"
         config_path.write_text(
@@ -149,6 +164,18 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     for daemon in daemons:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def passable_dir() -> Iterator[Path]:
+    """A directory other users may pass through (0711), with its parents, for a daemon
+    whose jobs run as other users (`make_daemon(base=...)`). Not under pytest's own
+    temporary directories: each pytest session (xdist's workers, a suite run beside
+    this one) makes their common parent private again, 0700, whenever it starts."""
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="spotbag-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def wait_until(
@@ -237,7 +264,7 @@ pending_timeout_s = 30.0
 
 
 @pytest.fixture
-def make_slurm_daemon(make_daemon, slurm_cluster, tmp_path):
+def make_slurm_daemon(make_daemon, slurm_cluster):
     """Daemons whose VMs are VM hosts that join `slurm_cluster` and run the jobs; the
     cluster's hooks call the last one started back."""
 
@@ -246,7 +273,7 @@ def make_slurm_daemon(make_daemon, slurm_cluster, tmp_path):
         secret = daemon.state_dir / "slurm-hook.secret"
         secret.write_bytes(slurm_cluster.hook_secret + b"\n")
         secret.chmod(0o600)
-        shared = tmp_path / f"shared-{daemon.state_dir.name}"
+        shared = daemon.state_dir.parent / f"shared-{daemon.state_dir.name}"
         text = daemon.config_path.read_text()
         text = text.replace("\n[executor]\nkill_grace_s = 1.0\n", "\n")
         text = text.replace(
@@ -309,6 +336,23 @@ POOL = SLURM_POOL + "reserve_hours = 2.0\n"
 # A second plain user, with no spotbag account unless a test gives it one. Made when
 # absent (and left: tests beside this one may be using it).
 OTHER_USER = "spotbag-pool-user"
+
+
+def plain_user(name: str = OTHER_USER) -> str:
+    """A plain Unix user (no home, no login shell, a group of its own), made if absent
+    (and left: tests beside this one may be using it)."""
+    if subprocess.run(["id", "-u", name], capture_output=True).returncode == 0:
+        return name
+    made = subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode not in (0, 9):  # 9: made meanwhile by a test beside this one
+        raise RuntimeError(f"useradd {name}: {made.stderr.strip()}")
+    return name
+
+
 SAY_HOST = "echo host=$(hostname)"
 
 

@@ -23,7 +23,7 @@ from controller.tokens import token_view
 async def create_token(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
-    data = await json_body(request) if request.can_read_body else {}
+    data = await json_body(request) if request.body_exists else {}
     body = parse_body(TokenCreate, data)
     row, token = await c.tokens.create(c.store, name, c.clock.now(), body.note)
     view = token_view({**row, "revoked_at": None})

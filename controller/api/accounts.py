@@ -42,7 +42,7 @@ def account_in_path(request: web.Request) -> str:
     name = request.match_info["account"]
     require_account(request, name)
     if (
-        not ACCOUNT_NAME.match(name)
+        not ACCOUNT_NAME.fullmatch(name)
         or name not in controller_of(request).running_scheduler.accounts.unlimited
     ):
         raise NotFound(f"account {name!r} does not exist", code="unknown_account")

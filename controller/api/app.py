@@ -38,6 +38,7 @@ from controller.api import (
     vms,
 )
 from controller.api.base import CONTROLLER, Handler, Route, json_response
+from controller.api.limits import request_limits
 from controller.errors import ApiError, Forbidden, SpotbagError, Unauthorized
 from controller.store import StoreUnavailable
 from controller.web import pages as ui_pages
@@ -123,11 +124,29 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
     except asyncio.CancelledError:
         raise
-    except Exception:
+    except Exception as exc:
+        if _client_went_away(request, exc):
+            # A client that closes its connection in the middle of its request (a POST
+            # cut short while its body was read): nobody hears an answer, and it is no
+            # fault of ours. One DEBUG line, not an ERROR with a traceback: any client
+            # could fill the log with them.
+            log.debug(
+                "%s %s: the client closed the connection before the end of its request",
+                request.method,
+                request.path,
+            )
+            return _error_response(ApiError("the request was cut short", code="incomplete_request"))
         log.exception("unhandled error in %s %s", request.method, request.path)
         return _error_response(
             ApiError("internal error; see the daemon log", status=500, code="internal_error")
         )
+
+
+def _client_went_away(request: web.Request, exc: Exception) -> bool:
+    """Whether `exc` is this request's client disconnecting (aiohttp's ConnectionResetError
+    on reading the body once the connection is lost), not a connection of ours failing."""
+    transport = request.transport
+    return isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing())
 
 
 def _route_name(request: web.Request) -> str:
@@ -220,6 +239,9 @@ def build_app(controller: Controller) -> web.Application:
             counting_middleware(controller),
             error_middleware,
             auth_middleware(controller),
+            # After the token check: an unauthenticated body is never read, only
+            # discarded by aiohttp (for lingering_time at most).
+            request_limits(controller.config.api.body_timeout_s),
         ],
     )
     app[CONTROLLER] = controller

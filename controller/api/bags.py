@@ -95,6 +95,7 @@ async def create_bag(request: web.Request) -> web.Response:
         max_jobs=c.config.api.max_jobs_per_bag,
         idempotency_key=key,
         workdir_problem=getattr(c.executor, "workdir_problem", None),
+        job_user_problem=getattr(c.executor, "job_user_problem", None),
     )
     view = await _view(request, bag["id"])
     return json_response(view, status=201 if created else 200)
@@ -216,7 +217,11 @@ ROUTES: tuple[Route, ...] = (
                 ERR,
             ),
             413: ("The request body is too large.", ERR),
-            422: ("No allowed VM type can run one job of the bag.", ERR),
+            422: (
+                "No allowed VM type can run one job of the bag (code no_vm_type_fits), or its "
+                "account has no user its jobs may run as (code no_job_user; [executor] run_as).",
+                ERR,
+            ),
         },
     ),
     Route(

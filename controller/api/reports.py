@@ -30,7 +30,7 @@ async def get_report(request: web.Request) -> web.Response:
         raise ApiError("give one of bag=<bag id> or account=<name>", code="invalid_query")
     fmt = enum_query(request, "format", ["json", "csv", "html"]) or "json"
     if bag_id is not None:
-        if not BAG_ID.match(bag_id):
+        if not BAG_ID.fullmatch(bag_id):
             raise NotFound(f"bag {bag_id} does not exist")
         await visible_bag(request, bag_id)
     elif account is not None:  # one of the two, checked above

@@ -16,6 +16,7 @@ is required when every answer has it; one that some answers leave out defaults t
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,11 +46,13 @@ ABSENT: Any = None
 
 class _Request(BaseModel):
     """A request body: unknown fields are ignored (as they always were); values are
-    strictly typed (no "1" for 1, no 1 for true). The regex engine is Python's, which
-    the handlers always used. `messages`: per field, the 400's message, formatted with
-    the value given (`{value!r}`), and the `detail.errors` entry's message if any."""
+    strictly typed (no "1" for 1, no 1 for true) and numbers finite (1e999 decodes as
+    infinity). Patterns use pydantic's default regex engine, whose `$` is the end of the
+    text (Python's `re` lets `$` match before a final newline: "lab\n" passed for "lab").
+    `messages`: per field, the 400's message, formatted with the value given
+    (`{value}`: its repr, shortened), and the `detail.errors` entry's message if any."""
 
-    model_config = ConfigDict(strict=True, regex_engine="python-re")
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
     messages: ClassVar[dict[str, tuple[str, str | None]]] = {}
 
 
@@ -58,7 +61,7 @@ M = TypeVar("M", bound=_Request)
 _NOTE = Field("", max_length=MAX_NOTE_CHARS, description="Free text kept with the entry.")
 _NOTE_MESSAGE = (f"must be text of at most {MAX_NOTE_CHARS} characters", None)
 _CPU_HOURS_MESSAGE = (
-    "must be a number of CPU-hours, 0 or more, not {value!r}",
+    "must be a number of CPU-hours, 0 or more, not {value}",
     "a non-negative number",
 )
 
@@ -73,7 +76,7 @@ class AccountCreate(_Request):
     note: str = _NOTE
 
     messages: ClassVar[dict[str, tuple[str, str | None]]] = {
-        "name": ("must be 1-64 letters, digits, '_', '.' or '-', not {value!r}", None),
+        "name": ("must be 1-64 letters, digits, '_', '.' or '-', not {value}", None),
         "unlimited": ("must be true or false", None),
         "cpu_hours": _CPU_HOURS_MESSAGE,
         "note": _NOTE_MESSAGE,
@@ -105,7 +108,7 @@ def parse_body(model: type[M], data: dict[str, Any]) -> M:
         error = exc.errors()[0]
         name = str(error["loc"][0])
         message, short = model.messages[name]
-        text = f"{name}: {message.format(value=data.get(name))}"
+        text = f"{name}: {message.format(value=reprlib.repr(data.get(name)))}"
         detail = {"errors": [{"field": name, "message": short}]} if short else None
         raise ApiError(text, code="invalid_body", detail=detail) from None
 

@@ -10,6 +10,7 @@ import click
 
 from controller.cli.common import EXIT_CONFIG, console, err_console
 from controller.config import ConfigError, load_config, render_defaults
+from controller.executors.job_users import JobUsers
 
 
 @click.command()
@@ -74,10 +75,14 @@ def config_defaults() -> None:
 @config.command("check")
 @click.argument("path", type=click.Path(dir_okay=False))
 def config_check(path: str) -> None:
-    """Validate a configuration file; with executor slurm, also check that Slurm is
-    reachable and set up for spotbag (partitions, hooks, configless)."""
+    """Validate a configuration file and who jobs run as (run_as: the users it names
+    exist and are not root); with executor slurm, also check that Slurm is reachable
+    and set up for spotbag (partitions, hooks, configless)."""
+    from controller.wiring import make_job_users
+
     try:
         loaded = load_config(path)
+        users = make_job_users(loaded, loaded.resolved_state_dir(), as_daemon=False)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     console.print(
@@ -85,6 +90,7 @@ def config_check(path: str) -> None:
         f"executor {loaded.executor.name})",
         highlight=False,
     )
+    console.print(f"jobs run as: {describe_job_users(users)}", highlight=False)
     if loaded.executor.name == "slurm":
         from controller.cli.slurm import report_checks
         from controller.slurm.setup import check_slurm
@@ -92,3 +98,17 @@ def config_check(path: str) -> None:
         click.echo("Slurm:")
         if not report_checks(asyncio.run(check_slurm(loaded))):
             raise click.ClickException("Slurm is not ready for spotbag (see above)")
+
+
+def describe_job_users(users: JobUsers) -> str:
+    """Who jobs run as, and whether accounts are kept apart (README: What a job can touch)."""
+    if not users.configured:
+        return "the daemon's user (accounts are not kept apart; run_as sets users)"
+    named = ", ".join(f"{a} -> {u}" for a, u in sorted(users.accounts.items()))
+    parts = [f"run_as = {users.run_as!r}"] if users.run_as else []
+    if named:
+        parts.append(f"run_as_accounts: {named}")
+    if not users.run_as:
+        parts.append("other accounts cannot submit bags")
+    apart = "a user per account" if users.per_account else "accounts share a user: not kept apart"
+    return f"{'; '.join(parts)} ({apart})"

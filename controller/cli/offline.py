@@ -57,6 +57,9 @@ def simulate(
     spec_file: str, config_path: str | None, seed: int | None, keep_dir: str | None, as_json: bool
 ) -> None:
     """Run SPEC_FILE on a virtual clock with the real scheduler and print the summary."""
+    # The spec first: a file that cannot be a bag is refused before the scheduler's
+    # half second of imports.
+    spec = load_spec_file(spec_file)
     # Imported here: the other commands of this module need neither the configuration
     # (pydantic) nor asyncio, and `spotbag fit` is timed with its imports.
     import asyncio
@@ -70,7 +73,6 @@ def simulate(
         config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    spec = load_spec_file(spec_file)
     try:
         result = asyncio.run(
             run_simulation(spec, config, seed=seed, state_dir=Path(keep_dir) if keep_dir else None)

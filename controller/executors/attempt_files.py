@@ -5,16 +5,26 @@ its job writes.
 Both the local and the Slurm executor run a job's command under `WRAPPER`. For the
 Slurm executor these files live on the filesystem the head node shares with the
 VMs, so the controller reads what a job did on a VM without asking the VM.
+
+What the daemon reads back (an exit status, a start marker) counts only from a
+regular file owned by the attempt's job user that nobody else may write
+(`read_owned`); with a user per account (job_users.py) the daemon makes these files
+for that user (`hand_over`) where no job can create files, so one account's job
+cannot forge another's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from controller.executors.base import AttemptEvent, Outcome
+from controller.executors.job_users import JobUser
 
 # Every job runs under this POSIX sh wrapper ($1: the command, $2: the exit-status file).
 # It runs the command in the background of its own process group, forwards TERM to
@@ -40,14 +50,17 @@ printf '%s\\n' "$code" > "$2.tmp" && mv "$2.tmp" "$2"
 exit "$code"
 """
 WRAPPER = IGNORE_CHECKPOINT_SIGNAL + WRAPPER_BODY
-# For a job that runs as another user than the daemon (local executor, run_as): it may
-# not create files beside its log, so it writes its status into the (empty) file the
-# daemon made for it, in one write of a few bytes.
-WRAPPER_INTO_GIVEN_FILE = WRAPPER.replace(
+# For a job that runs as another user than the daemon (`run_as`): it may not create
+# files beside its log, so it writes its status into the (empty) file the daemon made
+# for it (`hand_over`), in one write of a few bytes; a reader takes it only once its
+# line is whole.
+WRAPPER_BODY_INTO_GIVEN_FILE = WRAPPER_BODY.replace(
     """printf '%s\\n' "$code" > "$2.tmp" && mv "$2.tmp" "$2"\n""",
     """printf '%s\\n' "$code" > "$2"\n""",
 )
-assert WRAPPER_INTO_GIVEN_FILE != WRAPPER
+assert WRAPPER_BODY_INTO_GIVEN_FILE != WRAPPER_BODY
+WRAPPER_INTO_GIVEN_FILE = IGNORE_CHECKPOINT_SIGNAL + WRAPPER_BODY_INTO_GIVEN_FILE
+_EXIT_LINE = re.compile(rb"[0-9]{1,3}\n")
 
 
 def exit_status_path(log_path: Path) -> Path:
@@ -61,12 +74,88 @@ def started_path(log_path: Path) -> Path:
     return log_path.with_suffix(".started")
 
 
-def read_exit_status(path: Path) -> tuple[int, float] | None:
-    """(exit status, when it was written) of a finished attempt, or None."""
+def read_owned(path: Path, owner: int, limit: int = 64) -> tuple[bytes, os.stat_result] | None:
+    """The first bytes of `path` and its status, if it is a regular file (not a link)
+    owned by `owner` that nobody else may write; else None. An attempt's files are
+    believed only so: a file another user could have written says nothing of the
+    attempt (job_users.py)."""
     try:
-        return int(path.read_text().strip()), path.stat().st_mtime
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        status = os.fstat(fd)
+        if not owned_by(status, owner):
+            return None
+        return os.read(fd, limit), status
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def owned_by(status: os.stat_result, owner: int) -> bool:
+    """Whether a file of this status is a regular file of `owner` that only it may write."""
+    return stat.S_ISREG(status.st_mode) and status.st_uid == owner and not status.st_mode & 0o022
+
+
+def read_exit_status(path: Path, owner: int) -> tuple[int, float] | None:
+    """(exit status, when it was written) of a finished attempt, or None: the wrapper's
+    whole line in a file of `owner`, the attempt's job user (`read_owned`)."""
+    found = read_owned(path, owner)
+    if found is None or not _EXIT_LINE.fullmatch(found[0]):
+        return None
+    return int(found[0]), found[1].st_mtime
+
+
+def read_started(path: Path, owner: int) -> float | None:
+    """When a Slurm attempt's program started: the start marker's time, once its script
+    wrote its line into it (it may be there empty, made for it: `hand_over`), in a
+    file of `owner` (`owned_by`); else None."""
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return None
+    if not owned_by(status, owner) or status.st_size == 0:
+        return None
+    return status.st_mtime
+
+
+def hand_over(
+    root: Path,
+    checkpoint_dir: Path,
+    user: JobUser,
+    *,
+    markers: Sequence[Path],
+    logs: Sequence[Path] = (),
+) -> None:
+    """Let an attempt's job user reach its job's checkpoint directory and the files it
+    writes under `root` (its exit status and start marker, made here empty; its log,
+    kept if there) and nothing else of `root`: the directories on the way may be passed
+    through (0711, the daemon's: not listed, not written), the checkpoint directory
+    is the user's (0700), and so are the files (0600). A job cannot create or replace
+    files beside them, so what the daemon reads back there is its own or nobody's."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    if checkpoint_dir.is_symlink():
+        raise OSError(f"{checkpoint_dir} is a symbolic link")
+    files = [*markers, *logs]
+    for leaf in (checkpoint_dir, *files):
+        leaf.parent.mkdir(parents=True, exist_ok=True)
+        path = leaf.parent
+        while path != root and root in path.parents:
+            path.chmod(0o711)
+            path = path.parent
+    root.chmod(0o711)
+    os.chown(checkpoint_dir, user.uid, user.gid, follow_symlinks=False)
+    checkpoint_dir.chmod(0o700)
+    for path in files:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if path in markers else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            os.fchown(fd, user.uid, user.gid)
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def checkpoint_fingerprint(directory: Path) -> tuple:

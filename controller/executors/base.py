@@ -28,6 +28,7 @@ Executors differ in three ways the scheduler asks about (class attributes):
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -116,6 +117,7 @@ class AttemptSpec(NamedTuple):
     cpus: int = 1  # what the job reserves on its VM (Slurm: -c, --mem)
     memory_gb: float = 1.0
     gpus: int = 0
+    account: str = ""  # its bag's: whose user it runs as (executors/job_users.py)
 
 
 class LiveAttempt(NamedTuple):
@@ -126,6 +128,7 @@ class LiveAttempt(NamedTuple):
     started_at: float
     max_runtime_s: float
     ref: str = ""  # the executor's own reference, e.g. the Slurm job id
+    account: str = ""  # its bag's: whose user's files tell how it went
 
 
 ExecutorEvent = AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | CallbackNoted
@@ -140,8 +143,33 @@ class ExecutorError(SpotbagError):
 
 
 class ExecutorUnavailable(ExecutorError):
-    """The executor cannot take attempts now (its cluster does not answer): the attempt
-    did not start, through no fault of its own; new ones wait a while."""
+    """The executor cannot take attempts now (its cluster does not answer, the
+    controller is out of descriptors or memory): the attempt did not start, through no
+    fault of its own; new ones wait a while."""
+
+
+# The controller's host ran out of something while starting an attempt: descriptors
+# (its own or the system's), memory, processes (fork's EAGAIN), buffers, disk or quota.
+# The job is not at fault: no attempt of it is counted, starts back off (issue 23).
+RESOURCE_ERRNOS = frozenset(
+    {
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOMEM,
+        errno.EAGAIN,
+        errno.ENOBUFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+    }
+)
+
+
+def start_error(what: str, exc: OSError) -> ExecutorError:
+    """What an OSError while starting an attempt means: the controller's resources ran
+    out (ExecutorUnavailable, not counted) or the attempt cannot start (counted)."""
+    if exc.errno in RESOURCE_ERRNOS:
+        return ExecutorUnavailable(f"{what}: the controller's host ran out of resources: {exc}")
+    return ExecutorError(f"{what}: {exc}")
 
 
 class Executor(Protocol):

@@ -29,6 +29,7 @@ from controller.executors.attempt_files import (
     checkpoint_fingerprint,
     end_event,
     exit_status_path,
+    hand_over,
     read_exit_status,
 )
 from controller.executors.base import (
@@ -39,7 +40,9 @@ from controller.executors.base import (
     ExecutorError,
     LiveAttempt,
     Outcome,
+    start_error,
 )
+from controller.executors.job_users import JobUser, JobUserError, JobUsers
 from controller.job_command import job_environment
 from drivers.base import VmType
 
@@ -72,12 +75,12 @@ class LocalExecutor:
         now: Callable[[], float],
         kill_grace_s: float = 5.0,
         checkpoint_poll_s: float = 0.02,
-        run_as: JobUser | None = None,
+        users: JobUsers | None = None,
     ) -> None:
         self._state_dir = state_dir
         self._logs = state_dir / "logs"
         self._checkpoints = state_dir / "checkpoints"
-        self._run_as = run_as
+        self._users = users or JobUsers()
         self._controller_id = controller_id
         self._now = now
         self._grace_s = kill_grace_s
@@ -113,10 +116,14 @@ class LocalExecutor:
             return f"the daemon's user cannot enter {path}"
         return None
 
-    def _user_arguments(self) -> dict[str, Any]:
-        if self._run_as is None:
+    def job_user_problem(self, account: str) -> str | None:
+        """Why `account`'s jobs could not run here (no user they may run as), or None."""
+        return self._users.problem(account)
+
+    @staticmethod
+    def _user_arguments(user: JobUser | None) -> dict[str, Any]:
+        if user is None:
             return {}
-        user = self._run_as
         return {"user": user.uid, "group": user.gid, "extra_groups": []}
 
     def checkpoint_dir(self, bag_id: str, job_id: str) -> Path:
@@ -137,24 +144,32 @@ class LocalExecutor:
             )
         )
         env[RUN_KEY] = f"{self._controller_id}:{spec.attempt_id}"
-        if self._run_as is not None:  # its own identity, not the daemon's
-            env.update(HOME=self._run_as.home, USER=self._run_as.name, LOGNAME=self._run_as.name)
+        try:
+            user = self._users.for_account(spec.account)
+        except JobUserError as exc:
+            raise ExecutorError(str(exc)) from None
+        if user is not None:  # its own identity, not the daemon's
+            env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
         try:
             await asyncio.to_thread(_prepare_dirs, log_path.parent, checkpoint_dir)
-            if self._run_as is not None:
+            if user is not None:
                 await asyncio.to_thread(
-                    _hand_over, self._state_dir, checkpoint_dir, log_path, self._run_as
+                    hand_over,
+                    self._state_dir,
+                    checkpoint_dir,
+                    user,
+                    markers=[exit_status_path(log_path)],
                 )
             # The daemon opens the log: the job writes to it without reaching the
             # state directory.
             log = await asyncio.to_thread(open, log_path, "ab")
         except OSError as exc:
-            raise ExecutorError(f"cannot prepare log/checkpoint directories: {exc}") from exc
+            raise start_error("cannot prepare log/checkpoint directories", exc) from exc
         try:
             process = await asyncio.create_subprocess_exec(
                 "/bin/sh",
                 "-c",
-                WRAPPER if self._run_as is None else WRAPPER_INTO_GIVEN_FILE,
+                WRAPPER if user is None else WRAPPER_INTO_GIVEN_FILE,
                 "spotbag-job",
                 spec.command,
                 str(exit_status_path(log_path)),
@@ -164,10 +179,10 @@ class LocalExecutor:
                 cwd=spec.workdir or None,
                 env=env,
                 start_new_session=True,
-                **self._user_arguments(),
+                **self._user_arguments(user),
             )
         except OSError as exc:
-            raise ExecutorError(f"cannot start /bin/sh in workdir {spec.workdir!r}: {exc}") from exc
+            raise start_error(f"cannot start /bin/sh in workdir {spec.workdir!r}", exc) from exc
         finally:
             log.close()
         running = _Running(spec, process)
@@ -279,19 +294,22 @@ class LocalExecutor:
 
         - attempts this executor still runs are watched on;
         - every other process left by this controller is killed (the daemon crashed);
-        - attempts that finished meanwhile (their exit status was recorded) are
-          reported as ended, with that status, instead of being lost and run again.
+        - attempts that finished meanwhile (their exit status was recorded, in a file
+          of the attempt's job user that nobody else may write) are reported as ended,
+          with that status, instead of being lost and run again.
         Returns the attempts that are running or were reported."""
-        attempt_ids = [a.attempt_id for a in attempts]
         keep = {r.process.pid for r in self._running.values()}
         await asyncio.to_thread(kill_orphans, self._controller_id, keep_groups=keep)
-        known = {a for a in attempt_ids if a in self._running}
-        for attempt_id in attempt_ids:
+        known = {a.attempt_id for a in attempts if a.attempt_id in self._running}
+        for live in attempts:
+            attempt_id = live.attempt_id
             if attempt_id in known:
                 continue
             job_id, _, number = attempt_id.rpartition(".")
             log_path = Path(self.log_path(job_id.rpartition("-")[0], job_id, int(number)))
-            finished = await asyncio.to_thread(read_exit_status, exit_status_path(log_path))
+            finished = await asyncio.to_thread(
+                read_exit_status, exit_status_path(log_path), self._users.owner(live.account)
+            )
             if finished is not None:
                 code, at = finished
                 self._emit(
@@ -323,37 +341,6 @@ class LocalExecutor:
 def _prepare_dirs(*paths: Path) -> None:
     for path in paths:
         path.mkdir(parents=True, exist_ok=True)
-
-
-@dataclass(frozen=True)
-class JobUser:
-    """The unprivileged user local jobs run as (`[executor] run_as`)."""
-
-    name: str
-    uid: int
-    gid: int
-    home: str = "/"
-
-
-def _hand_over(state_dir: Path, checkpoint_dir: Path, log_path: Path, user: JobUser) -> None:
-    """Let the job's user reach its own checkpoint directory and exit-status file and
-    nothing else: the directories on the way may be passed through (0711: not listed,
-    not read), its checkpoint directory is its own (0700), and so is the empty file it
-    writes its exit status into (its log is opened for it by the daemon)."""
-    for leaf in (checkpoint_dir, log_path):
-        path = leaf.parent
-        while path != state_dir and state_dir in path.parents:
-            path.chmod(0o711)
-            path = path.parent
-    state_dir.chmod(0o711)
-    os.chown(checkpoint_dir, user.uid, user.gid)
-    checkpoint_dir.chmod(0o700)
-    status = exit_status_path(log_path)
-    fd = os.open(status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchown(fd, user.uid, user.gid)
-    finally:
-        os.close(fd)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

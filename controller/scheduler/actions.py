@@ -20,12 +20,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from controller.executors.base import (
+    RESOURCE_ERRNOS,
     AttemptEvent,
     AttemptSpec,
     ExecutorError,
     ExecutorUnavailable,
     Outcome,
     PoolExecutor,
+    start_error,
 )
 from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
@@ -68,6 +70,9 @@ class ActionsMixin(EventsMixin):
         except ExecutorError as exc:
             return spec, "", exc
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
+                # The host ran out of something the executor did not expect to need.
+                return spec, "", start_error("starting the attempt", exc)
             log.exception("starting %s failed", spec.attempt_id)
             return spec, "", ExecutorError(f"internal error: {exc}")
 

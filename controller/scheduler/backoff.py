@@ -22,7 +22,8 @@ log = logging.getLogger("spotbag.scheduler")
 
 class Backoff:
     """Back-off after failed actions: per VM type after failed launches, and for all
-    starts after the executor could not take attempts (Slurm down)."""
+    starts after the executor could not take attempts (Slurm down, the host out of
+    descriptors or memory)."""
 
     def __init__(self, settings: SchedulerConfig, executor_name: str) -> None:
         self.settings = settings
@@ -31,6 +32,7 @@ class Backoff:
         # The executor could not take attempts: no new ones until then.
         self.starts_blocked_until = 0.0
         self.starts_backoff_s = 0.0
+        self.starts_failing = False  # since the first pass it could not, until one it could
 
     def blocked_types(self) -> dict[str, float]:
         """Until when each backed-off VM type may not be launched (for the planner)."""
@@ -39,19 +41,28 @@ class Backoff:
     def after_starts(self, error: ExecutorUnavailable | None, now: float, started: bool) -> None:
         """After the executor could not take attempts, start none for a while (from
         launch_backoff_s, doubling up to launch_backoff_max_s); a pass whose starts all
-        went through clears it."""
+        went through clears it. Logged once per burst: a warning when it begins (the
+        passes after it, while it lasts, only at debug level) and a line when it ends,
+        however many attempts and passes it held back."""
         if error is None:
             if started:
+                if self.starts_failing:
+                    log.info("the %s executor takes attempts again", self.executor_name)
+                self.starts_failing = False
                 self.starts_backoff_s = 0.0
             return
+        first, self.starts_failing = not self.starts_failing, True
         base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
         self.starts_backoff_s = min(most, max(base, 2 * self.starts_backoff_s))
         self.starts_blocked_until = now + self.starts_backoff_s
-        log.warning(
-            "the %s executor cannot take attempts (%s); no new ones for %.0f s",
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "the %s executor cannot take attempts (%s); none is counted against its job's "
+            "max_attempts; no new ones for %.0f s%s",
             self.executor_name,
             error,
             self.starts_backoff_s,
+            ", then longer while this lasts (said again when it ends)" if first else "",
         )
 
     def after_launches(

@@ -200,6 +200,13 @@ class EventsMixin(TransitionsMixin):
         job = self.jobs.get((attempt.bag_id, attempt.idx))
         bag = self.bags[attempt.bag_id]
         at = event.at
+        if attempt.ran_at is None and event.outcome in (Outcome.EXITED, Outcome.TIMED_OUT):
+            # It left an exit status, or ran out of time: its program ran, though that
+            # was never recorded (the controller died between starting it and writing
+            # so, and found its exit status at the restart). It ran from when it was
+            # started, as far as anyone knows, and is charged for it: only attempts
+            # that never ran are charged nothing.
+            attempt.ran_at = attempt.started_at
         if attempt.cancelling or job is None or job.state is not JobState.RUNNING:
             self._finish_attempt(
                 attempt, AttemptState.CANCELLED, at, event.exit_code, "cancelled", batch

@@ -189,6 +189,7 @@ class PlanningMixin(TransitionsMixin):
             cpus=spec.resources.cpus,
             memory_gb=spec.resources.memory_gb,
             gpus=spec.resources.gpus,
+            account=spec.account,
             attempt_id=attempt.id,
             bag_id=bag.id,
             job_id=job.id,

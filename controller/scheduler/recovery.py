@@ -46,7 +46,7 @@ class RecoveryMixin(ActionsMixin):
         state = await self.store.load_active()
         batch = self.store.new_batch()
         for bag_row in state["bags"]:
-            spec = BagSpec.model_validate_json(bag_row["spec"])
+            spec = BagSpec.from_stored(bag_row["spec"])
             counts = bag_row["counts"]
             self.bags[bag_row["id"]] = BagRun(
                 id=bag_row["id"],
@@ -166,7 +166,12 @@ class RecoveryMixin(ActionsMixin):
         adopted = await self.executor.recover(
             [
                 LiveAttempt(
-                    a.id, a.vm_id, a.started_at, self.bags[a.bag_id].spec.max_runtime_s, a.ref
+                    a.id,
+                    a.vm_id,
+                    a.started_at,
+                    self.bags[a.bag_id].spec.max_runtime_s,
+                    a.ref,
+                    self.bags[a.bag_id].spec.account,
                 )
                 for a in attempts
             ],

@@ -66,30 +66,42 @@ def verify(
         raise CallbackRejected("bad signature (is the hooks' secret the controller's?)")
 
 
-class SlurmEvent(BaseModel):
-    """One hook run's report (the fields each hook knows; the others stay empty)."""
+# Epoch seconds a hook may report: from 1970 to the year 5138. Bounded so that the
+# event's key (int(submit)) and the store's REAL and INTEGER columns take them.
+MAX_EPOCH_S = 1e11
+MAX_CPUS = 10_000_000  # a Slurm job's CPUs (PROCS), over all its nodes
+MAX_RESTARTS = 2**31 - 1  # Slurm keeps a job's restart count in 16 bits; a SQLite int
 
-    model_config = ConfigDict(extra="ignore", str_max_length=100_000)
+
+def _epoch() -> Any:
+    return Field(None, ge=0, le=MAX_EPOCH_S)
+
+
+class SlurmEvent(BaseModel):
+    """One hook run's report (the fields each hook knows; the others stay empty).
+    Numbers are finite and bounded: an infinite `submit` made the key's int() raise."""
+
+    model_config = ConfigDict(extra="ignore", str_max_length=100_000, allow_inf_nan=False)
 
     event: Literal[
         "jobcomp", "prolog_slurmctld", "epilog_slurmctld", "resume", "suspend", "resume_fail"
     ]
     event_id: str = Field("", max_length=64)
-    sent_at: float | None = None
+    sent_at: float | None = _epoch()
     cluster: str = ""
     job_id: str = Field("", max_length=32, pattern=r"^[0-9]*$")
     job_name: str = ""
-    restart_count: int = Field(0, ge=0)
+    restart_count: int = Field(0, ge=0, le=MAX_RESTARTS)
     state: str = ""
     exit_code: str = ""
     nodes: str = ""
     partition: str = ""
     user: str = ""
     account: str = ""
-    cpus: float | None = Field(None, ge=0)
-    submit: float | None = None
-    start: float | None = None
-    end: float | None = None
+    cpus: float | None = Field(None, ge=0, le=MAX_CPUS)
+    submit: float | None = _epoch()
+    start: float | None = _epoch()
+    end: float | None = _epoch()
     resume: dict[str, Any] | None = None
 
     @property

@@ -103,7 +103,7 @@ class RunAccount:
     @property
     def valid(self) -> bool:
         """Whether it can be a spotbag account at all (the API's and the CLI's rule)."""
-        return bool(_ACCOUNT_NAME.match(self.name))
+        return bool(_ACCOUNT_NAME.fullmatch(self.name))
 
     def unknown(self) -> str:
         """Why the run cannot be charged when spotbag has no such account: which account

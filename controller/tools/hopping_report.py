@@ -106,7 +106,7 @@ def parse_job(text: str) -> list[Phase]:
     phases = []
     parts = text.split(",")
     for n, part in enumerate(parts):
-        match = _JOB_PART.match(part)
+        match = _JOB_PART.fullmatch(part)
         if not match:
             raise PlanError(
                 f"--job: cannot read {part!r}; write CPUS:GB (runs to the end) or "

@@ -17,6 +17,9 @@
 #                             or the local driver's VM hosts, which share the head's disk)
 
 set -euo pipefail
+# What this starts (munged, slurmd: its configless cache is what jobs' Slurm commands
+# read, as the jobs' users) gets the usual umask, whatever the caller's.
+umask 022
 set -a
 . /etc/spotbag/node.env
 set +a
@@ -111,6 +114,9 @@ PY
 
 install_munge_key() {
     install -d -m 0700 /etc/munge
+    # Private while it is written; what is started later keeps the script's umask.
+    local umask_was
+    umask_was=$(umask)
     umask 077
     retry fetch_munge_key >/etc/munge/munge.key.new
     if [ "$(wc -c </etc/munge/munge.key.new)" -lt 32 ]; then
@@ -119,6 +125,7 @@ install_munge_key() {
     fi
     chmod 0400 /etc/munge/munge.key.new
     mv /etc/munge/munge.key.new /etc/munge/munge.key
+    umask "$umask_was"
     if id munge >/dev/null 2>&1 && systemd_runs; then
         chown -R munge:munge /etc/munge
     fi
@@ -153,12 +160,24 @@ mount_shared() {
     fi
 }
 
+add_user() {  # add_user NAME UID GID, unless the VM knows NAME already
+    local name=$1 uid=$2 gid=$3
+    id -u "$name" >/dev/null 2>&1 && return 0
+    getent group "$gid" >/dev/null || groupadd -g "$gid" "$name"
+    useradd -u "$uid" -g "$gid" -M -d / -s /usr/sbin/nologin "$name"
+}
+
 add_job_user() {
-    # Jobs run as the daemon's user: slurmd must know it, by the same ids.
-    [ -n "${SPOTBAG_JOB_USER:-}" ] || return 0
-    id -u "$SPOTBAG_JOB_USER" >/dev/null 2>&1 && return 0
-    getent group "${SPOTBAG_JOB_GID:?}" >/dev/null || groupadd -g "$SPOTBAG_JOB_GID" "$SPOTBAG_JOB_USER"
-    useradd -u "${SPOTBAG_JOB_UID:?}" -g "$SPOTBAG_JOB_GID" -M -d / -s /usr/sbin/nologin "$SPOTBAG_JOB_USER"
+    # Jobs run as the daemon's user, or as their accounts' users (SPOTBAG_JOB_USERS:
+    # "name:uid:gid ..."): slurmd must know them, by the same ids.
+    if [ -n "${SPOTBAG_JOB_USER:-}" ]; then
+        add_user "$SPOTBAG_JOB_USER" "${SPOTBAG_JOB_UID:?}" "${SPOTBAG_JOB_GID:?}"
+    fi
+    local entry name uid gid
+    for entry in ${SPOTBAG_JOB_USERS:-}; do
+        IFS=: read -r name uid gid <<<"$entry"
+        add_user "$name" "$uid" "$gid"
+    done
 }
 
 slurmd_args() {  # one argument per line

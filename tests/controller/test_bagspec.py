@@ -5,8 +5,9 @@ from __future__ import annotations
 import shlex
 
 import pytest
+from pydantic import ValidationError
 
-from controller.bagspec import BagSpecError, parse_bag
+from controller.bagspec import BagSpec, BagSpecError, parse_bag
 from controller.job_command import job_environment, render_command
 
 BASE = {"account": "lab", "command": "prog", "max_runtime_s": 60}
@@ -93,7 +94,7 @@ def test_environment_of_a_job():
 @pytest.mark.parametrize(
     ("data", "field", "words"),
     [
-        (spec(max_runtime_s=0), "max_runtime_s", "greater than 0"),
+        (spec(max_runtime_s=0), "max_runtime_s", "greater than or equal to 1"),
         (spec(max_runtime_s=True), "max_runtime_s", "valid number"),
         ({"command": "x", "max_runtime_s": 1}, "account", "missing"),
         (spec(account="has space"), "account", "pattern"),
@@ -104,6 +105,7 @@ def test_environment_of_a_job():
         (spec(parameters={"a": [1, [2]]}), "parameters.a[1]", "strings, numbers or booleans"),
         (spec(parameters={"a": {"range": [0, 1, 0]}}), "parameters.a.range", "step must not be 0"),
         (spec(parameters={"a": {"range": [0, "9"]}}), "parameters.a.range", "finite numbers"),
+        (spec(parameters={"a": {"range": [0.5, 10**400]}}), "parameters.a.range", "too large"),
         (spec(parameters={"a": {"from": 0}}), "parameters.a", "range"),
         (spec(parameters={"1a": [1]}), "parameters.1a", "identifier"),
         (spec(parameters={"a": [1], "A": [2]}), "parameters", "SPOTBAG_PARAM_A"),
@@ -114,6 +116,8 @@ def test_environment_of_a_job():
         (spec(command="x {a!r}", parameters={"a": [1]}), "command", "conversions"),
         (spec(command="x {a", parameters={"a": [1]}), "command", "placeholder syntax"),
         (spec(command="x {a:d}", parameters={"a": ["s"]}), "command", "cannot format job 0"),
+        (spec(command="x {a:.2f}", parameters={"a": [10**400]}), "command", "too large"),
+        (spec(command="x {a:c}", points=[{"a": 10**10}]), "command", "not in range"),
         (spec(env={"SPOTBAG_JOB_ID": "x"}), "env.SPOTBAG_JOB_ID", "set by spotbag"),
         (spec(estimated_runtime_s=100), "estimated_runtime_s", "exceeds max_runtime_s"),
         (spec(retryable_exit_codes=[0]), "retryable_exit_codes[0]", "1..255"),
@@ -138,3 +142,107 @@ def test_all_problems_are_reported_at_once():
     error = error_of(spec(max_runtime_s=-1, resources={"cpus": 0}))
     assert {p.field for p in error.problems} == {"max_runtime_s", "resources.cpus"}
     assert "(and 1 more)" in str(error)
+
+
+TINY = 2.2250738585072014e-308  # the smallest normal float; 1e-320 is denormal
+HUGE = float("1e999")  # what JSON's 1e999 decodes to: infinity
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        # Runtimes are at least a second (issue 23: a denormal one passed gt=0).
+        (spec(max_runtime_s=TINY), "max_runtime_s", "greater than or equal to 1"),
+        (spec(max_runtime_s=1e-320), "max_runtime_s", "greater than or equal to 1"),
+        (spec(max_runtime_s=0.999), "max_runtime_s", "greater than or equal to 1"),
+        (spec(max_runtime_s=HUGE), "max_runtime_s", "finite number"),
+        (spec(max_runtime_s=-HUGE), "max_runtime_s", "finite number"),
+        (spec(max_runtime_s=30 * 86_400 + 1), "max_runtime_s", "less than or equal to 2592000"),
+        (spec(estimated_runtime_s=1e-320), "estimated_runtime_s", "greater than or equal to 1"),
+        (spec(estimated_runtime_s=HUGE), "estimated_runtime_s", "finite number"),
+        (spec(simulation={"runtime_s": 0.5}), "simulation.runtime_s", "greater than or equal to 1"),
+        (spec(simulation={"runtime_cv": HUGE}), "simulation.runtime_cv", "finite number"),
+        (spec(simulation={"failure_probability": 1.5}), "simulation.failure_probability", "1"),
+        (spec(checkpoint_cost_s=5e-324), "checkpoint_cost_s", "greater than or equal to 0.001"),
+        (spec(checkpoint_cost_s=HUGE), "checkpoint_cost_s", "finite number"),
+        (spec(resources={"memory_gb": HUGE}), "resources.memory_gb", "finite number"),
+        # Integer fields: a float with a fraction, or infinity, is refused with its value.
+        (spec(resources={"cpus": 1699.5}), "resources.cpus", "an integer, not 1699.5"),
+        (spec(resources={"cpus": HUGE}), "resources.cpus", "an integer, not inf"),
+        (spec(resources={"gpus": 0.5}), "resources.gpus", "an integer, not 0.5"),
+        (spec(max_attempts=2.5), "max_attempts", "an integer, not 2.5"),
+        (spec(max_attempts=1e300), "max_attempts", "less than or equal to 100"),
+        (spec(retryable_exit_codes=[75.5]), "retryable_exit_codes[0]", "an integer"),
+        (spec(retryable_exit_codes=[256.0]), "retryable_exit_codes[0]", "1..255"),
+        (spec(retryable_exit_codes=list(range(1, 256)) * 2), "retryable_exit_codes", "at most 255"),
+        (spec(simulation={"failure_exit_code": 1.5}), "simulation.failure_exit_code", "an integer"),
+        # ...and the strict types still hold for them.
+        (spec(max_attempts="3"), "max_attempts", "valid integer"),
+        (spec(max_attempts=True), "max_attempts", "valid integer"),
+        (spec(resources={"cpus": "2"}), "resources.cpus", "valid integer"),
+    ],
+)
+def test_numbers_are_finite_bounded_and_integral_where_the_schema_says(data, field, words):
+    error = error_of(data)
+    assert [p.field for p in error.problems] == [field], error.problems
+    assert words in error.problems[0].message, error.problems[0].message
+
+
+def test_integral_floats_are_the_integers_they_stand_for():
+    # JSON Schema's "integer" (what /openapi.json says) includes 1699.0.
+    bag = parse_bag(
+        spec(
+            resources={"cpus": 1699.0, "gpus": 1.0},
+            max_attempts=3.0,
+            retryable_exit_codes=[75.0, 3],
+            simulation={"failure_exit_code": 2.0},
+        )
+    )
+    assert bag.spec.resources.cpus == 1699 and type(bag.spec.resources.cpus) is int
+    assert bag.spec.resources.gpus == 1 and type(bag.spec.resources.gpus) is int
+    assert bag.spec.max_attempts == 3 and type(bag.spec.max_attempts) is int
+    assert bag.spec.retryable_exit_codes == [75, 3]
+    assert all(type(code) is int for code in bag.spec.retryable_exit_codes)
+    assert bag.spec.simulation is not None and bag.spec.simulation.failure_exit_code == 2
+    # Stored and shown as integers: the spec's JSON says 1699, not 1699.0.
+    assert '"cpus":1699,' in bag.spec.model_dump_json()
+    # The bounds themselves are accepted: a second, 1 ms of checkpoint.
+    parse_bag(spec(max_runtime_s=1, estimated_runtime_s=1.0, checkpoint_cost_s=0.001))
+
+
+def test_a_schema_problem_elsewhere_does_not_make_the_placeholders_unknown():
+    error = error_of(spec(command="prog {x}", parameters={"x": [1]}, max_runtime_s=1e-320))
+    assert [p.field for p in error.problems] == ["max_runtime_s"]
+
+
+def test_a_stored_spec_admitted_under_looser_bounds_is_still_read_back():
+    # A bag admitted before runtimes had to be 1 s or more: a restart recovers it.
+    stored = parse_bag(spec(resources={"cpus": 2}, simulation={"runtime_cv": 0.5}))
+    text = stored.spec.model_dump_json(exclude={"points"}).replace(
+        '"max_runtime_s":60.0', '"max_runtime_s":0.5'
+    )
+    assert '"max_runtime_s":0.5' in text
+    with pytest.raises(ValidationError):
+        BagSpec.model_validate_json(text)
+    old = BagSpec.from_stored(text)
+    assert old.max_runtime_s == 0.5 and old.resources.cpus == 2 and old.account == "lab"
+    assert old.simulation is not None and old.simulation.runtime_cv == 0.5
+    assert old.model_dump_json(exclude={"points"}) == text  # the same spec, field for field
+    # One that passes today's checks is validated as usual.
+    assert BagSpec.from_stored(stored.spec.model_dump_json()) == stored.spec
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        # `$` in re.match lets a final newline through: names are matched whole.
+        (spec(env={"A\n": "1"}), "env.A\n"),
+        (spec(env={"\nA": "1"}), "env.\nA"),
+        (spec(command="prog", parameters={"x\n": [1]}), "parameters.x\n"),
+        (spec(command="prog", points=[{"x\n": 1}]), "points[0].x\n"),
+        (spec(account="lab\n"), "account"),
+    ],
+)
+def test_names_with_a_trailing_newline_are_refused(data, field):
+    error = error_of(data)
+    assert [p.field for p in error.problems] == [field], error.problems

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -17,6 +19,7 @@ from controller.executors.base import (
     AttemptSpec,
     CheckpointEvent,
     ExecutorError,
+    ExecutorUnavailable,
     Outcome,
 )
 from controller.executors.local import LocalExecutor, kill_orphans
@@ -119,8 +122,47 @@ async def test_cancel_and_vm_loss_stop_attempts(executor):
 
 
 async def test_a_missing_workdir_is_a_start_error(executor, tmp_path):
-    with pytest.raises(ExecutorError, match="workdir"):
+    with pytest.raises(ExecutorError, match="workdir") as raised:
         await executor.start(spec("true", workdir=str(tmp_path / "nope")))
+    assert not isinstance(raised.value, ExecutorUnavailable)  # the job's fault: counted
+
+
+@contextlib.contextmanager
+def descriptors_left(n: int):
+    """This process with only `n` descriptors free (its soft RLIMIT_NOFILE lowered, and
+    filled up to it), as a daemon whose clients took the rest (issue 23)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = len(os.listdir("/proc/self/fd"))
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 16, hard))
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        for fd in fillers[len(fillers) - n :] if n else ():
+            os.close(fd)
+        del fillers[len(fillers) - n :]
+        yield
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# 0 free: the job's log cannot be opened; 1 free: the log opens, the process cannot be
+# spawned (its /dev/null stdin, its exec pipe).
+@pytest.mark.parametrize("free", [0, 1])
+async def test_out_of_descriptors_is_the_controllers_fault_not_the_jobs(executor, tmp_path, free):
+    await asyncio.to_thread(lambda: None)  # the thread pool's thread, made beforehand
+    with descriptors_left(free), pytest.raises(ExecutorUnavailable) as raised:
+        await executor.start(spec("true", workdir=str(tmp_path)))
+    assert "Too many open files" in str(raised.value)
+    assert "ran out of resources" in str(raised.value)
+    assert executor.running_pids() == {}
+    # With descriptors back, the same attempt starts.
+    await executor.start(spec("true", workdir=str(tmp_path)))
+    await run(executor, executor.events)
+    assert (executor.events[0].outcome, executor.events[0].exit_code) == (Outcome.EXITED, 0)
 
 
 def test_kill_orphans_finds_processes_by_their_run_key(tmp_path):

@@ -28,7 +28,7 @@ import click
 import pytest
 
 from controller.cli import cli
-from controller.config import ExecutorConfig
+from controller.config import ApiConfig, ExecutorConfig
 
 pytestmark = pytest.mark.processes  # real processes: left out of make test-fast
 
@@ -126,6 +126,16 @@ def test_stop_lets_the_daemon_stop_its_jobs() -> None:
     assert timeout_s >= grace_s + 10, (
         f"TimeoutStopSec={timeout_s:g} leaves too little room after kill_grace_s={grace_s:g}"
     )
+
+
+def test_the_descriptor_limit_holds_every_connection_and_the_reserve() -> None:
+    """Under systemd's default soft limit (1,024) slow clients took every descriptor
+    (issue 23); the unit's limit must hold the default connection cap and the
+    descriptors the daemon keeps for its own work, with room to spare."""
+    settings = unit_settings(UNIT.read_text())
+    limit = int(settings["LimitNOFILE"][0])  # one number: soft and hard alike
+    api = ApiConfig()
+    assert limit >= 4 * (api.max_connections + api.reserved_fds)
 
 
 def test_no_settings_that_break_the_daemon_or_its_jobs() -> None:

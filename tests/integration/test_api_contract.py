@@ -212,3 +212,80 @@ def test_an_environment_too_large_to_start_a_job_is_refused_at_admission(client)
     # Just under the limit: admitted, and the job does start (no E2BIG).
     bag = client.submit({**base, "command": 'test "${{#A}}" -eq 100000', "env": {"A": big}})
     assert wait_for_bag(client, bag["id"], 60)["state"] == "succeeded"
+
+
+def bag_numbers(schemas: dict) -> list[tuple[str, dict]]:
+    """(field, schema) of every number in a bag's body, as /openapi.json gives them."""
+    found = []
+    for model, prefix in (
+        ("BagSpec", ""),
+        ("Resources", "resources."),
+        ("SimulationHints", "simulation."),
+    ):
+        for name, prop in schemas[model]["properties"].items():
+            for option in prop.get("anyOf", [prop]):
+                if option.get("type") in ("number", "integer"):
+                    found.append((prefix + name, option))
+                elif option.get("type") == "array" and option["items"].get("type") == "integer":
+                    found.append((prefix + name + "[0]", option["items"]))
+    return found
+
+
+def with_value(field: str, value) -> dict:
+    spec = {"account": "numbers", "command": "true", "max_runtime_s": 30 * 86_400}
+    if field.endswith("[0]"):
+        spec[field[:-3]] = [value]
+    elif "." in field:
+        part, name = field.split(".")
+        spec[part] = {name: value}
+    else:
+        spec[field] = value
+    return spec
+
+
+def test_every_number_of_a_bag_is_bounded_as_documented(client):
+    """Each number in a bag has a documented minimum and maximum (issue 23: a runtime of
+    1e-320 passed `gt=0`); both are taken, and a little past either is a 400 naming the
+    field. An integer's bounds are taken as integral floats (1699.0) too."""
+    schemas = client.request("GET", "/openapi.json")["components"]["schemas"]
+    numbers = bag_numbers(schemas)
+    assert {field for field, _ in numbers} >= {
+        "max_runtime_s",
+        "estimated_runtime_s",
+        "checkpoint_cost_s",
+        "max_attempts",
+        "retryable_exit_codes[0]",
+        "resources.cpus",
+        "resources.gpus",
+        "resources.memory_gb",
+        "simulation.runtime_s",
+        "simulation.runtime_cv",
+        "simulation.failure_probability",
+        "simulation.failure_exit_code",
+    }
+    assert schemas["BagSpec"]["properties"]["max_runtime_s"]["minimum"] == 1
+    for field, schema in numbers:
+        assert {"minimum", "maximum"} <= set(schema), (field, schema)
+        low, high = schema["minimum"], schema["maximum"]
+        taken = [low, high]
+        if schema["type"] == "integer":
+            taken += [float(low), float(high)]
+            beyond = [low - 1, high + 1, low + 0.5]
+        else:
+            beyond = [low - max(1e-9, abs(low) / 1000), high + max(1e-9, abs(high) / 1000)]
+        for value in taken:
+            status, _, answer = call(client, "POST", "/v1/bags", HEADERS, dump(field, value))
+            assert status in (201, 422), (field, value, answer)  # 422: no VM that large
+            if status == 201:
+                client.cancel(answer["id"])
+        for value in beyond:
+            status, _, answer = call(client, "POST", "/v1/bags", HEADERS, dump(field, value))
+            assert status == 400, (field, value, answer)
+            assert answer["error"]["message"].startswith(f"{field}: "), (field, value, answer)
+
+
+HEADERS = {"Authorization": "Bearer t0ken", "Content-Type": "application/json"}
+
+
+def dump(field: str, value) -> bytes:
+    return json.dumps(with_value(field, value)).encode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import urllib.request
 
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.cli.client import ClientError
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +102,24 @@ def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, dict[str
             "parameters",
         ),
         (json.dumps({**BASE, "command": "x {x:>10000000000}"}).encode(), 400, "command"),
+        # A number a format spec overflows on (OverflowError in the size check: a 500).
+        (
+            json.dumps({**BASE, "command": "x {x:.2f}", "parameters": {"x": [10**400]}}).encode(),
+            400,
+            "command",
+        ),
+        (
+            json.dumps({**BASE, "command": "x {x:c}", "parameters": {"x": [10**10]}}).encode(),
+            400,
+            "command",
+        ),
+        (
+            json.dumps(
+                {**BASE, "command": "x {x:e}", "parameters": None, "points": [{"x": -(10**400)}]}
+            ).encode(),
+            400,
+            "command",
+        ),
         (
             json.dumps({**BASE, "parameters": {"x": ["y" * 200_000]}}).encode(),
             400,
@@ -150,6 +170,12 @@ def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, dict[str
             400,
             "parameters.x.range",
         ),
+        # An int bound too large for a float beside a float one (math.isfinite raised).
+        (
+            json.dumps({**BASE, "parameters": {"x": {"range": [0.5, 10**400, 1]}}}).encode(),
+            400,
+            "parameters.x.range",
+        ),
     ],
 )
 def test_hostile_and_broken_bodies(client, body, status, field):
@@ -185,6 +211,77 @@ def test_resource_values_out_of_range_are_400_naming_the_field_and_the_range(cli
         assert code == 400, answer
         assert answer["error"]["detail"]["errors"][0]["field"] == field
         assert words in answer["error"]["message"], answer["error"]["message"]
+
+
+def post_json(client, path: str, body: bytes) -> tuple[int, dict]:
+    """POST raw JSON text (1e999, 1699.0: forms json.dumps would not write) to `path`."""
+    request = urllib.request.Request(
+        client.url + path,
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {client.token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("runtime", ["2.2250738585072014e-308", "1e-320", "0.5", "1e999"])
+@pytest.mark.parametrize("when_short", ["hold", "reject"])
+def test_a_runtime_under_a_second_is_400_on_a_finite_account(client, runtime, when_short):
+    # Issue 23: with "hold" on a finite account a denormal runtime was a 500
+    # (OverflowError in jobs_covered); with "reject" the bag was accepted and every
+    # attempt killed at once.
+    try:
+        client.create_account("finite", cpu_hours=50)
+    except ClientError as exc:
+        assert exc.status == 409  # made by an earlier case
+    spec = {**BASE, "account": "finite", "on_insufficient_balance": when_short}
+    body = json.dumps({**spec, "max_runtime_s": 123.25}).replace("123.25", runtime)
+    code, answer = post_raw(client, body.encode())
+    assert code == 400, answer
+    error = answer["error"]
+    assert error["detail"]["errors"] == [
+        {
+            "field": "max_runtime_s",
+            "message": "Input should be a finite number"
+            if runtime == "1e999"
+            else "Input should be greater than or equal to 1",
+        }
+    ]
+    assert error["message"].startswith("max_runtime_s: ")
+    assert client.account("finite")["reserved_cpu_h"] == 0  # nothing was admitted
+
+
+def test_integers_may_come_as_integral_floats_and_other_floats_are_400(client):
+    body = json.dumps({**BASE, "resources": {"cpus": 2.0}, "max_attempts": 3.0})
+    assert "2.0" in body and "3.0" in body
+    code, answer = post_raw(client, body.encode())
+    assert code == 201, answer
+    assert answer["spec"]["resources"]["cpus"] == 2 and answer["spec"]["max_attempts"] == 3
+    client.cancel(answer["id"])
+    # Accepted as the integer 1699, then refused for what it is: no VM type has 1699 CPUs.
+    code, answer = post_raw(client, json.dumps({**BASE, "resources": {"cpus": 1699.0}}).encode())
+    assert code == 422, answer
+    code, answer = post_raw(client, json.dumps({**BASE, "resources": {"cpus": 1699.5}}).encode())
+    assert code == 400, answer
+    assert answer["error"]["message"] == "resources.cpus: must be an integer, not 1699.5"
+    code, answer = post_raw(client, b'{"account": "a", "command": "x", "max_runtime_s": 1e400}')
+    assert code == 400 and answer["error"]["message"].startswith("max_runtime_s: "), answer
+
+
+def test_account_amounts_are_finite(client):
+    client.create_account("amounts", cpu_hours=1)
+    for path, body in (
+        ("/v1/accounts", b'{"name": "inf-lab", "cpu_hours": 1e999}'),
+        ("/v1/accounts", b'{"name": "inf-lab", "cpu_hours": -1e999}'),
+        ("/v1/accounts/amounts/credit", b'{"cpu_hours": 1e999}'),
+    ):
+        code, answer = post_json(client, path, body)
+        assert code == 400, (path, answer)
+        assert answer["error"]["message"].startswith("cpu_hours: must be a number of CPU-hours")
 
 
 def test_a_range_too_long_for_a_machine_integer_is_400_with_the_field_and_reason(client):
@@ -347,3 +444,66 @@ def test_any_json_in_any_field_is_a_4xx_or_accepted(client, field, value):
             client.cancel(answer["id"])
         except ClientError as exc:  # an accepted bag may finish before the cancel
             assert exc.status == 409 and "already finished" in exc.message, exc
+
+
+def test_names_with_a_trailing_newline_are_400_whole_names_only(client):
+    # Python's `$` matches before a final newline: these passed re.match(r"...$").
+    for spec, field in (
+        ({**BASE, "env": {"OMP\n": "1"}}, "env.OMP\n"),
+        ({**BASE, "command": "echo", "parameters": {"x\n": [1]}}, "parameters.x\n"),
+        ({**BASE, "command": "echo", "parameters": None, "points": [{"x\n": 1}]}, "points[0].x\n"),
+        ({**BASE, "account": "a\n"}, "account"),
+    ):
+        code, answer = post_raw(client, json.dumps(spec).encode())
+        assert code == 400, answer
+        assert [e["field"] for e in answer["error"]["detail"]["errors"]] == [field], answer
+    code, answer = post_json(client, "/v1/accounts", b'{"name": "lab\\n", "cpu_hours": 1}')
+    assert code == 400, answer
+    assert answer["error"]["message"].startswith("name: must be 1-64 letters"), answer
+    with pytest.raises(ClientError) as caught:
+        client.account("a\n")
+    assert caught.value.status == 404
+
+
+def send_half_and_close(url: str, head: bytes, body: bytes, chunked: bool) -> None:
+    """Start a POST whose body should be twice `body`, send `body` only, and close."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        if chunked:
+            sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
+            sock.sendall(f"{2 * len(body):x}\r\n".encode() + body)
+        else:
+            sock.sendall(head + f"Content-Length: {2 * len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.2)  # the server has begun to read the body
+
+
+def test_a_client_that_drops_a_post_mid_body_is_one_debug_line(daemon, client):
+    client.create_account("half-body", cpu_hours=1)
+    before = daemon.log()
+    drops = 0
+    for path, body in (
+        ("/v1/bags", json.dumps(BASE).encode()),
+        ("/v1/accounts", b'{"name": "half", "cpu_hours": 1}'),
+        ("/v1/accounts/half-body/credit", b'{"cpu_hours": 1, "note": "x"}'),
+    ):
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+            "Content-Type: application/json\r\n"
+        ).encode()
+        for chunked in (False, True):
+            send_half_and_close(client.url, head, body, chunked)
+            drops += 1
+
+    def new_lines() -> list[str]:
+        return daemon.log()[len(before) :].splitlines()
+
+    said = "the client closed the connection before the end of its request"
+    wait_until(lambda: sum(said in line for line in new_lines()) >= drops, 20, 0.1, "the lines")
+    client.health()  # and it goes on answering
+    lines = [line for line in new_lines() if " spotbag.api:" in line or " aiohttp." in line]
+    assert len(lines) == drops, lines  # one line each, nothing else from the API or aiohttp
+    assert all(" DEBUG spotbag.api: POST /v1/" in line and said in line for line in lines), lines
+    assert "Traceback" not in "\n".join(new_lines())
+    # Nothing was made from the halves.
+    assert [a["account"] for a in client.accounts()["accounts"]].count("half") == 0
+    assert client.account("half-body")["allocation_cpu_h"] == 1

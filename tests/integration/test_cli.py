@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -122,7 +123,7 @@ def test_errors_are_clear_and_exit_nonzero(make_daemon, tmp_path):
         input_text=json.dumps({"account": "lab", "command": "x {y}", "max_runtime_s": -1}),
     )
     assert bad.returncode == 2
-    assert "error: max_runtime_s: Input should be greater than 0" in bad.stderr
+    assert "error: max_runtime_s: Input should be greater than or equal to 1" in bad.stderr
     assert "command: placeholder {y} is not a parameter" in bad.stderr
     wrong = spotbag(
         "status", state_dir=daemon.state_dir, check=False, extra_env={"SPOTBAG_TOKEN": "nope"}
@@ -297,3 +298,36 @@ def test_fit_prints_every_model_per_group_and_writes_plot_and_registry(tmp_path)
     )
     failed = fit(str(bad), code=1)
     assert "bad.csv:2: lifetime_s must be >= 0" in failed.stderr
+
+
+def test_a_yaml_bomb_is_refused_by_the_cli_in_under_2_seconds(make_daemon, tmp_path):
+    # Issue 23: 500 bytes of nested aliases ("billion laughs", 9 levels of 9) kept
+    # `spotbag submit` and `simulate` expanding them for minutes.
+    daemon = make_daemon()
+    client = daemon.start()
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9)}]" for n in range(1, 9)]
+    lines += ["account: lab", "command: echo {x}", "max_runtime_s: 60", "parameters: {x: *l8}"]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert bomb.stat().st_size < 600  # the issue's "500-byte YAML file"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+    env.update(COLUMNS="200", SPOTBAG_STATE_DIR=str(daemon.state_dir))
+    for command in ("submit", "simulate"):
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "controller.cli", command, "bomb.yaml"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=30,  # the expansion took minutes: fail fast, not hang
+        )
+        took = time.monotonic() - started
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert result.stderr == (
+            "error: bomb.yaml: its YAML aliases (*name) would expand it to more than 64 MB of "
+            "JSON, larger than any bag the API takes (refused before expanding it)\n"
+        ), result.stderr
+        assert took < 2.0, (command, took)  # Python's start included
+    assert client.bags() == []  # nothing reached the daemon

@@ -42,3 +42,24 @@ def test_a_resume_naming_more_nodes_than_the_pools_is_refused_unexpanded(
         client.url, secret, {"event": "suspend", "event_id": "e3", "nodes": "other-[0-3]"}
     )
     assert (status, answer["applied"]) == (200, False), answer
+
+
+def test_numbers_out_of_bounds_in_a_signed_event_are_400_not_500(make_slurm_daemon, slurm_cluster):
+    # An infinite `submit` made the event's key (int(submit)) raise OverflowError: a 500.
+    daemon = make_slurm_daemon(max_vms=1)
+    client = daemon.start()
+    secret = slurm_cluster.hook_secret
+    before = daemon.log().count("Traceback")
+    for event, field in (
+        ({"event": "jobcomp", "job_id": "7", "submit": float("inf"), "end": 1.0}, "submit"),
+        ({"event": "jobcomp", "job_id": "7", "submit": 1e300, "end": 1.0}, "submit"),
+        ({"event": "jobcomp", "job_id": "7", "end": -1.0}, "end"),
+        ({"event": "jobcomp", "job_id": "7", "cpus": 1e12}, "cpus"),
+        ({"event": "prolog_slurmctld", "job_id": "7", "restart_count": 2**70}, "restart_count"),
+        ({"event": "jobcomp", "job_id": "7\n"}, "job_id"),
+    ):
+        status, answer = post_event(client.url, secret, event)
+        assert status == 400, (event, answer)
+        assert answer["error"]["code"] == "invalid_event"
+        assert f"{field}: " in answer["error"]["message"], answer
+    assert daemon.log().count("Traceback") == before

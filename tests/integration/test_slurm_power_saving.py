@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import OTHER_USER, SAY_HOST, Daemon, pool_vms_alive, wait_until
+from tests.conftest import SAY_HOST, Daemon, plain_user, pool_vms_alive, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -46,20 +45,6 @@ def out_dir() -> Iterator[Path]:
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def plain_user(name: str = OTHER_USER) -> str:
-    """A plain Unix user (no home, no login shell), made if absent."""
-    if subprocess.run(["id", "-u", name], capture_output=True).returncode == 0:
-        return name
-    made = subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-    )
-    if made.returncode not in (0, 9):  # 9: made meanwhile by a test beside this one
-        raise RuntimeError(f"useradd {name}: {made.stderr.strip()}")
-    return name
 
 
 def submit_as_user(cluster, out_dir: Path, *args: str, user: str = "nobody") -> str:

@@ -7,7 +7,7 @@ import math
 from collections import Counter
 
 import pytest
-from hypothesis import settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -15,6 +15,7 @@ from policies.ledger_rules import (
     Balance,
     InsufficientCredit,
     Ledger,
+    jobs_covered,
     rate_cpu_h_per_h,
     reservation_cpu_h,
     settlement,
@@ -49,6 +50,44 @@ def test_a_reservation_the_account_cannot_cover_is_refused_and_changes_nothing()
     assert ledger.balance("a") == Balance(10, 0, 6) and set(ledger.open) == {"k1"}
     assert settlement(6, 2.0, 3600 * 5) == (6, 0)  # never charges more than was reserved
     assert settlement(6, 2.0, 3600, charge_it=False) == (0, 6)
+
+
+any_float = st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(available=any_float, per_job=any_float, count=st.integers(-5, 10**30))
+@example(available=50.0, per_job=2.2250738585072014e-308 / 3600, count=10)  # issue 23
+@example(available=50.0, per_job=1e-320, count=10)
+@example(available=1e308, per_job=1e-308, count=10)
+@example(available=math.nan, per_job=1.0, count=3)
+@example(available=1.0, per_job=math.nan, count=3)
+@example(available=-5.0, per_job=1.0, count=3)
+@example(available=math.inf, per_job=math.inf, count=3)
+def test_jobs_covered_answers_within_the_job_count_for_any_float(available, per_job, count):
+    # Never an error (OverflowError on a tiny reservation was a 500 on admission).
+    n = jobs_covered(available, per_job, count)
+    assert isinstance(n, int) and 0 <= n <= max(0, count)
+
+
+balances = st.floats(min_value=0, max_value=1e15, allow_subnormal=True)
+per_jobs = st.floats(min_value=0, max_value=1e6, exclude_min=True, allow_subnormal=True)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(available=balances, per_job=per_jobs, count=st.integers(1, 10**7))
+@example(available=0.3, per_job=0.1, count=5)  # 0.1 × 3 rounds above 0.3
+@example(available=50.0, per_job=1e-320, count=10**6)
+def test_jobs_covered_is_exactly_what_the_ledger_will_reserve(available, per_job, count):
+    # A held bag reserves jobs_covered(...) jobs at once: the ledger must accept that
+    # block, and refuse one job more (else a job was held that could have run).
+    n = jobs_covered(available, per_job, count)
+    ledger = Ledger()
+    ledger.credit("a", available)
+    ledger.reserve_block("a", n, per_job)
+    if n < count:
+        with pytest.raises(InsufficientCredit):
+            Ledger(balances={"a": Balance(available)}).reserve_block("a", n + 1, per_job)
 
 
 class LedgerMachine(RuleBasedStateMachine):

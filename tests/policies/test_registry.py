@@ -33,6 +33,7 @@ def entry(key: str, n: int, mttf: float) -> ModelEntry:
 def test_key_parts():
     assert region_of("us-central1-c") == "us-central1"
     assert region_of("local") == "local"
+    assert region_of("us-central1-c\n") == "us-central1-c\n"  # a whole name, or its own
     assert time_of_day(SATURDAY_NIGHT) == "night" and day_kind(SATURDAY_NIGHT) == "weekend"
     assert ModelKey.parse("gce/n1-highcpu-16").text() == "gce/n1-highcpu-16/*/*/*"
     with pytest.raises(ValueError):

@@ -63,7 +63,7 @@ class Callbacks:
         attempt.job_id = attempt.job_id or job_id
         outcome = "noted"
         if event == "jobcomp" and state not in LIVE_STATES:
-            ((started_at, finished),) = await asyncio.to_thread(read_markers, [attempt.log_path])
+            ((started_at, finished),) = await asyncio.to_thread(read_markers, [attempt])
             if attempt.ended:  # the watcher saw its end meanwhile
                 shared.emit(CallbackNoted(key, at, event, job_name_))
                 return "noted"

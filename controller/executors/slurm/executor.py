@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from controller.executors.base import AttemptListener, AttemptSpec, LiveAttempt
+from controller.executors.job_users import JobUsers
 from controller.executors.slurm import recovery
 from controller.executors.slurm.callbacks import Callbacks
 from controller.executors.slurm.nodes import NodeManager
@@ -41,11 +42,12 @@ class SlurmExecutor:
         controller_id: str,
         now: Callable[[], float],
         kill_grace_s: float = 5.0,
+        users: JobUsers | None = None,
     ) -> None:
         self.settings = settings
         self.queue_ahead = settings.queue_ahead
         self.tools = tools
-        self._state = SlurmState(settings, tools, controller_id, now)
+        self._state = SlurmState(settings, tools, controller_id, now, users)
         self._nodes = self._state.nodes  # vm id -> its node (the tests look at it)
         self._node_manager = NodeManager(self._state)
         self._signals = JobSignals(self._state, kill_grace_s)
@@ -66,6 +68,10 @@ class SlurmExecutor:
 
     def node_of(self, vm_id: str) -> str:
         return self._state.node_of(vm_id)
+
+    def job_user_problem(self, account: str) -> str | None:
+        """Why `account`'s jobs could not run (no user they may run as), or None."""
+        return self._state.users.problem(account)
 
     def bootstrap_values(self, vm_id: str, vm_type: VmType, pool_node: str = "") -> dict[str, str]:
         """What the VM's boot script needs to join as a dynamic node named after it, or

@@ -59,11 +59,22 @@ class NodeManager:
             "SPOTBAG_GPUS": str(vm_type.gpus),
             "SPOTBAG_MUNGE_KEY": s.munge_key,
             "SPOTBAG_SHARED_DIR": str(s.shared_dir),
-            # Jobs run as the daemon's user: the VM must know it by the same ids.
-            "SPOTBAG_JOB_USER": user,
-            "SPOTBAG_JOB_UID": str(uid),
-            "SPOTBAG_JOB_GID": str(gid),
         }
+        users = self._state.users
+        if users.configured:
+            # Jobs run as their accounts' users: the VM must know them by the same ids
+            # (those this host knows now; a directory service on the image serves
+            # accounts first used later).
+            values["SPOTBAG_JOB_USERS"] = " ".join(
+                f"{u.name}:{u.uid}:{u.gid}" for u in users.known()
+            )
+        else:
+            # Jobs run as the daemon's user: the VM must know it by the same ids.
+            values |= {
+                "SPOTBAG_JOB_USER": user,
+                "SPOTBAG_JOB_UID": str(uid),
+                "SPOTBAG_JOB_GID": str(gid),
+            }
         if s.munge_socket:
             values["SPOTBAG_MUNGE_SOCKET"] = s.munge_socket
         if s.shared_mount:

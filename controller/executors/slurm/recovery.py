@@ -58,6 +58,7 @@ async def recover(
             log_path,
             checkpoint_dir,
             live.max_runtime_s,
+            owner=state.users.owner(live.account),
             job_id=live.ref,
             submitted_at=live.started_at,
         )
@@ -68,7 +69,7 @@ async def recover(
     if stopped:
         log.warning("stopped %d submission(s) left by the previous controller", stopped)
     try:
-        found = await watcher.jobs_by_name()
+        named = await watcher.named_jobs()
     except SlurmError as exc:
         log.warning("Slurm does not answer at recovery (%s): keeping every attempt", exc)
         state.unavailable = str(exc)
@@ -78,7 +79,8 @@ async def recover(
     ended: list[tuple[Attempt, str, str]] = []
     now = state.now()
     tracked = {a.attempt_id: a.job_id for a in state.attempts.values() if not a.ended}
-    await watcher.cancel_orphans(found, {a.attempt_id: a.ref for a in attempts} | tracked)
+    found = watcher.latest_owned(named)
+    await watcher.cancel_orphans(named, {a.attempt_id: a.ref for a in attempts} | tracked)
     for live in attempts:
         attempt = state.attempts.get(live.attempt_id)
         if attempt is None or attempt.ended:  # reported ended meanwhile
@@ -86,7 +88,7 @@ async def recover(
             continue
         row = found.get(live.attempt_id)
         if row is not None and (not attempt.job_id or attempt.job_id == row[0]):
-            job_id, job_state, reason, start, _ = row
+            job_id, job_state, reason, start, _, _ = row
             attempt.job_id = job_id
             kept.add(live.attempt_id)
             if job_state in RUNNING_STATES:  # its start marker says when its program began
@@ -94,7 +96,7 @@ async def recover(
             elif job_state not in LIVE_STATES:
                 ended.append((attempt, job_state, reason))
             continue
-        ((started_at, finished),) = await asyncio.to_thread(read_markers, [attempt.log_path])
+        ((started_at, finished),) = await asyncio.to_thread(read_markers, [attempt])
         if attempt.ended:
             kept.add(live.attempt_id)
             continue

@@ -10,6 +10,7 @@ end without an exit status read from Slurm's final state (SLURM.md's mapping).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from controller.executors.attempt_files import (
     end_event,
     exit_status_path,
     read_exit_status,
+    read_started,
     started_path,
 )
 from controller.executors.base import (
@@ -28,6 +30,7 @@ from controller.executors.base import (
     ExecutorEvent,
     Outcome,
 )
+from controller.executors.job_users import JobUsers
 from controller.slurm.commands import SlurmTools
 from controller.slurm.naming import node_name
 
@@ -64,6 +67,7 @@ class Attempt:
     log_path: Path
     checkpoint_dir: Path | None
     max_runtime_s: float
+    owner: int  # the uid its job runs as: only its files, and its Slurm job, are believed
     job_id: str = ""  # Slurm's id; "" while a submission's fate is unknown
     submitting: bool = False  # its sbatch has not answered yet (no need to look for it)
     submitted_at: float = 0.0
@@ -98,7 +102,8 @@ class SlurmState:
     """The executor's state and its reporting, shared by its parts (one per executor).
 
     `wake` asks the watcher to poll Slurm now; `closing` tells every loop to stop;
-    `unavailable` says why Slurm did not answer last ("" when it did)."""
+    `unavailable` says why Slurm did not answer last ("" when it did); `users` who
+    each account's jobs run as."""
 
     def __init__(
         self,
@@ -106,9 +111,12 @@ class SlurmState:
         tools: SlurmTools,
         controller_id: str,
         now: Callable[[], float],
+        users: JobUsers | None = None,
     ) -> None:
         self.settings = settings
         self.tools = tools
+        self.users = users or JobUsers(daemon_uid=os.getuid())
+        self._job_uids: set[str] = set()  # the users jobs run as (squeue_users)
         self.controller_id = controller_id
         self.now = now
         self.attempts: dict[str, Attempt] = {}
@@ -139,6 +147,30 @@ class SlurmState:
 
     def node_of(self, vm_id: str) -> str:
         return node_name(self.settings.node_prefix, vm_id)
+
+    # --- whose jobs ------------------------------------------------------------------
+
+    def squeue_users(self) -> list[str]:
+        """squeue's options for the jobs this executor may have made: the daemon's own
+        (--me), or those of the users its jobs run as (noted for `owns`)."""
+        if not self.users.configured:
+            return ["--me"]
+        uids = {a.owner for a in self.attempts.values() if a.owner >= 0}
+        uids.update(u.uid for u in self.users.known())
+        self._job_uids = {str(uid) for uid in uids}
+        return ["-u", ",".join(str(uid) for uid in sorted(uids))] if uids else ["--me"]
+
+    def owns(self, attempt_id: str, uid: str) -> bool:
+        """Whether a job named after `attempt_id` and run by `uid` can be that attempt's:
+        one of another user (another account's job may name itself so) is not. For an
+        attempt not tracked: whether `uid` is one of the users jobs run as (as of the
+        last `squeue_users`)."""
+        attempt = self.attempts.get(attempt_id)
+        if attempt is not None:
+            return uid == str(attempt.owner)
+        if not self.users.configured:
+            return uid == str(self.users.daemon_uid)
+        return uid in self._job_uids
 
     # --- attempt bookkeeping --------------------------------------------------------
 
@@ -238,13 +270,15 @@ class SlurmState:
         return AttemptEvent(attempt.attempt_id, at, Outcome.EXITED, code if code else 1, about, key)
 
 
-def read_markers(log_paths: Sequence[Path]) -> list[tuple[float | None, tuple[int, float] | None]]:
-    """Per attempt: when its program started (the marker's mtime) and its exit status."""
-    found = []
-    for log_path in log_paths:
-        try:
-            started_at: float | None = started_path(log_path).stat().st_mtime
-        except OSError:
-            started_at = None
-        found.append((started_at, read_exit_status(exit_status_path(log_path))))
-    return found
+def read_markers(
+    attempts: Sequence[Attempt],
+) -> list[tuple[float | None, tuple[int, float] | None]]:
+    """Per attempt: when its program started (the marker's mtime) and its exit status,
+    from files of its job's user that nobody else may write (attempt_files.py)."""
+    return [
+        (
+            read_started(started_path(a.log_path), a.owner),
+            read_exit_status(exit_status_path(a.log_path), a.owner),
+        )
+        for a in attempts
+    ]

@@ -28,10 +28,13 @@ from pathlib import Path
 from controller.executors.attempt_files import (
     IGNORE_CHECKPOINT_SIGNAL,
     WRAPPER_BODY,
+    WRAPPER_BODY_INTO_GIVEN_FILE,
     exit_status_path,
+    hand_over,
     started_path,
 )
 from controller.executors.base import AttemptSpec, ExecutorError, ExecutorUnavailable
+from controller.executors.job_users import JobUser, JobUserError
 from controller.executors.slurm.state import Attempt, Node, SlurmExecutorSettings, SlurmState
 from controller.executors.slurm.watch import Watcher
 from controller.job_command import job_environment
@@ -62,9 +65,26 @@ class Submitter:
             raise ExecutorUnavailable(f"the node of VM {spec.vm_id} is not up in Slurm")
         log_path = Path(state.log_path(spec.bag_id, spec.job_id, spec.number))
         checkpoint_dir = state.checkpoint_dir(spec.bag_id, spec.job_id)
+        try:
+            user = state.users.for_account(spec.account)
+        except JobUserError as exc:
+            raise ExecutorError(str(exc)) from None
+        if user is not None:
+            # Its files are made for its user, where no job can make files (job_users.py).
+            try:
+                await asyncio.to_thread(
+                    hand_over,
+                    state.settings.shared_dir,
+                    checkpoint_dir,
+                    user,
+                    markers=[started_path(log_path), exit_status_path(log_path)],
+                    logs=[log_path],
+                )
+            except OSError as exc:
+                raise ExecutorError(f"cannot prepare the shared files: {exc}") from None
         # Slurm opens the log before the script runs: its directory must exist (made once
         # per bag here; the script makes the job's checkpoint directory on the VM).
-        if log_path.parent not in self._made_dirs:
+        elif log_path.parent not in self._made_dirs:
             try:
                 await asyncio.to_thread(log_path.parent.mkdir, parents=True, exist_ok=True)
             except OSError as exc:
@@ -79,6 +99,7 @@ class Submitter:
             log_path,
             checkpoint_dir,
             spec.max_runtime_s,
+            owner=state.users.daemon_uid if user is None else user.uid,
             submitted_at=state.now(),
         )
         # Tracked before sbatch, so that a submission whose answer is lost is found again.
@@ -87,8 +108,8 @@ class Submitter:
         try:
             out = await state.tools.run(
                 "sbatch",
-                *sbatch_args(state.settings, state.controller_id, spec, node, log_path),
-                stdin=job_script(spec, node.name, log_path, checkpoint_dir).encode(),
+                *sbatch_args(state.settings, state.controller_id, spec, node, log_path, user),
+                stdin=job_script(spec, node.name, log_path, checkpoint_dir, user).encode(),
                 env=sbatch_environment(state.tools),
             )
         except SlurmRefused as exc:
@@ -141,8 +162,10 @@ def sbatch_args(
     spec: AttemptSpec,
     node: Node,
     log_path: Path,
+    user: JobUser | None = None,
 ) -> list[str]:
-    """sbatch's arguments for an attempt: on its node, with its share of it."""
+    """sbatch's arguments for an attempt: on its node, with its share of it, as its
+    account's user (root's `--uid`) when it has one."""
     args = [
         "--parsable",
         "--no-requeue",
@@ -163,6 +186,8 @@ def sbatch_args(
         args.append(f"--mem={max(1, int(node.real_memory_mb * share))}")
     if spec.gpus:
         args.append(f"--gres=gpu:{spec.gpus}")
+    if user is not None:
+        args += [f"--uid={user.uid}", f"--gid={user.gid}"]
     return args
 
 
@@ -173,10 +198,17 @@ def sbatch_environment(tools: SlurmTools) -> dict[str, str]:
     return env
 
 
-def job_script(spec: AttemptSpec, node: str, log_path: Path, checkpoint_dir: Path) -> str:
+def job_script(
+    spec: AttemptSpec,
+    node: str,
+    log_path: Path,
+    checkpoint_dir: Path,
+    user: JobUser | None = None,
+) -> str:
     """The batch script of an attempt: a check that it runs on its VM's node, its
     variables, its workdir, the start marker, then the wrapper that runs the program
-    and writes its exit status.
+    and writes its exit status (into the file made for it, when it runs as an
+    account's user: `hand_over`).
 
     The check: slurmctld sends a job's launch to its node's address, and retries it for
     a while when the node does not answer. A VM that died with a job on its way leaves
@@ -210,7 +242,7 @@ def job_script(spec: AttemptSpec, node: str, log_path: Path, checkpoint_dir: Pat
         # From here on a checkpoint signal reaches the program.
         f'printf "%s\\n" "$SLURM_JOB_ID" > {quote(str(started))}',
         f"set -- {quote(spec.command)} {quote(str(exit_status_path(log_path)))}",
-        WRAPPER_BODY,
+        WRAPPER_BODY if user is None else WRAPPER_BODY_INTO_GIVEN_FILE,
     ]
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from controller.executors.attempt_files import exit_status_path, started_path
+from controller.executors.attempt_files import exit_status_path, read_exit_status, started_path
 from controller.executors.base import AttemptEvent, Outcome
 from controller.executors.slurm.nodes import NodeManager
 from controller.executors.slurm.state import (
@@ -57,8 +57,15 @@ UNKNOWN_GRACE_S = 60.0
 SQUEUE_IDS = 2000  # job ids per squeue -j (one argument may not exceed 128 KiB)
 ORPHAN_SWEEP_S = 30.0  # how often all of this controller's jobs are looked at for orphans
 
-# A job as squeue shows it: id, state, reason, start time, name.
-JobRow = tuple[str, str, str, str, str]
+# A job as squeue shows it: id, state, reason, start time, name, its user's uid (asked
+# for with the name last: a name may hold "|").
+JobRow = tuple[str, str, str, str, str, str]
+JOB_FORMAT = "%i|%T|%r|%S|%U|%j"
+
+
+def job_rows(out: str) -> list[JobRow]:
+    """squeue's JOB_FORMAT lines as JobRows."""
+    return [(r[0], r[1], r[2], r[3], r[5], r[4]) for r in split_rows(out, 6)]
 
 
 class Watcher:
@@ -131,7 +138,7 @@ class Watcher:
         watched = [a for a in state.attempts.values() if not a.ended and a.job_id]
         if not watched:
             return
-        seen = await asyncio.to_thread(read_markers, [a.log_path for a in watched])
+        seen = await asyncio.to_thread(read_markers, watched)
         for attempt, (started_at, finished) in zip(watched, seen, strict=True):
             state.saw_marker(attempt, started_at)
             if attempt.program_started and not attempt.ended:
@@ -207,7 +214,7 @@ class Watcher:
             if row is None or row[0] != job_id:
                 finished.append((attempt, "", ""))  # Slurm forgot it (past MinJobAge)
                 continue
-            _, job_state, reason, start, _ = row
+            _, job_state, reason, start, _, _ = row
             if job_state == "PENDING":
                 self._pending(attempt, reason, now)
             elif job_state in RUNNING_STATES:
@@ -247,16 +254,16 @@ class Watcher:
             chunk = ",".join(job_ids[first : first + SQUEUE_IDS])
             try:
                 out = await state.tools.run(
-                    "squeue", "-h", "-t", "all", "-j", chunk, "-o", "%i|%T|%r|%S|%j"
+                    "squeue", "-h", "-t", "all", "-j", chunk, "-o", JOB_FORMAT
                 )
             except SlurmRefused as exc:
                 if "Invalid job id" not in str(exc):  # squeue's answer when it knows none
                     raise
                 out = ""
-            for job_id, job_state, reason, start, name in split_rows(out, 5):
-                attempt_id = attempt_of_job(state.controller_id, name)
+            for row in job_rows(out):
+                attempt_id = attempt_of_job(state.controller_id, row[4])
                 if attempt_id is not None:
-                    rows[attempt_id] = (job_id, job_state, reason, start, name)
+                    rows[attempt_id] = row
         return rows
 
     def _pending(self, attempt: Attempt, reason: str, now: float) -> None:
@@ -292,13 +299,16 @@ class Watcher:
             )
             self._state.started(attempt, attempt.slurm_running_at)
 
-    async def cancel_orphans(self, found: dict[str, JobRow], live: dict[str, str]) -> list[str]:
-        """Cancel this controller's jobs (`found`: `jobs_by_name`) that Slurm may still
+    async def cancel_orphans(
+        self, named: list[tuple[str, JobRow]], live: dict[str, str]
+    ) -> list[str]:
+        """Cancel this controller's jobs (`named`: `named_jobs`) that Slurm may still
         run although their attempts are over: not among `live` (the live attempts and
-        their job ids, "" when unknown), or another job of a live attempt's name. E.g.
-        a submission that reached Slurm after the controller had given up on it. A job
-        whose program has written its exit status is ending by itself. Returns the job
-        ids cancelled."""
+        their job ids, "" when unknown), or another job of a live attempt's name, or
+        one its user does not run (a job may name itself after another account's
+        attempt). E.g. a submission that reached Slurm after the controller had given
+        up on it. A job whose program has written its exit status (in a file of the
+        job's user) is ending by itself. Returns the job ids cancelled."""
         state = self._state
         self.orphans_swept_at = asyncio.get_running_loop().time()
 
@@ -306,13 +316,20 @@ class Watcher:
             if row[1] not in LIVE_STATES or row[1] == "COMPLETING":
                 return False
             job_id = live.get(attempt_id)
-            return job_id is None or job_id not in ("", row[0])
+            return (
+                job_id is None or job_id not in ("", row[0]) or not state.owns(attempt_id, row[5])
+            )
 
-        suspects = [(a, row) for a, row in found.items() if orphan(a, row)]
+        suspects = [(a, row) for a, row in named if orphan(a, row)]
         if not suspects:
             return []
         exited = await asyncio.to_thread(
-            lambda: [exit_status_path(state.paths_of(a)[0]).exists() for a, _ in suspects]
+            lambda: [
+                row[5].isdigit()
+                and read_exit_status(exit_status_path(state.paths_of(a)[0]), int(row[5]))
+                is not None
+                for a, row in suspects
+            ]
         )
         orphans = [row[0] for (_, row), done in zip(suspects, exited, strict=True) if not done]
         if not orphans:
@@ -334,30 +351,49 @@ class Watcher:
         # Live before or after the question: an attempt that ends while squeue runs may
         # be shown live in its answer, and one that starts meanwhile may be in it too.
         live = self._live_attempts()
-        found = await self.jobs_by_name()
-        await self.cancel_orphans(found, live | self._live_attempts())
+        named = await self.named_jobs()
+        await self.cancel_orphans(named, live | self._live_attempts())
 
     def _live_attempts(self) -> dict[str, str]:
         return {a.attempt_id: a.job_id for a in self._state.attempts.values() if not a.ended}
 
     async def jobs_by_name(self) -> dict[str, JobRow]:
-        """This controller's jobs Slurm knows, by attempt id (the latest id wins)."""
+        """This controller's jobs Slurm knows, by attempt id: of each attempt, the
+        latest job its own user runs (`latest_owned`)."""
+        return self.latest_owned(await self.named_jobs())
+
+    async def named_jobs(self) -> list[tuple[str, JobRow]]:
+        """Every job Slurm knows, of the users this executor's jobs run as, that is
+        named after one of this controller's attempts: (attempt id, its row)."""
         state = self._state
-        out = await state.tools.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%T|%r|%S|%j")
-        found: dict[str, JobRow] = {}
-        for job_id, job_state, reason, start, name in split_rows(out, 5):
-            attempt_id = attempt_of_job(state.controller_id, name)
+        out = await state.tools.run(
+            "squeue", "-h", *state.squeue_users(), "-t", "all", "-o", JOB_FORMAT
+        )
+        named = []
+        for row in job_rows(out):
+            attempt_id = attempt_of_job(state.controller_id, row[4])
             if attempt_id is not None:
-                previous = found.get(attempt_id)
-                if previous is None or int(job_id) > int(previous[0]):
-                    found[attempt_id] = (job_id, job_state, reason, start, name)
+                named.append((attempt_id, row))
+        return named
+
+    def latest_owned(self, named: list[tuple[str, JobRow]]) -> dict[str, JobRow]:
+        """Of each attempt, the job with the highest id among those run by the attempt's
+        own user (`SlurmState.owns`): a job of another account, named after it, is not
+        its job."""
+        found: dict[str, JobRow] = {}
+        for attempt_id, row in named:
+            if not self._state.owns(attempt_id, row[5]):
+                continue
+            previous = found.get(attempt_id)
+            if previous is None or int(row[0]) > int(previous[0]):
+                found[attempt_id] = row
         return found
 
     async def finish_from_slurm(self, ended: list[tuple[Attempt, str, str]]) -> None:
         """Jobs Slurm has ended (or forgotten): their exit status if their wrapper wrote
         one, else what Slurm says (SLURM.md's state mapping)."""
         state = self._state
-        markers = await asyncio.to_thread(read_markers, [a.log_path for a, _, _ in ended])
+        markers = await asyncio.to_thread(read_markers, [a for a, _, _ in ended])
         for (attempt, job_state, reason), (started_at, finished) in zip(
             ended, markers, strict=True
         ):
