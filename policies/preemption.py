@@ -237,23 +237,50 @@ class LifetimeModel:
         or after it (reported at the deadline: it died in the window or at L, so the
         window's continuous mass counts too, not only the point mass); log S(t) per VM
         stopped by its user or still running."""
-        t = _arr(lifetimes_h)
-        event = np.asarray(preempted, dtype=bool)
-        window_start = self.L - deadline_window_h if self.L is not None else math.inf
-        at_deadline = t >= window_start
-        early, late, censored = event & ~at_deadline, event & at_deadline, ~event
-        if self.L is not None:  # a VM stopped at or after L was alive just before it
-            t = np.where(censored, np.minimum(t, self.L - 1e-9), t)
-        window_mass = float(self.sf(window_start)) if late.any() else 1.0
+        return self.split_log_likelihood(
+            SplitLifetimes.of(lifetimes_h, preempted, self.L, deadline_window_h)
+        )
+
+    def split_log_likelihood(self, data: SplitLifetimes) -> float:
+        """`log_likelihood` of lifetimes split once for a deadline (a fit evaluates
+        thousands of parameter sets on the same split)."""
+        window_mass = float(self.sf(data.window_start)) if data.late else 1.0
         if window_mass <= 0:
             return -math.inf
         with np.errstate(divide="ignore"):
             total = (
-                float(np.sum(np.log(self.pdf(t[early]))))
-                + float(late.sum()) * math.log(window_mass)
-                + float(np.sum(np.log(self.sf(t[censored]))))
+                float(np.sum(np.log(self.pdf(data.early))))
+                + float(data.late) * math.log(window_mass)
+                + float(np.sum(np.log(self.sf(data.censored))))
             )
         return total if math.isfinite(total) else -math.inf
+
+
+@dataclass(frozen=True)
+class SplitLifetimes:
+    """Lifetimes as the censored log-likelihood uses them, for a deadline L and window w:
+    the preemptions before the window (`early`), how many fell in it or after (`late`),
+    and the censored lifetimes (capped just below L: alive just before it)."""
+
+    early: np.ndarray
+    late: int
+    censored: np.ndarray
+    window_start: float
+
+    @classmethod
+    def of(
+        cls, lifetimes_h: ArrayLike, preempted, L: float | None, deadline_window_h: float = 0.25
+    ) -> SplitLifetimes:
+        t = _arr(lifetimes_h)
+        event = np.asarray(preempted, dtype=bool)
+        window_start = L - deadline_window_h if L is not None else math.inf
+        at_deadline = t >= window_start
+        censored = t[~event]
+        if L is not None:  # a VM stopped at or after L was alive just before it
+            censored = np.minimum(censored, L - 1e-9)
+        return cls(
+            t[event & ~at_deadline], int((event & at_deadline).sum()), censored, window_start
+        )
 
 
 @dataclass(frozen=True)
