@@ -9,3 +9,62 @@ def against(value: float, limit: float, unit: str, *, at_least: bool = False) ->
         return f"(target >= {limit:g} {unit}: {verdict})"
     verdict = "ok" if value <= limit else "OVER TARGET"
     return f"(target <= {limit:g} {unit}: {verdict})"
+
+
+# --- a machine-independent yardstick ----------------------------------------------------
+
+# CPU seconds of `reference_loop()` on the development machine (2 vCPUs, Python 3.11),
+# the median of 40 runs at load average 0.3-1 (issue 24). A figure given "as a ratio to
+# the reference loop" is its CPU seconds divided by the loop's in the same run, so a
+# target of S seconds there is S / REFERENCE_LOOP_DEV_S loops anywhere: a faster CPU or
+# interpreter, or a busier machine, moves both.
+REFERENCE_LOOP_DEV_S = 0.25
+
+
+def reference_loop() -> float:
+    """CPU seconds of a fixed pure-Python workload of the scheduler's kind (dict look-ups
+    and updates, tuples, float sums, a method call per step): what a faster or slower
+    interpreter or CPU, or a busier machine, changes for spotbag's own Python as well."""
+    import time
+
+    started = time.process_time()
+    counts: dict[int, float] = {}
+    rows: list[tuple[int, float]] = []
+    total = 0.0
+    for i in range(1_000_000):
+        key = i & 4095
+        counts[key] = counts.get(key, 0.0) + i * 0.5
+        rows.append((key, total))
+        if len(rows) > 1000:
+            rows.clear()
+        total += counts[key] * 1e-9
+    return time.process_time() - started
+
+
+def reference_loops(runs: int = 5) -> list[float]:
+    """`runs` runs of the reference loop (CPU seconds each): take some before and some
+    after what is measured, and divide by their median."""
+    return [reference_loop() for _ in range(runs)]
+
+
+def in_reference_loops(cpu_s: float, loops_s: list[float], target_dev_s: float) -> str:
+    """`12.3 s CPU = 49.2 reference loops (a loop 0.250 s on this run; target <= 60 loops
+    = 15 s on the development machine: ok)`."""
+    import statistics
+
+    loop_s = statistics.median(loops_s)
+    ratio, limit = cpu_s / loop_s, target_dev_s / REFERENCE_LOOP_DEV_S
+    verdict = "ok" if ratio <= limit else "OVER TARGET"
+    return (
+        f"{cpu_s:.1f} s CPU = {ratio:.1f} reference loops (a loop {loop_s:.3f} s CPU on this "
+        f"run; target <= {limit:.0f} loops = {target_dev_s:g} s on the development machine: "
+        f"{verdict})"
+    )
+
+
+def load_average() -> str:
+    """`load 1.23 / 2.0 / 3.1 on 2 CPUs`: the 1-, 5- and 15-minute load averages."""
+    import os
+
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs"
