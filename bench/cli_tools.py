@@ -107,21 +107,25 @@ def main() -> None:
         for what, arguments, target in commands(Path(tmp)):
             cpu_of(arguments)  # writes the bytecode; not timed
             runs = [cpu_of(arguments) for _ in range(args.runs)]
-            rows.append((what, target, runs, load_average()))
+            cpu = statistics.median(c for c, _ in runs)
+            # The verdict and the load as the runs end (the figures print after all of them).
+            verdict = (
+                against(cpu, target, "s CPU")
+                if target is not None
+                else f"(no target; {load_average()})"
+            )
+            rows.append((what, cpu, runs, verdict))
     loops += reference_loops()
     loop_s = statistics.median(loops)
     print(
         f"reference loop: {loop_s:.3f} s CPU (median of {len(loops)}, before and after; "
         f"{REFERENCE_LOOP_DEV_S:.3f} s on the development machine)"
     )
-    for what, target, runs, load in rows:
-        cpu = statistics.median(c for c, _ in runs)
+    for what, cpu, runs, verdict in rows:
         wall = statistics.median(w for _, w in runs)
-        verdict = against(cpu, target, "s CPU") if target is not None else "(no target)"
         print(
             f"spotbag {what}: median {cpu:.2f} s CPU = {cpu / loop_s:.1f} reference loops, "
-            f"{wall:.2f} s wall (CPU runs: {', '.join(f'{c:.2f}' for c, _ in runs)}) "
-            f"{verdict}; {load}"
+            f"{wall:.2f} s wall (CPU runs: {', '.join(f'{c:.2f}' for c, _ in runs)}) {verdict}"
         )
 
 
