@@ -1,6 +1,6 @@
 """A figure's target beside it, so `make bench` shows at a glance what meets its target
-(the targets are the issues' and README's Performance table's), with the machine's load
-when it was measured (a figure from a busy host reads differently)."""
+(the targets are the issues' and bench/README.md's), with the machine's load when it was
+measured (a figure from a busy host reads differently)."""
 
 import os
 

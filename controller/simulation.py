@@ -73,6 +73,7 @@ async def simulate(
             boot_delay_s=config.simulation.boot_delay_s,
             time_scale=1.0,
             book=book,
+            notice_lead_s=config.simulation.notice_lead_s,
         )
         executor = SimExecutor(now=clock.now, call_at=clock.call_at, rng=runtime_rng)
         ids = SequentialIds()
