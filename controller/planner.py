@@ -292,8 +292,11 @@ def _launches(
         if remaining == 0:
             continue
         fitting = _fitting(group, snapshot.catalog)
-        problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
-        if problem is not None:
+        # `fitting` holds the allowed types: when one can hold a job, nothing is wrong
+        # (why_unplaceable would say None after scanning the catalog again, every pass).
+        if not any(copies_that_fit(group.shape, t.capacity) for t in fitting):
+            problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
+            assert problem is not None  # no allowed type holds a job: it says why
             unplaceable.append(Unplaceable(group.bag_id, problem))
             continue
         open_types = [t for t in fitting if snapshot.blocked_until.get(t.name, 0.0) <= now]
