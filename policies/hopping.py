@@ -30,6 +30,7 @@ import numpy as np
 
 from policies.index import (
     DEFAULT_CAP_FACTOR,
+    Decision,
     Need,
     Policy,
     WindowStats,
@@ -146,30 +147,22 @@ def replay(
             )
         return needs_cache[key]
 
-    phase_no, done_in_phase_h = 0, 0.0
-    current: int | None = None
-    down_left_h = 0.0  # downtime still to serve (a move or a restart)
+    run = _Run()
     on_steps = np.full(steps, -1)
     for t in range(start_step, steps):
-        if phase_no >= len(phases):
+        if run.phase_no >= len(phases):
             result.finished = True
             break
-        phase = phases[phase_no]
+        phase = phases[run.phase_no]
         series = per_need(phase.cpus, phase.memory_gb)
-        fits, index, index_mean, on_demand_price = (
-            series.fits,
-            series.index,
-            series.index_mean,
-            series.on_demand,
-        )
         now = prices[t]
-        if current is not None and not (now[current] <= fleet.bid[current]):  # NaN: gone
-            result.revocations += 1
+        if run.current is not None and not (now[run.current] <= fleet.bid[run.current]):
+            result.revocations += 1  # (NaN: gone)
             if keep_log:
-                result.log.append((t * step_h, f"revoked on {fleet.names[current]}"))
-            current = None
-            down_left_h = revocation_h
-        remaining_h = phase.work_h - done_in_phase_h
+                result.log.append((t * step_h, f"revoked on {fleet.names[run.current]}"))
+            run.current = None
+            run.down_left_h = revocation_h
+        remaining_h = phase.work_h - run.done_in_phase_h
         if math.isinf(remaining_h):
             remaining_h = (steps - t) * step_h
         move_h = (
@@ -177,57 +170,121 @@ def replay(
             if migration_s_per_gb is None
             else phase.memory_gb * migration_s_per_gb / 3600
         )
-        need = Need(phase.cpus, phase.memory_gb, remaining_h, move_h)
-        if current is None or t % decide_every == 0:
-            best, best_usable, usable = series.at(t)
-            stats = WindowStats(
-                fits, usable, now, mean[t], std[t], float(index[t]), float(index_mean[t])
-            )
+        if run.current is None or t % decide_every == 0:
+            stats = _window(series, t, now, mean, std)
+            need = Need(phase.cpus, phase.memory_gb, remaining_h, move_h)
             decision = decide_given_best(
                 policy,
-                best,
-                best_usable,
-                stats,
+                stats.best,
+                stats.best_usable,
+                stats.window,
                 fleet.cpus,
                 fleet.memory_gb,
                 need,
-                current,
+                run.current,
                 literal_trigger=literal_trigger,
             )
-            if decision.target is not None and decision.target != current:
-                if current is not None:
-                    result.migrations += 1
-                    result.cost_usd += float(now[current]) * move_h  # the old VM, meanwhile
-                    down_left_h = max(down_left_h, move_h)
-                elif result.wall_h > 0 and down_left_h == 0:
-                    down_left_h = revocation_h  # a restart after waiting for a usable VM
-                if keep_log:
-                    result.log.append((t * step_h, decision.reason))
-                current = decision.target
-        # The step: pay the VM, serve downtime, then work.
-        result.wall_h += step_h
-        result.on_demand_usd += on_demand_price * step_h
-        if not math.isnan(index[t]):
-            result.index_usd += float(index[t]) * math.sqrt(phase.cpus * phase.memory_gb) * step_h
-        if current is None:
-            result.down_h += step_h
-            result.waiting_h += step_h
-            continue
-        on_steps[t] = current
-        result.cost_usd += float(now[current]) * step_h
-        down_h = min(down_left_h, step_h)
-        down_left_h -= down_h
-        result.down_h += down_h
-        work_h = step_h - down_h
-        result.work_h += work_h
-        done_in_phase_h += work_h
-        while phase_no < len(phases) and done_in_phase_h >= phases[phase_no].work_h - 1e-12:
-            done_in_phase_h -= phases[phase_no].work_h
-            phase_no += 1
+            _follow(decision, run, result, now, move_h, revocation_h, t * step_h, keep_log)
+        _serve_step(run, result, phases, series, t, now, step_h, on_steps)
     else:
-        result.finished = phase_no >= len(phases) or math.isinf(phases[-1].work_h)
+        result.finished = run.phase_no >= len(phases) or math.isinf(phases[-1].work_h)
     result.vm_steps = on_steps
     return result
+
+
+@dataclass
+class _Run:
+    """Where a replayed job is: its phase, the work done in it, its VM (None: waiting
+    for a usable one) and the downtime it still has to serve (a move or a restart)."""
+
+    phase_no: int = 0
+    done_in_phase_h: float = 0.0
+    current: int | None = None
+    down_left_h: float = 0.0
+
+
+@dataclass
+class _Window:
+    best: int  # the VM with the best score
+    best_usable: bool  # its score is finite
+    window: WindowStats
+
+
+def _window(
+    series: _NeedSeries, t: int, now: np.ndarray, mean: np.ndarray, std: np.ndarray
+) -> _Window:
+    """The policy's view at step t: the best VMs and the window's statistics."""
+    best, best_usable, usable = series.at(t)
+    stats = WindowStats(
+        series.fits,
+        usable,
+        now,
+        mean[t],
+        std[t],
+        float(series.index[t]),
+        float(series.index_mean[t]),
+    )
+    return _Window(best, best_usable, stats)
+
+
+def _follow(
+    decision: Decision,
+    run: _Run,
+    result: Replay,
+    now: np.ndarray,
+    move_h: float,
+    revocation_h: float,
+    at_h: float,
+    keep_log: bool,
+) -> None:
+    """Act on a decision: a move pays the old VM meanwhile and costs its downtime; a
+    start after waiting for a usable VM costs a restart."""
+    if decision.target is None or decision.target == run.current:
+        return
+    if run.current is not None:
+        result.migrations += 1
+        result.cost_usd += float(now[run.current]) * move_h  # the old VM, meanwhile
+        run.down_left_h = max(run.down_left_h, move_h)
+    elif result.wall_h > 0 and run.down_left_h == 0:
+        run.down_left_h = revocation_h  # a restart after waiting for a usable VM
+    if keep_log:
+        result.log.append((at_h, decision.reason))
+    run.current = decision.target
+
+
+def _serve_step(
+    run: _Run,
+    result: Replay,
+    phases: Sequence[Phase],
+    series: _NeedSeries,
+    t: int,
+    now: np.ndarray,
+    step_h: float,
+    on_steps: np.ndarray,
+) -> None:
+    """One step: pay the VM, serve downtime, then work (moving to the next phases)."""
+    phase = phases[run.phase_no]
+    result.wall_h += step_h
+    result.on_demand_usd += series.on_demand * step_h
+    if not math.isnan(series.index[t]):
+        result.index_usd += (
+            float(series.index[t]) * math.sqrt(phase.cpus * phase.memory_gb) * step_h
+        )
+    if run.current is None:
+        result.down_h += step_h
+        result.waiting_h += step_h
+        return
+    on_steps[t] = run.current
+    result.cost_usd += float(now[run.current]) * step_h
+    down_h = min(run.down_left_h, step_h)
+    run.down_left_h -= down_h
+    result.down_h += down_h
+    work_h = step_h - down_h
+    result.work_h += work_h
+    run.done_in_phase_h += work_h
+    while run.phase_no < len(phases) and run.done_in_phase_h >= phases[run.phase_no].work_h - 1e-12:
+        run.done_in_phase_h -= phases[run.phase_no].work_h
+        run.phase_no += 1
 
 
 @dataclass
