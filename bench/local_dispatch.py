@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -126,6 +127,18 @@ def run_xargs(n: int, work: Path) -> float:
     return took
 
 
+def passes(client) -> tuple[int, float]:
+    """(scheduler passes so far, seconds they took), from the daemon's /metrics."""
+    text = client.request("GET", "/metrics", raw=True)[0].decode()
+    count = total_s = 0.0
+    for line in text.splitlines():
+        if line.startswith("spotbag_scheduler_loop_seconds_count"):
+            count = float(line.split()[-1])
+        elif line.startswith("spotbag_scheduler_loop_seconds_sum"):
+            total_s = float(line.split()[-1])
+    return int(count), total_s
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -148,6 +161,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=N_JOBS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--profile", type=Path, help="py-spy output for the daemon")
+    parser.add_argument("--log", type=Path, help="keep the daemon's log there")
     args = parser.parse_args()
     n = args.jobs
 
@@ -156,6 +170,7 @@ def main() -> None:
     spotbag_s: list[float] = []
     xargs_s: list[float] = []
     daemon_cpu_s = children_cpu_s = 0.0
+    passes_run, passes_s = 0, 0.0
     with tempfile.TemporaryDirectory(prefix="spotbag-bench-dispatch-") as tmp:
         state = Path(tmp)
         (state / "spotbag.toml").write_text(CONFIG)
@@ -164,27 +179,37 @@ def main() -> None:
         spy = None
         try:
             run_bag(client, SLOTS)  # the VM boots and stays
+            assert daemon.process is not None
             pid = daemon.process.pid
             if args.profile:
                 spy = profiler(pid, args.profile.resolve())
             for _ in range(args.rounds):
                 own0, children0 = cpu_s(pid)
+                passes0 = passes(client)
                 spotbag_s.append(run_bag(client, n))
                 own1, children1 = cpu_s(pid)
+                passes1 = passes(client)
+                passes_run += passes1[0] - passes0[0]
+                passes_s += passes1[1] - passes0[1]
                 daemon_cpu_s += own1 - own0
                 children_cpu_s += children1 - children0
                 xargs_s.append(run_xargs(n, state))
         finally:
             if spy is not None:
-                spy.send_signal(subprocess.signal.SIGINT)
+                spy.send_signal(signal.SIGINT)
                 spy.wait(60)
             daemon.stop()
+            if args.log:
+                shutil.copy(daemon.log_path, args.log)
     load_after = uptime()
 
     def ms(seconds: float) -> float:
         return 1000 * seconds / n
 
-    print(f"{n:,} jobs of `echo {{i}}` on {SLOTS} local slots, {args.rounds} rounds alternated", file=out)
+    print(
+        f"{n:,} jobs of `echo {{i}}` on {SLOTS} local slots, {args.rounds} rounds alternated",
+        file=out,
+    )
     print(
         "spotbag ms/job by round: " + ", ".join(f"{ms(s):.2f}" for s in spotbag_s),
         file=out,
@@ -201,6 +226,11 @@ def main() -> None:
     print(
         f"daemon CPU: {1000 * daemon_cpu_s / jobs_run:.2f} ms/job of its own "
         f"(+ {1000 * children_cpu_s / jobs_run:.2f} ms/job in the job processes it reaped)",
+        file=out,
+    )
+    print(
+        f"scheduler passes: {passes_run / jobs_run:.2f} a job, "
+        f"{1000 * passes_s / max(1, passes_run):.2f} ms each (their own time, store writes included)",
         file=out,
     )
     print(f"load before: {load_before}", file=out)
