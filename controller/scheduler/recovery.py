@@ -39,6 +39,7 @@ class RecoveryMixin(ActionsMixin):
     async def recover(self) -> None:
         """Rebuild memory from the store (after a start, or after a failed pass) and
         reconcile it with what the driver and executor still have."""
+        await self._starts_settled()  # the executor has every attempt it was given
         self._forget_everything()
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
