@@ -76,9 +76,10 @@ class _Child:
     def returncode(self) -> int | None:
         return self._popen.returncode
 
-    async def wait(self) -> int:
-        """Its exit status (Popen's: -N when a signal N killed it), once it ended."""
-        return await asyncio.shield(self._ended)
+    def wait(self) -> asyncio.Future[int]:
+        """Its exit status (Popen's: -N when a signal N killed it), once it ended: a
+        future that a caller's cancellation leaves alone."""
+        return asyncio.shield(self._ended)
 
     def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
         if self._popen.poll() is None:  # a pidfd turns readable only once it ended
@@ -128,8 +129,9 @@ class LocalExecutor:
         users: JobUsers | None = None,
     ) -> None:
         self._state_dir = state_dir
-        self._logs = state_dir / "logs"
+        self._logs_dir = str(state_dir / "logs")
         self._checkpoints = state_dir / "checkpoints"
+        self._checkpoints_dir = str(self._checkpoints)
         self._users = users or JobUsers()
         self._controller_id = controller_id
         self._now = now
@@ -150,7 +152,8 @@ class LocalExecutor:
         self._listeners.append(listener)
 
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
-        return str(self._logs / bag_id / f"{job_id}.{number}.log")
+        # Strings, not pathlib: this runs on the event loop for every attempt.
+        return os.path.join(self._logs_dir, bag_id, f"{job_id}.{number}.log")
 
     def bootstrap_values(self, vm_id: str, vm_type: VmType, pool_node: str = "") -> dict[str, str]:
         return {}
@@ -180,15 +183,15 @@ class LocalExecutor:
         return self._checkpoints / bag_id / job_id
 
     async def start(self, spec: AttemptSpec) -> str:
-        log_path = Path(self.log_path(spec.bag_id, spec.job_id, spec.number))
-        checkpoint_dir = self.checkpoint_dir(spec.bag_id, spec.job_id)
+        log_path = self.log_path(spec.bag_id, spec.job_id, spec.number)
+        checkpoint_dir = os.path.join(self._checkpoints_dir, spec.bag_id, spec.job_id)
         env = dict(self._base_env)
         env.update(
             job_environment(
                 bag_id=spec.bag_id,
                 job_id=spec.job_id,
                 attempt=spec.number,
-                checkpoint_dir=str(checkpoint_dir),
+                checkpoint_dir=checkpoint_dir,
                 params=spec.params,
                 extra=spec.env,
             )
@@ -202,20 +205,7 @@ class LocalExecutor:
             env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
         # Directories, the log and the process in one trip to a worker thread.
         popen = await asyncio.to_thread(
-            self._spawn,
-            spec,
-            [
-                "/bin/sh",
-                "-c",
-                LOCAL_WRAPPER,
-                "spotbag-job",
-                spec.command,
-                str(exit_status_path(log_path)),
-            ],
-            log_path,
-            checkpoint_dir,
-            env,
-            user,
+            self._spawn, spec, Path(log_path), Path(checkpoint_dir), env, user
         )
         process = _Child(popen)
         running = _Running(spec, process)
@@ -226,14 +216,14 @@ class LocalExecutor:
     def _spawn(
         self,
         spec: AttemptSpec,
-        argv: list[str],
         log_path: Path,
         checkpoint_dir: Path,
         env: dict[str, str],
         user: JobUser | None,
     ) -> subprocess.Popen[bytes]:
-        """Make the attempt's directories and log and start its wrapper (on a worker
-        thread: several syscalls, a fork and an exec)."""
+        """Make the attempt's directories and log and start its wrapper, which records the
+        command's exit status beside the log (on a worker thread: several syscalls, a
+        fork and an exec)."""
         try:
             _prepare_dirs(log_path.parent, checkpoint_dir)
             if user is not None:
@@ -245,9 +235,10 @@ class LocalExecutor:
             log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
         except OSError as exc:
             raise start_error("cannot prepare log/checkpoint directories", exc) from exc
+        exit_status = str(exit_status_path(log_path))
         try:
             return subprocess.Popen(
-                argv,
+                ["/bin/sh", "-c", LOCAL_WRAPPER, "spotbag-job", spec.command, exit_status],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -266,7 +257,7 @@ class LocalExecutor:
         timed_out = False
         try:
             try:
-                await asyncio.wait_for(asyncio.shield(process.wait()), timeout=spec.max_runtime_s)
+                await asyncio.wait_for(process.wait(), timeout=spec.max_runtime_s)
             except TimeoutError:
                 timed_out = True
                 await self._stop(running, "timed out", grace_s=self._grace_s)
@@ -341,7 +332,7 @@ class LocalExecutor:
         if grace_s > 0:
             _signal_group(pgid, signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(running.process.wait()), timeout=grace_s)
+                await asyncio.wait_for(running.process.wait(), timeout=grace_s)
         # SIGKILL the group even when the leader is gone: its children may linger.
         _signal_group(pgid, signal.SIGKILL)
 
