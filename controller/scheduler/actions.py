@@ -125,7 +125,9 @@ class ActionsMixin(EventsMixin):
                     check_transition("attempt", attempt.state, AttemptState.RUNNING)
                     attempt.state = AttemptState.RUNNING
                     attempt.ran_at = attempt.started_at
-                    self.checkpoints.plan(attempt, now)
+                    # A start recorded a pass late may be cancelled already.
+                    if not attempt.cancelling and not attempt.vm_gone:
+                        self.checkpoints.plan(attempt, now)
                 # else it runs once the executor says so (AttemptStarted)
                 self._write_attempt(attempt, batch)
             elif isinstance(error, ExecutorUnavailable):
