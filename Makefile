@@ -47,7 +47,7 @@ lint: $(STAMP)
 # From a fresh clone: 22:44 on the 2-CPU development machine while other test suites ran
 # (1:46 of it the virtualenv). The long ones: slurm_dispatch.py ~7 min (needs root, Slurm
 # and munge, as the Slurm tests do; without them it says "skipped"), simulate_fleet.py
-# ~3 min, big_bag.py ~2.5 min; web_ui.py needs chromium and chromium-driver.
+# ~3 min, big_bag.py ~2.5 min, local_dispatch.py ~1.5 min; web_ui.py needs chromium and chromium-driver.
 bench: $(STAMP)
 	$(BIN)/python bench/accept_bag.py
 	$(BIN)/python bench/simulate_fleet.py
@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/cloud_drivers.py
 	$(BIN)/python bench/hopping.py
 	$(BIN)/python bench/slurm_dispatch.py
+	$(BIN)/python bench/local_dispatch.py
 	$(BIN)/python bench/restart.py
 	$(BIN)/python bench/big_bag.py
 	$(BIN)/python bench/big_bag.py --hold
