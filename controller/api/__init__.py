@@ -8,7 +8,3 @@
   health.py (/healthz, /metrics, /openapi.json);
 - openapi.py: the OpenAPI document, built from the route table.
 """
-
-from controller.api.app import ROUTES, build_app, server_logger
-
-__all__ = ["ROUTES", "build_app", "server_logger"]

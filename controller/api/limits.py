@@ -132,6 +132,11 @@ class ConnectionGate:
     def __call__(self) -> asyncio.Protocol:
         return _Connection(self)
 
+    def serve_with(self, handlers: Callable[[], asyncio.Protocol]) -> None:
+        """Hand the connections admitted from now on to `handlers`: the daemon's API once
+        it has loaded, its start-up answers until then (controller/service.py)."""
+        self._handlers = handlers
+
     @property
     def open_connections(self) -> int:
         return len(self._open)

@@ -437,7 +437,7 @@ def test_connection_caps_refuse_the_greedy_and_make_room_for_others(make_daemon)
 
 def test_a_descriptor_limit_that_leaves_too_few_connections_is_refused_at_start(make_daemon):
     daemon = make_daemon()
-    with pytest.raises(RuntimeError, match="exited with 78"):
+    with pytest.raises(RuntimeError, match="exited with status 78"):
         daemon.start(nofile=200)
     assert "RLIMIT_NOFILE 200" in daemon.log() and "reserved_fds (512)" in daemon.log()
 
