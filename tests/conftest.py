@@ -246,6 +246,33 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+# `spotbag ARGS` in a fresh interpreter that writes, as it exits, the modules it held.
+CLI_RECORDING_MODULES = """
+import atexit, json, sys
+out, sys.argv = sys.argv[1], ["spotbag", *sys.argv[2:]]
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+from controller.cli import main
+main()
+"""
+
+
+def run_cli_recording_modules(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run `spotbag ARGS`; its result, and every module it imported (sys.modules at exit:
+    `python -X importtime` leaves out modules loaded by importlib, as the CLI's are)."""
+    out = tmp_path / f"modules-{time.monotonic_ns()}.json"
+    done = subprocess.run(
+        [sys.executable, "-c", CLI_RECORDING_MODULES, str(out), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
+    return done, set(json.loads(out.read_text()))
+
+
 def wait_for_bag(client: Client, bag_id: str, timeout_s: float = 90.0) -> dict:
     def finished() -> dict | None:
         bag = client.bag(bag_id)

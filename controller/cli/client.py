@@ -156,8 +156,9 @@ class Client:
             raw=True,
         )
 
-    def vms(self, include_ended: bool = False) -> dict[str, Any]:
-        return self.request("GET", "/v1/vms", query={"all": "true" if include_ended else None})
+    def vms(self, include_ended: bool = False, limit: int | None = None) -> dict[str, Any]:
+        query = {"all": "true" if include_ended else None, "limit": limit}
+        return self.request("GET", "/v1/vms", query=query)
 
     def hopping(self, limit: int = 200) -> dict[str, Any]:
         return self.request("GET", "/v1/hopping", query={"limit": limit})
