@@ -14,6 +14,7 @@ HTTP client, not scipy, pydantic, matplotlib or the daemon (issue 24). The modul
 area:
 
 - `status`: status (the client and the plain-text summary only)
+- `health`: health (is the daemon ready: GET /healthz; `--wait` until it is)
 - `bags`: submit, watch, cancel, jobs, logs, vms, hopping, preempt, report
 - `accounts`: accounts (create, credit, show, list, ledger) and their tokens
 - `daemon`: serve, config (defaults, check)
@@ -51,6 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Run the controller daemon (stops cleanly on SIGTERM / Ctrl-C).",
     ),
     "config": ("controller.cli.daemon:config", "Show or check configuration."),
+    "health": (
+        "controller.cli.health:health",
+        "Whether the daemon is ready (exit 0), starting or failing (exit 1): GET /healthz.",
+    ),
     "submit": ("controller.cli.bags:submit", "Submit the bag in SPEC_FILE (YAML or JSON)."),
     "status": (
         "controller.cli.status:status",
