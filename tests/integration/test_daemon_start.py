@@ -15,6 +15,8 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until, wait_until_ready
+from tests.conftest import REPO, wait_until, wait_until_ready
 
 pytestmark = pytest.mark.integration
 
@@ -140,3 +142,22 @@ def test_a_daemon_that_cannot_start_is_reported_with_its_log_and_never_listens(m
     assert message.startswith("the daemon exited with status 1 before it was ready; its log:")
     assert f"another spotbag daemon (pid {os.getpid()}) is using" in message
     assert not (daemon.state_dir / "api.url").exists()
+
+
+def test_spotbag_health_says_starting_and_waits_until_ready(make_daemon):
+    daemon = make_daemon()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+    with database_locked(daemon.state_dir):
+        process = daemon.launch()
+        health = [sys.executable, "-m", "controller.cli", "--url", url_of(daemon.state_dir)]
+        health.append("health")
+        now = subprocess.run(health, capture_output=True, text=True, cwd=REPO, env=env)
+        assert now.returncode == 1 and now.stdout.startswith("starting ("), now
+        waiting = subprocess.Popen(
+            [*health, "--wait"], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
+        )
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(1.0)  # the daemon cannot be ready while the database is held
+    out, _ = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and out.startswith("ok: ready (driver local"), out
+    assert process.poll() is None
