@@ -31,7 +31,7 @@ TABLE_COLUMNS = (
     ("checkpoint_h", "ckpt h", "{:,.2f}"),
     ("cpu_h", "CPU-h", "{:,.2f}"),
     # Per VM type: the mean spot price paid, and the index price for the type's size over
-    # the same hours (SPEC.md §5; needs the hopper's price samples).
+    # the same hours (docs/design.md#index-tracking; needs the hopper's price samples).
     ("price_paid_per_h", "paid $/h", "{:.4f}"),
     ("index_price_per_h", "index $/h", "{:.4f}"),
 )

@@ -31,7 +31,7 @@ beside it in this package:
 - backoff.py: the back-off after failed actions (`Backoff`, a collaborator);
 - transitions.py: every job, attempt and VM state change and its record
   (TransitionsMixin);
-- checkpoints.py: checkpoint timing, SPEC.md §4 (`CheckpointTimer`, a collaborator);
+- checkpoints.py: checkpoint timing, docs/design.md#checkpoints (`CheckpointTimer`, a collaborator);
 - recovery.py: restart re-adoption (RecoveryMixin);
 - slurm_pools.py: Slurm's power-saving pool nodes and the runs on them (PoolsMixin).
 
