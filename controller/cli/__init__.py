@@ -87,7 +87,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "accounts": (
         "controller.cli.accounts:accounts",
-        "CPU-hour accounts: create, credit, balances and ledger (SPEC.md §6).",
+        "CPU-hour accounts: create, credit, balances and ledger (docs/design.md#ledger).",
     ),
     "simulate": (
         "controller.cli.offline:simulate",
@@ -99,17 +99,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "checkpoint-plan": (
         "controller.cli.offline:checkpoint_plan_command",
-        "When a job should checkpoint (the optimal schedule of SPEC.md §4), and the expected "
-        "overhead of each policy, under a VM type's preemption model.",
+        "When a job should checkpoint (the optimal schedule of docs/design.md#checkpoints), "
+        "and the expected overhead of each policy, under a VM type's preemption model.",
     ),
     "split-cost": (
         "controller.cli.offline:split_cost_command",
-        "Split a VM's cost among the jobs that shared it (SPEC.md §7).",
+        "Split a VM's cost among the jobs that shared it (docs/design.md#cost-reports).",
     ),
     "prepaid": (
         "controller.cli.prepaid:prepaid_command",
         "How many cores to prepay (reserve) for a term rather than buy on demand, per core "
-        "type, from a usage history (SPEC.md §7).",
+        "type, from a usage history (docs/design.md#cost-reports).",
     ),
     "index": (
         "controller.cli.hopping:index_command",
