@@ -4,7 +4,7 @@
 daemon under the usual limit of 1,024: /healthz stopped answering, jobs failed to start
 with EMFILE, and asyncio logged megabytes of accept() errors. What bounds them:
 
-- aiohttp's own settings, passed by the daemon (controller/daemon.py):
+- aiohttp's own settings, passed by the daemon (controller/service.py):
   `keepalive_timeout` (`[api] header_timeout_s`) closes a connection that has not sent
   a complete request's line and headers within it of connecting (aiohttp ≥ 3.14.4;
   before, only once it had an answer) or of its previous answer; `client_max_size` and

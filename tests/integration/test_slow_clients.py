@@ -405,7 +405,7 @@ def test_connection_caps_refuse_the_greedy_and_make_room_for_others(make_daemon)
     port = int(client.url.rsplit(":", 1)[1])
     if shutil.which("ss"):
         # The kernel queues 1,024 connections (a full queue drops SYNs: a 1 s retry),
-        # although asyncio accepts 64 at a time (controller/daemon.py `_listen`).
+        # although asyncio accepts 64 at a time (controller/service.py `_listen`).
         listening = subprocess.run(
             ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
         ).stdout.split()
