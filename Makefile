@@ -52,6 +52,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/accept_bag.py
 	$(BIN)/python bench/simulate_fleet.py
+	$(BIN)/python bench/cli_tools.py
 	$(BIN)/python bench/preemption_models.py
 	$(BIN)/python bench/checkpoint_schedules.py
 	$(BIN)/python bench/notices.py

@@ -79,7 +79,8 @@ class EventsMixin(TransitionsMixin):
                 await self._call(self.driver.terminate([status.vm_id]))
             return
         if status.notice_until is not None and vm.notice_until is None:
-            self._on_notice(vm, status.notice_until, status.changed_at)
+            # Now, not the status's changed_at: that is when the VM last changed state.
+            self._on_notice(vm, status.notice_until, self.clock.now())
         if status.state is vm.state:
             return
         at = status.changed_at

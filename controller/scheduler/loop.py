@@ -253,7 +253,8 @@ class Scheduler(
                     vm.requested_at,
                     now,
                 )
-            if status.state is not vm.state:
+            noticed = status.notice_until is not None and vm.notice_until is None
+            if status.state is not vm.state or noticed:
                 self._push(status)
 
     async def tick(self) -> float | None:
