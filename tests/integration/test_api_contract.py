@@ -104,6 +104,7 @@ def concrete(path: str, bag_id: str) -> str:
         path.replace("{bag_id}", bag_id)
         .replace("{job_id}", f"{bag_id}-0")
         .replace("{account}", "bounds")
+        .replace("{vm_id}", "vm-000000000000")  # no such VM: a bound is checked first
     )
 
 
