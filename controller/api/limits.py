@@ -248,7 +248,13 @@ def request_limits(body_timeout_s: float) -> Callable:
                     return response
                 except (ConnectionError, RequestPayloadError) as exc:
                     # The client went away mid-body: nobody is left to answer.
-                    log.debug("%s %s: the body was cut off: %s", request.method, request.path, exc)
+                    log.debug(
+                        "%s %s: the client closed the connection before the end of its "
+                        "request (%s)",
+                        request.method,
+                        request.path,
+                        exc,
+                    )
                     response = json_response(
                         {"error": {"code": "bad_request", "message": str(exc), "detail": {}}},
                         status=400,
