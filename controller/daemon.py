@@ -8,13 +8,11 @@ brings numpy, scipy, the scheduler and the store, seconds on a busy machine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -22,8 +20,14 @@ from controller.bag_cost import BagCosts
 from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
-from controller.executors.base import CallbackNoted
+from controller.executors.base import (
+    AdmissionChecks,
+    Executor,
+    NodeNames,
+    WorkdirChecks,
+)
 from controller.executors.job_users import JobUsers
+from controller.executors.slurm import SlurmExecutor
 from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
@@ -32,15 +36,14 @@ from controller.loop_lag import LoopLagMonitor
 from controller.metrics import Metrics
 from controller.price_trace import TraceError, TraceReplay, read_trace
 from controller.report import CostRule
-from controller.scheduler import PoolRunEvent, Scheduler
+from controller.scheduler import Scheduler
 from controller.service import logged_step
-from controller.slurm.callbacks import POWER_EVENTS, SlurmEvent
-from controller.slurm.commands import exit_status, hostlist_expand
+from controller.slurm.events import SlurmCallbacks
 from controller.slurm.pools import PoolBook
 from controller.store import Store
 from controller.tokens import Tokens
 from controller.wiring import make_driver, make_executor, make_model_book
-from drivers.base import PriceSample
+from drivers.base import Driver, HostedDriver, PreemptionInjector, PriceSample
 
 log = logging.getLogger("spotbag.daemon")
 
@@ -48,7 +51,6 @@ log = logging.getLogger("spotbag.daemon")
 # the market). Their VMs end with the daemon unless the driver says they outlive it
 # (the local driver's VM hosts do).
 EPHEMERAL_DRIVERS = {"local", "sim"}
-POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
 
 
 class Controller:
@@ -68,8 +70,16 @@ class Controller:
         self.token = ""
         self.tokens = Tokens("")
         self.controller_id = ""
-        self.driver: Any = None
-        self.executor: Any = None
+        self._driver: Driver | None = None
+        self._executor: Executor | None = None
+        # The optional capabilities of the driver and executor, found once at start
+        # (None: they have not got it).
+        self.hosted: HostedDriver | None = None  # state of its own to start and close
+        self.injector: PreemptionInjector | None = None  # fault injection
+        self.admission_checks: AdmissionChecks | None = None
+        self.workdir_checks: WorkdirChecks | None = None
+        self.node_names: NodeNames | None = None
+        self.slurm: SlurmCallbacks | None = None  # with the Slurm executor only
         self.scheduler: Scheduler | None = None
         self._loop_task: asyncio.Task | None = None
         self._learning_task: asyncio.Task | None = None
@@ -79,9 +89,20 @@ class Controller:
         self.hopper: Hopper | None = None
         self.hook_secret = b""
         self.learner: Learner | None = None
-        # Pool jobs whose start is being taken (Slurm asked for its limits): their end
-        # waits for it, so that the start is queued first.
-        self._pool_starts: dict[tuple[str, str], asyncio.Event] = {}
+
+    @property
+    def driver(self) -> Driver:
+        """The driver (made at start, before the API serves)."""
+        if self._driver is None:
+            raise RuntimeError("the driver is not made yet")
+        return self._driver
+
+    @property
+    def executor(self) -> Executor:
+        """The executor (made at start, before the API serves)."""
+        if self._executor is None:
+            raise RuntimeError("the executor is not made yet")
+        return self._executor
 
     async def start(self) -> None:
         # `spotbag serve` has made the state directory private and locked it already
@@ -101,7 +122,7 @@ class Controller:
             boot_delay_s=self.config.driver.boot_delay_s,
             time_scale=self.config.driver.time_scale,
         )
-        self.driver = make_driver(
+        driver = self._driver = make_driver(
             self.config,
             name=self.config.driver.name,
             now=self.clock.now,
@@ -115,20 +136,26 @@ class Controller:
             notice_lead_s=self.config.driver.notice_lead_s,
         )
         # The driver's view of the catalog: it may fill in prices (aws: on-demand table).
-        self.catalog = list(self.driver.vm_types())
-        if hasattr(self.driver, "start"):
-            await self.driver.start()  # the local driver's VM hosts: none left from before
-        self.executor = await make_executor(
+        self.catalog = list(driver.vm_types())
+        self.hosted = driver if isinstance(driver, HostedDriver) else None
+        self.injector = driver if isinstance(driver, PreemptionInjector) else None
+        if self.hosted is not None:
+            await self.hosted.start()  # the local driver's VM hosts: none left from before
+        executor = self._executor = await make_executor(
             self.config,
             state_dir=self.state_dir,
             controller_id=self.controller_id,
             now=self.clock.now,
             call_at=self.clock.call_at,
         )
+        self.admission_checks = executor if isinstance(executor, AdmissionChecks) else None
+        self.workdir_checks = executor if isinstance(executor, WorkdirChecks) else None
+        self.node_names = executor if isinstance(executor, NodeNames) else None
         self._warn_about_job_users()
         self.hook_secret = b""
         pools = PoolBook((), ())
-        if self.executor.name == "slurm":
+        if isinstance(executor, SlurmExecutor):
+            self.slurm = SlurmCallbacks(executor, lambda: self.running_scheduler, self.clock)
             self.hook_secret = self._resolve_hook_secret()
             slurm = self.config.slurm
             pools = PoolBook(
@@ -225,100 +252,6 @@ class Controller:
             raise RuntimeError("the scheduler is not running yet")
         return self.scheduler
 
-    async def take_slurm_event(self, event: SlurmEvent) -> bool:
-        """A verified, new callback from slurmctld's hooks: about one of our attempts (the
-        executor), a pool's nodes or its users' jobs (the scheduler), else only noted so
-        that a replay is known. True when it is acted on."""
-        scheduler = self.running_scheduler
-        nodes: list[str] = []
-        if event.event in POWER_EVENTS and scheduler.pools:
-            # Bounded before it is expanded, and before anything is noted: Slurm names
-            # only pool nodes (at most all of them), while a signed "spot-[0-99999999]"
-            # would hold the loop for minutes. Raises HostlistError: a 400.
-            nodes = hostlist_expand(event.nodes, limit=len(scheduler.pools.by_node))
-        self.executor.remember(event.key)
-        subject = event.job_name or event.nodes
-        noted = CallbackNoted(event.key, self.clock.now(), event.event, subject)
-        if event.event in POWER_EVENTS:
-            scheduler.note(noted)
-            return scheduler.pool_power(event.event, nodes) > 0
-        if event.partition in scheduler.pools.by_partition:
-            scheduler.note(noted)
-            if event.event == "prolog_slurmctld":
-                # The hook waits for the answer: a job its account cannot pay for is
-                # cancelled before the prolog ends, so it never runs.
-                await self._pool_run_started(event)
-                return True
-            if event.event == "jobcomp":
-                # After its start, if that is still being taken (its limits asked of
-                # Slurm): an end taken first would leave the start's reservation open.
-                starting = self._pool_starts.get((event.job_id, event.job_name))
-                if starting is not None:
-                    await starting.wait()
-                code, sig = exit_status(event.exit_code)
-                ended = scheduler.pool_run(
-                    PoolRunEvent(
-                        "end",
-                        event.job_id,
-                        event.job_name,
-                        event.partition,
-                        event.nodes,
-                        user=event.user,
-                        account=event.account,
-                        cpus=event.cpus,
-                        state=event.state,
-                        exit_code=128 + sig if sig else code,
-                        started_at=event.start,
-                        ended_at=event.end,
-                    )
-                )
-                return ended is not None
-            return False
-        if event.about_a_job:
-            taken = await self.executor.take_callback(
-                key=event.key,
-                event=event.event,
-                job_name_=event.job_name,
-                job_id=event.job_id,
-                state=event.state,
-                exit_code=event.exit_code,
-            )
-            if taken:
-                return taken == "applied"
-        scheduler.note(noted)
-        return False
-
-    async def _pool_run_started(self, event: SlurmEvent) -> None:
-        """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then
-        its reservation (or its cancellation), once decided."""
-        scheduler = self.running_scheduler
-        ident = (event.job_id, event.job_name)
-        # Its end, should it come meanwhile, waits until the start is queued (jobcomp).
-        queued = self._pool_starts[ident] = asyncio.Event()
-        try:
-            cpus, limit_h = await self.executor.job_limits(event.job_id)
-            verdict = scheduler.pool_run(
-                PoolRunEvent(
-                    "start",
-                    event.job_id,
-                    event.job_name,
-                    event.partition,
-                    event.nodes,
-                    user=event.user,
-                    account=event.account,
-                    restart=event.restart_count,
-                    cpus=cpus or event.cpus,
-                    limit_h=limit_h,
-                )
-            )
-        finally:
-            queued.set()
-            if self._pool_starts.get(ident) is queued:
-                del self._pool_starts[ident]
-        if verdict is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(verdict), POOL_VERDICT_WAIT_S)
-
     async def _price_source(self) -> PriceSource:
         """The driver's spot prices, or for the local and sim drivers a replayed trace."""
         hopping = self.config.hopping
@@ -371,19 +304,19 @@ class Controller:
             await logged_step("stopping the scheduler", self._loop_task)
             await logged_step(
                 "ending the scheduler's attempts and VMs",
-                self.scheduler.shutdown(
-                    vms_die_with_controller=not getattr(
-                        self.driver,
-                        "vms_outlive_controller",
-                        self.driver.name not in EPHEMERAL_DRIVERS,
-                    )
-                ),
+                self.scheduler.shutdown(vms_die_with_controller=not self._vms_outlive_controller()),
             )
-        if self.driver is not None and hasattr(self.driver, "close"):
-            await logged_step("closing the driver", self.driver.close())
+        if self.hosted is not None:
+            await logged_step("closing the driver", self.hosted.close())
         await logged_step("stopping bag cost refreshes", self.bag_costs.close())
         await logged_step("stopping fleet cost refreshes", self.fleet_costs.close())
         await logged_step("closing the store", self.store.close())
+
+    def _vms_outlive_controller(self) -> bool:
+        """Cloud VMs live on when the daemon stops; the local driver's, only as hosts."""
+        if self.hosted is not None:
+            return self.hosted.vms_outlive_controller
+        return self.driver.name not in EPHEMERAL_DRIVERS
 
     def _resolve_hook_secret(self) -> bytes:
         """The secret slurmctld's hooks sign callbacks with: [slurm] hook_secret_file, made

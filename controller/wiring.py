@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from controller.config import Config, ConfigError
+from controller.executors.base import Executor
 from controller.executors.job_users import ACCOUNT, JobUserError, JobUsers
 from controller.model_book import ModelBook
 from drivers import driver_class
@@ -144,7 +145,7 @@ async def make_executor(
     now: Callable[[], float],
     call_at: Callable[[float, Callable[[], None]], Any],
     head_address: str = "",
-) -> Any:
+) -> Executor:
     """The executor [executor] names. For Slurm, a conf_server left empty is found with
     `scontrol show config` (or is the local VM hosts' view of this host)."""
     if config.executor.name == "sim":

@@ -134,3 +134,27 @@ class Driver(Protocol):
     def subscribe(self, listener: StatusListener) -> None:
         """Push status changes to `listener` as they happen (drivers that can);
         drivers that cannot are polled with `describe`."""
+
+
+# --- optional capabilities, checked once when the daemon wires its driver ---------------
+
+
+@runtime_checkable
+class HostedDriver(Protocol):
+    """A driver with state of its own to start and close (the local driver's VM hosts)."""
+
+    vms_outlive_controller: bool  # its VMs live on when the daemon stops (as cloud VMs do)
+
+    async def start(self) -> None:
+        """Take back what outlived the last daemon."""
+
+    async def close(self) -> None:
+        """Stop watching; what outlives the daemon is left as it is."""
+
+
+@runtime_checkable
+class PreemptionInjector(Protocol):
+    """A driver that can preempt its VMs on request (fault injection: local and sim)."""
+
+    def inject_preemption(self, vm_id: str, reason: str = "", notice_s: float = 0.0) -> bool:
+        """Preempt a live VM now, or after a notice `notice_s` ahead. False if not live."""

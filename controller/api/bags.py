@@ -94,8 +94,8 @@ async def create_bag(request: web.Request) -> web.Response:
         now=c.clock.now(),
         max_jobs=c.config.api.max_jobs_per_bag,
         idempotency_key=key,
-        workdir_problem=getattr(c.executor, "workdir_problem", None),
-        job_user_problem=getattr(c.executor, "job_user_problem", None),
+        workdir_problem=c.workdir_checks.workdir_problem if c.workdir_checks else None,
+        job_user_problem=c.admission_checks.job_user_problem if c.admission_checks else None,
     )
     view = await _view(request, bag["id"])
     return json_response(view, status=201 if created else 200)

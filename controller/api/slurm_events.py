@@ -23,7 +23,8 @@ async def slurm_event(request: web.Request) -> web.Response:
             f"Slurm callback refused: missing {callbacks.TIMESTAMP_HEADER} or "
             f"{callbacks.SIGNATURE_HEADER}"
         )
-    if c.executor is None or c.executor.name != "slurm":
+    slurm = c.slurm
+    if slurm is None:
         raise Conflict('this daemon does not run the Slurm executor ([executor] name = "slurm")')
     body = await request.read()
     try:
@@ -45,14 +46,14 @@ async def slurm_event(request: web.Request) -> web.Response:
         )
         raise ApiError(f"malformed Slurm event: {problems}", code="invalid_event") from None
     key = event.key
-    if c.executor.seen(key):
+    if slurm.seen(key):
         return json_response({"key": key, "duplicate": True, "applied": False})
     # Taken from here on: a copy sent while the store is asked (a hook that gave up
     # waiting spools and sends it again) is a duplicate too.
-    c.executor.remember(key)
+    slurm.remember(key)
     if await c.store.callback_seen(key):
         return json_response({"key": key, "duplicate": True, "applied": False})
-    applied = await c.take_slurm_event(event)
+    applied = await slurm.take(event)
     return json_response({"key": key, "duplicate": False, "applied": applied})
 
 

@@ -62,8 +62,8 @@ async def list_vms(request: web.Request) -> web.Response:
         run = live.get(vm["id"])
         vm["jobs"] = len(run.attempts) if run is not None else 0
         # Its Slurm node: a pool node it serves, or the node named after it.
-        node_of = getattr(c.executor, "node_of", None)
-        vm["slurm_node"] = vm["pool_node"] or (node_of(vm["id"]) if node_of else "")
+        names = c.node_names
+        vm["slurm_node"] = vm["pool_node"] or (names.node_of(vm["id"]) if names else "")
         vm["terminating"] = bool(run and run.terminating)
         vm["notice_until"] = run.notice_until if run is not None else None
     return json_response({"vms": vms, "usage": fleet_view(fleet)})
@@ -147,13 +147,15 @@ async def preempt_vm(request: web.Request) -> web.Response:
     c = controller_of(request)
     vm_id = request.match_info["vm_id"]
     notice_s = int_param(request, NOTICE_S)
-    inject = getattr(c.driver, "inject_preemption", None)
-    if inject is None:
+    injector = c.injector
+    if injector is None:
         raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
     vm = c.running_scheduler.vms.get(vm_id)
     if vm is None or not vm.provider_id:
         raise NotFound(f"VM {vm_id} is not alive")
-    if not inject(vm.provider_id, "preempted: injected through the API", notice_s=notice_s):
+    if not injector.inject_preemption(
+        vm.provider_id, "preempted: injected through the API", notice_s=notice_s
+    ):
         raise Conflict(f"VM {vm_id} is not alive")
     return json_response({"id": vm_id, "preempted": True}, status=202)
 

@@ -231,3 +231,30 @@ class PoolExecutor(Executor, Protocol):
 
     async def release_pool_node(self, node: str, reason: str) -> None:
         """Power an idle pool node down once its jobs are done."""
+
+
+# --- optional capabilities, checked once when the daemon wires its executor -------------
+
+
+@runtime_checkable
+class AdmissionChecks(Protocol):
+    """An executor that can tell at admission why a bag's jobs could not run here."""
+
+    def job_user_problem(self, account: str) -> str | None:
+        """Why jobs of `account` have no user to run as (None: they have one)."""
+
+
+@runtime_checkable
+class WorkdirChecks(Protocol):
+    """An executor whose jobs run in a directory of this host, which must exist."""
+
+    def workdir_problem(self, path: str) -> str | None:
+        """Why jobs cannot run in `path` (None: they can)."""
+
+
+@runtime_checkable
+class NodeNames(Protocol):
+    """An executor whose VMs are cluster nodes with names of their own."""
+
+    def node_of(self, vm_id: str) -> str:
+        """The node a VM is, or serves ("" when none)."""
