@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,14 @@ from controller.executors.job_users import ACCOUNT, JobUserError, JobUsers
 from controller.model_book import ModelBook
 from drivers import driver_class
 from drivers.base import Driver, VmType
+
+if TYPE_CHECKING:  # imported where used: each pulls in a cloud SDK or Slurm's tools
+    from google.auth.credentials import Credentials
+
+    from controller.slurm.commands import SlurmTools
+    from drivers.aws import AwsSettings
+    from drivers.gce import GceSettings
+    from drivers.local_hosts import NamespaceHosts
 
 
 def make_model_book(
@@ -80,7 +88,7 @@ def make_driver(
     raise ValueError(f"driver {name!r} cannot be built from this configuration")
 
 
-def local_hosts(config: Config, controller_id: str, state_dir: Path) -> Any:
+def local_hosts(config: Config, controller_id: str, state_dir: Path) -> NamespaceHosts:
     """VM hosts in network namespaces for the local driver (drivers/local_hosts.py)."""
     from drivers.local_hosts import PRIVATE_DIRS, HostError, NamespaceHosts
 
@@ -198,7 +206,7 @@ async def make_executor(
     )
 
 
-def slurm_tools(config: Config) -> Any:
+def slurm_tools(config: Config) -> SlurmTools:
     from controller.slurm.commands import SlurmTools
 
     slurm = config.slurm
@@ -209,7 +217,7 @@ def slurm_tools(config: Config) -> Any:
     )
 
 
-async def discover_conf_server(tools: Any, head_address: str = "") -> str:
+async def discover_conf_server(tools: SlurmTools, head_address: str = "") -> str:
     """host:port of slurmctld from `scontrol show config` (SlurmctldHost's address, else
     its name; `head_address` instead when the VMs reach this host there)."""
     from controller.slurm.commands import SlurmError
@@ -228,7 +236,7 @@ async def discover_conf_server(tools: Any, head_address: str = "") -> str:
     return f"{address}:{port.group(1)}" if port else address
 
 
-def aws_settings(config: Config, controller_id: str) -> Any:
+def aws_settings(config: Config, controller_id: str) -> AwsSettings:
     from drivers.aws import AwsSettings
 
     aws = config.aws
@@ -256,7 +264,7 @@ def aws_settings(config: Config, controller_id: str) -> Any:
         raise ConfigError(f"[aws]: {exc}") from None
 
 
-def gce_settings(config: Config, controller_id: str) -> Any:
+def gce_settings(config: Config, controller_id: str) -> GceSettings:
     from drivers.gce import GceSettings
 
     gce = config.gce
@@ -284,7 +292,7 @@ def gce_settings(config: Config, controller_id: str) -> Any:
         raise ConfigError(f"[gce]: {exc}") from None
 
 
-def _anonymous() -> Any:
+def _anonymous() -> Credentials:
     from google.auth.credentials import AnonymousCredentials
 
     return AnonymousCredentials()
