@@ -69,12 +69,12 @@ def usd(value: float | None) -> str:
     return f"-${text[1:]}" if text.startswith("-") else f"${text}"
 
 
-def percent(fraction: float | None) -> str:
-    """A fraction as a percentage: 46 %, 5.3 %, 0.31 %, 0 % (two significant digits
-    below 10 %, whole percents above)."""
+def percent(fraction: float | None, significant: int = 2) -> str:
+    """A fraction as a percentage with `significant` significant digits, or whole
+    percents when those are more: 46 %, 5.3 %, 0.31 %, 0 % (two digits); 37.4 % (three)."""
     if fraction is None:
         return ""
-    text = number(100.0 * fraction, places=0, significant=2)
+    text = number(100.0 * fraction, places=0, significant=significant)
     return text if text == "n/a" else f"{text} %"
 
 

@@ -23,6 +23,7 @@ from controller.cli.common import (
     load_spec_file,
 )
 from controller.cli.render import bag_table, render_summary, report_tables, table_of
+from controller.formatting import number, usd
 
 
 @click.command()
@@ -243,7 +244,7 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    table = table_of("vm", "type", "state", "jobs", "launched", "hours", "cost $", "reason", keep=2)
+    table = table_of("vm", "type", "state", "jobs", "launched", "hours", "cost", "reason", keep=2)
     for vm in data["vms"]:
         launched = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(vm["requested_at"]))
         table.add_row(
@@ -252,15 +253,16 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
             vm["state"] + (" (terminating)" if vm["terminating"] else ""),
             f"Slurm node {vm['pool_node']}" if vm.get("pool_node") else str(vm["jobs"]),
             launched,
-            f"{vm['billed_hours']:.3f}",
-            f"{vm['cost_usd']:.4f}",
+            number(vm["billed_hours"]),
+            usd(vm["cost_usd"]),
             vm["reason"],
         )
     console.print(table)
     total = data["usage"]["total"]
     console.print(
-        f"all VMs so far: {total['vms']}, {total['vms_preempted']} preempted, {total['vm_hours']:.3f} VM-hours: "
-        f"spot ${total['spot_cost_usd']:.4f} vs on-demand ${total['on_demand_cost_usd']:.4f}",
+        f"all VMs so far: {total['vms']}, {total['vms_preempted']} preempted, "
+        f"{number(total['vm_hours'])} VM-hours: spot {usd(total['spot_cost_usd'])} vs on-demand "
+        f"{usd(total['on_demand_cost_usd'])}",
         highlight=False,
     )
 

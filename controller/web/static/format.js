@@ -42,9 +42,9 @@ export function usd(value) {
 }
 
 // A fraction as a percentage: 46 %, 5.3 %, 0.31 %, 0 %.
-export function percent(fraction) {
+export function percent(fraction, significant = 2) {
   if (fraction === null || fraction === undefined) return "";
-  const text = number(100 * fraction, 0, 2);
+  const text = number(100 * fraction, 0, significant);
   return text === "n/a" ? text : `${text} %`;
 }
 
