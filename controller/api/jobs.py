@@ -29,7 +29,8 @@ from controller.api.base import (
 from controller.api.schemas import Job, JobList
 from controller.bagspec import PARAM_NAME
 from controller.errors import ApiError, NotFound
-from controller.models import JobState
+from controller.models import AttemptState, JobState
+from controller.scheduler.waiting import waiting_reason
 from controller.summary import job_view
 
 JOBS_LIMIT = bounded("limit", "At most this many jobs.", 1, 1000, 100)
@@ -102,9 +103,25 @@ async def list_jobs(request: web.Request) -> web.Response:
     params = param_terms(request)
     await visible_bag(request, bag_id)
     jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit, params=params)
-    views = [job_view(j) for j in jobs]
+    retried = [j["idx"] for j in jobs if j["attempts"] > 1]
+    preempted = await c.store.preempted_attempts(bag_id, retried) if retried else {}
+    views = [_with_waiting(c, job_view(j), preempted.get(j["idx"], 0)) for j in jobs]
     next_after = jobs[-1]["idx"] if len(jobs) == limit else None
     return json_response({"jobs": views, "next_after": next_after})
+
+
+WAITING = (JobState.QUEUED.value, JobState.HELD.value)
+
+
+def _with_waiting(c: Any, view: dict[str, Any], preempted: int) -> dict[str, Any]:
+    """The job's view with why it waits (from the scheduler's state; '' unless queued or
+    held) and how many of its attempts a preemption cut short."""
+    view["preempted_attempts"] = preempted
+    view["waiting"] = ""
+    scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
+    if view["state"] in WAITING and scheduler is not None:
+        view["waiting"] = waiting_reason(scheduler, view["bag_id"], view["index"], c.clock.now())
+    return view
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -114,7 +131,8 @@ async def get_job(request: web.Request) -> web.Response:
     job = await c.store.get_job(bag_id, idx)
     if job is None:
         raise NotFound(f"job {bag_id}-{idx} does not exist")
-    return json_response(job_view(job))
+    preempted = sum(a["state"] == AttemptState.PREEMPTED for a in job["attempt_list"])
+    return json_response(_with_waiting(c, job_view(job), preempted))
 
 
 async def get_job_log(request: web.Request) -> web.Response:

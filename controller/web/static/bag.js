@@ -54,11 +54,11 @@ function renderBag() {
     ["Created", when(bag.created_at)],
     ["Elapsed", duration(bag.elapsed_s)],
     ["Attempts", `${u.attempts} (${u.interrupted_attempts} preempted)`],
-    ["Attempt hours", u.attempt_hours.toFixed(2)],
-    ["Lost hours", u.lost_hours.toFixed(2)],
+    ["Attempts ran", duration(u.attempt_hours * 3600)],
+    ["Work lost", duration(u.lost_hours * 3600)],
     ["Checkpoints", u.checkpoints],
-    ["Spot cost", `$${u.spot_cost_usd.toFixed(4)}`],
-    ["On demand", `$${u.on_demand_cost_usd.toFixed(4)}`],
+    ["Spot cost", usd(u.spot_cost_usd)],
+    ["On demand", usd(u.on_demand_cost_usd)],
   ];
   $("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }

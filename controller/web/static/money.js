@@ -3,7 +3,7 @@
 // on-demand cost of its bags so far (GET /v1/reports?account=...), and its last ledger
 // entries (GET /v1/accounts/{account}/ledger, read incrementally: the API lists oldest
 // first, so the page keeps a cursor and fetches only what is new).
-import { api, el, percent, poll, setStatus, usd, when } from "/ui/static/api.js";
+import { api, el, number, percent, poll, setStatus, usd, when } from "/ui/static/api.js";
 
 const REFRESH_MS = 2000;
 const REPORT_EVERY = 5; // the cost report is the heaviest call: every 5th refresh (10 s)
@@ -15,7 +15,7 @@ const select = $("account");
 let ledger = { account: null, after: 0, entries: [] };
 let ticks = 0;
 
-const hours = (x) => (x === null || x === undefined ? "" : x.toFixed(2));
+const hours = (x) => number(x);
 
 function facts(id, pairs) {
   $(id).replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
@@ -52,7 +52,9 @@ function showBalance(b) {
     ["Reserved", hours(b.reserved_cpu_h)],
     ["Available", b.unlimited ? "unlimited" : hours(b.available_cpu_h)],
     ["Held jobs", b.held_jobs],
-    ["Used", b.unlimited ? "" : percent(b.charged_cpu_h / Math.max(b.allocation_cpu_h, 1e-9))],
+    ["Used", b.unlimited
+      ? `${hours(b.charged_cpu_h)} CPU-h (no limit)`
+      : percent(b.charged_cpu_h / Math.max(b.allocation_cpu_h, 1e-9))],
   ]);
 }
 
@@ -62,7 +64,7 @@ function showCost(report) {
   facts("cost", [
     ["Spot (paid)", usd(t.spot_cost_usd)],
     ["On-demand (same VM-hours)", usd(t.on_demand_cost_usd)],
-    ["Saved", `${usd(t.savings_usd)} (${t.savings_pct.toFixed(0)} %)`],
+    ["Saved", `${usd(t.savings_usd)} (${percent(t.savings_pct / 100)})`],
     ["VM-hours", hours(t.vm_h)],
     ["Preemptions", t.preemptions],
     ["Hours lost to preemption", hours(t.lost_h)],
@@ -106,7 +108,7 @@ async function readLedger(account) {
           el("td", {}, e.id),
           el("td", {}, when(e.at)),
           el("td", {}, el("span", { class: `badge ${e.kind}` }, e.kind)),
-          el("td", { class: "number" }, e.cpu_h.toFixed(3)),
+          el("td", { class: "number" }, number(e.cpu_h)),
           el("td", {}, el("code", {}, e.key)),
           el("td", {}, e.note),
         ),
