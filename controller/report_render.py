@@ -94,7 +94,7 @@ def _values(row: dict[str, Any]) -> list[Any]:
 # --- HTML ---------------------------------------------------------------------------
 
 _STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1300px; padding: 0 1em; color: #222; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 2em; }
 .muted { color: #666; }
 .cards { display: flex; flex-wrap: wrap; gap: 0.8em; margin: 1.2em 0; }
@@ -102,6 +102,7 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-to
 .card b { display: block; font-size: 1.35em; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 13px; }
 th, td { border-bottom: 1px solid #e4e4e4; padding: 0.25em 0.6em; text-align: right; }
+td { white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
 tr.total td { font-weight: bold; border-top: 2px solid #999; }
 svg { max-width: 100%; height: auto; }
@@ -237,10 +238,27 @@ def _cost_chart(report: dict[str, Any]) -> str:
     )
     axis.set_yticks(list(positions), labels)
     axis.invert_yaxis()
-    axis.set_xlabel("USD")
-    axis.legend(loc="lower right", fontsize=8)
+    axis.set_xlabel("cost")
+    _money_axis(axis.xaxis)
+    _legend_beside(axis)
     axis.grid(axis="x", alpha=0.3)
     return _svg(figure)
+
+
+def _money_axis(axis: Any) -> None:
+    """Tick labels in dollars as the report prints them ($0.000005, not 5e-6 with an
+    offset above the axis)."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda value, _: usd(value)))
+
+
+def _legend_beside(axis: Any) -> None:
+    """The legend right of the plot, where it covers nothing (the SVG is cut to fit it)."""
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
+
+
+MAX_VM_LABELS = 40  # VM ids written on the timeline's axis; more VMs: every k-th
 
 
 def _timeline_chart(report: dict[str, Any]) -> str:
@@ -255,14 +273,20 @@ def _timeline_chart(report: dict[str, Any]) -> str:
     preempted = [h[1] for vm, h in zip(vms, hours, strict=True) if vm["state"] == "preempted"]
     types = sorted({vm["vm_type"] for vm in vms})
     colors = plt.get_cmap("tab10")
-    figure, axis = plt.subplots(figsize=(9, 3.6))
-    if len(vms) <= 300:
+    lines = len(vms) <= 300
+    # A row per VM, tall enough for its id when every id is written.
+    height = min(9.0, max(2.6, 1.2 + 0.2 * len(vms))) if lines else 3.6
+    figure, axis = plt.subplots(figsize=(9, height))
+    if lines:
         for row, (vm, (start, end)) in enumerate(zip(vms, hours, strict=True)):
             axis.plot([start, end], [row, row], color=colors(types.index(vm["vm_type"]) % 10), lw=2)
         rows = [i for i, vm in enumerate(vms) if vm["state"] == "preempted"]
         axis.scatter(preempted, rows, marker="x", color="#c0392b", zorder=3, label="preempted")
-        axis.set_ylabel("VM")
-        axis.invert_yaxis()
+        every = max(1, -(-len(vms) // MAX_VM_LABELS))  # ceil: at most MAX_VM_LABELS ids
+        ticks = list(range(0, len(vms), every))
+        axis.set_yticks(ticks, [vms[i]["id"] for i in ticks], fontsize=7, family="monospace")
+        axis.set_ylim(len(vms) - 0.5, -0.5)  # the first VM on top
+        axis.set_ylabel("VM" if every == 1 else f"VM (one id in {every})")
         for k, name in enumerate(types):
             axis.plot([], [], color=colors(k % 10), lw=2, label=name)
     else:
@@ -278,8 +302,8 @@ def _timeline_chart(report: dict[str, Any]) -> str:
         )
         axis.set_ylabel("VMs running")
     axis.set_xlabel("hours since the first VM started")
-    axis.legend(loc="upper right", fontsize=8)
-    axis.grid(alpha=0.3)
+    _legend_beside(axis)
+    axis.grid(axis="x", alpha=0.3)
     note = (
         f'<p class="muted">{len(preempted)} preemption(s) of {len(vms)} VM(s)'
         + (" (the first VMs only)" if report["vms_truncated"] else "")
