@@ -23,7 +23,7 @@ from controller.cli.common import (
     load_spec_file,
 )
 from controller.cli.render import bag_table, render_summary, report_tables, table_of
-from controller.formatting import number, usd
+from controller.formatting import duration, number, usd
 
 
 @click.command()
@@ -171,8 +171,10 @@ def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json
         return
     table = table_of("job", "state", "attempts", "exit", "runtime", "params", "reason")
     for job in rows:
-        runtime = f"{job['runtime_s']:.1f} s" if job["runtime_s"] is not None else ""
+        runtime = duration(job["runtime_s"])
         exit_code = "" if job["exit_code"] is None else str(job["exit_code"])
+        # A waiting job: why it waits (the scheduler's view), before its last transition's.
+        why = "; ".join(filter(None, (job.get("waiting", ""), job["reason"])))
         table.add_row(
             job["id"],
             job["state"],
@@ -180,7 +182,7 @@ def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json
             exit_code,
             runtime,
             json.dumps(job["params"], ensure_ascii=False),
-            job["reason"],
+            why,
         )
     console.print(table)
 
