@@ -230,7 +230,14 @@ def plot_index(
         ax.set_yscale("log")
         ax.set_ylabel("$/h per √(vCPU·GB)")
         ax.set_title(f"{by} {name}", fontsize=9)
-        ax.legend(fontsize=6, ncol=4, loc="upper left")
+        # Beside the plot, where it hides no price (the file is cut to fit it).
+        ax.legend(
+            fontsize=6,
+            ncol=1 + len(ax.get_lines()) // 16,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            borderaxespad=0.0,
+        )
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
