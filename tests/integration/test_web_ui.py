@@ -444,6 +444,12 @@ def test_the_money_page_shows_an_accounts_balance_cost_and_ledger(page, daemon):
         what="the bag's cost",
     )
     assert "Spot (paid)\n$" in text_of(page, "cost") and "On-demand" in text_of(page, "cost")
+    # Its cost over time: the CPU-hours charged and the spot cost, drawn (uPlot's canvas).
+    chart = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, "#over-time canvas"), 10, what="the chart"
+    )
+    assert chart[0].size["width"] > 200  # type: ignore[index]
+    assert "CPU-h charged" in page.find_element(By.CSS_SELECTOR, "#over-time .u-legend").text
     rows = page.find_elements(By.CSS_SELECTOR, "#ledger tbody tr")
     kinds = [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows]
     assert kinds[-1] == "credit" and "account created" in rows[-1].text  # newest first
@@ -1038,3 +1044,31 @@ def test_every_page_fits_a_400_px_screen_and_no_figure_reads_wrong(page, daemon)
         assert not severe_console_messages(page)
     finally:
         page.set_window_size(1280, 1000)
+
+
+def test_a_searched_jobs_row_follows_its_state(page, daemon):
+    """While a search is shown its rows are read less often (a search may scan the whole
+    bag), but never left behind: the row of the job shown below agrees with its panel,
+    and the page is read again soon when the bag's counts change."""
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    bag = client.submit(bag_spec("web", "sleep 3", 4, name="stale"))
+    job_id = f"{bag['id']}-2"
+    log_in(page, daemon, TOKEN)
+    page.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+    page.find_element(By.ID, "param-filter").send_keys("i=2")
+
+    def row_state() -> str | None:
+        return page.execute_script(
+            "const row = document.querySelector(`#jobs tr[data-job='${arguments[0]}']`);"
+            "return row ? row.querySelector('.badge').textContent : null;",
+            job_id,
+        )
+
+    wait_until(lambda: row_state() in ("queued", "running"), 15, what="the searched job")
+    page.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button").click()
+    wait_until(lambda: client.job(job_id)["state"] == "succeeded", 30, what="the job to end")
+    # Within two refreshes (and a request's time): not the ten seconds of a search's pace.
+    wait_until(lambda: row_state() == "succeeded", 6, 0.1, "the row to say succeeded")
+    assert "State\nsucceeded" in text_of(page, "job-facts")
