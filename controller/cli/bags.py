@@ -286,20 +286,19 @@ def hopping(ctx: click.Context, limit: int, as_json: bool) -> None:
         highlight=False,
     )
     table = Table(title="market")
-    for column in ("VM type", "now $/h", "mean $/h", "std $/h", "on-demand $/h"):
+    for column in ("VM type", "now /h", "mean /h", "std /h", "on-demand /h"):
         table.add_column(column, justify="left" if column == "VM type" else "right")
-    fmt = "{:.4f}"
     for row in data["market"]:
         table.add_row(
             row["vm_type"],
             *(
-                "–" if row[k] is None else fmt.format(row[k])
+                "–" if row[k] is None else usd(row[k])
                 for k in ("price_now", "price_mean", "price_std", "on_demand")
             ),
         )
     console.print(table)
     moves = Table(title="migrations (newest first)")
-    for column in ("when", "VM", "from", "to", "$/h", "reason"):
+    for column in ("when", "VM", "from", "to", "price /h", "reason"):
         moves.add_column(column)
     for move in data["migrations"]:
         moves.add_row(
@@ -307,7 +306,7 @@ def hopping(ctx: click.Context, limit: int, as_json: bool) -> None:
             move["vm_id"],
             move["from_type"],
             move["to_type"],
-            f"{move['price_from']:.4f} -> {move['price_to']:.4f}",
+            f"{usd(move['price_from'])} -> {usd(move['price_to'])}",
             move["reason"],
         )
     console.print(moves)
