@@ -19,7 +19,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy --strict --follow-imports=silent controller/scheduler/
 	# Two workers (pytest-xdist): each test is independent (its own state directory,
 	# daemon port, Slurm cluster on a bridge of its own), and the suite takes 5 min, not 8.
 	$(BIN)/python -m pytest -q -n 2
@@ -27,6 +29,7 @@ test: $(STAMP)
 # Unit and policy tests: no daemon, no Slurm, no processes (tests/conftest.py enforces it).
 test-fast: $(STAMP)
 	SPOTBAG_FAST_TIER=1 $(BIN)/python -m pytest -q -n 2 -m "not integration and not slurm and not processes" \
+		--cov=controller/api --cov-report=term:skip-covered --cov-fail-under=85 \
 		tests/policies tests/controller tests/drivers tests/slurm_hooks tests/deploy tests/test_architecture.py
 
 # A long schemathesis run against a live daemon's /openapi.json (make test runs a short one).
@@ -38,6 +41,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy --strict --follow-imports=silent controller/scheduler/
 
 # Every benchmark to the end, each figure printed beside its target (bench/targets.py).
 # From a fresh clone: 22:44 on the 2-CPU development machine while other test suites ran
@@ -49,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/simulate_fleet.py
 	$(BIN)/python bench/preemption_models.py
 	$(BIN)/python bench/checkpoint_schedules.py
+	$(BIN)/python bench/notices.py
 	$(BIN)/python bench/prepaid.py
 	$(BIN)/python bench/report.py
 	$(BIN)/python bench/cloud_drivers.py

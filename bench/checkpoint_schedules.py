@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark and evaluation of the checkpoint schedules (SPEC.md §4, the paper's §6.2.2).
+"""Benchmark and evaluation of the checkpoint schedules (docs/design.md#checkpoints, the paper's §6.2.2).
 
 With the shipped n1-highcpu-16 model (gce/n1-highcpu-16), δ = 1 minute, a 1-minute
 step and no restart delay (and again with a 2-minute restart), prints:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark and reproduction: spot hopping by cloud-index tracking (SPEC.md §5).
+"""Benchmark and reproduction: spot hopping by cloud-index tracking (docs/design.md#index-tracking).
 
 1. The paper's synthetic experiment over many seeds: four VMs (m4.large 2/8,
    m4.2xlarge 8/32, c4.2xlarge 8/15, r4.xlarge 4/30.5 vCPU/GB) with uniform prices
@@ -131,7 +131,7 @@ def real_trace(out) -> None:
         )
         took = time.perf_counter() - started
         rows = [replay_row(r) for r in results]
-        title = "paper's literal eq. 5" if literal else "SPEC.md migration rule"
+        title = "paper's literal eq. 5" if literal else "corrected migration rule"
         print(
             f"job 2 vCPU/10 GB over {results[0].wall_h:,.0f} h, {title} "
             f"(4 policies replayed in {took:.2f} s, {took / 4:.2f} s each "

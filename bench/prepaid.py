@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark and example of the prepaid vs on-demand optimizer (SPEC.md §7).
+"""Benchmark and example of the prepaid vs on-demand optimizer (docs/design.md#cost-reports).
 
 1. The exact optimum on 1,000,000 random intervals (starts uniform over a year,
    exponential lengths with a 3-hour mean, 1-64 cores): the sweep to the usage

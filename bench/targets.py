@@ -1,5 +1,5 @@
 """A figure's target beside it, so `make bench` shows at a glance what meets its target
-(the targets are the issues' and README's Performance table's)."""
+(the targets are the issues' and bench/README.md's)."""
 
 
 def against(value: float, limit: float, unit: str, *, at_least: bool = False) -> str:

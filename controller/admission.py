@@ -211,7 +211,7 @@ def reserve(
     *,
     open_keys: bool = True,
 ) -> Admission:
-    """Reserve CPU-hours for the bag's jobs (SPEC.md §6), or say why not: what was needed,
+    """Reserve CPU-hours for the bag's jobs (docs/design.md#ledger), or say why not: what was needed,
     what is available, and what would help."""
     accounts = scheduler.accounts
     try:

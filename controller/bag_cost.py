@@ -1,6 +1,6 @@
 """Each bag's cost as its views show it (GET /v1/bags and /v1/bags/{id}, so `spotbag
 status`, the web UI's bag page and `spotbag simulate`): the figures of the bag's cost
-report (controller/report.py: SPEC.md §7's split-cost allocation, policies/vm_cost.py),
+report (controller/report.py: docs/design.md#cost-reports's split-cost allocation, policies/vm_cost.py),
 computed by the same function from the same rows, so a view and a report of the same
 instant never disagree.
 
@@ -60,7 +60,7 @@ MAX_ENTRIES = 4096  # bags whose figures are kept
 
 @dataclass(frozen=True, slots=True)
 class BagCost:
-    """A bag's share of its VMs (SPEC.md §7) as of `as_of`."""
+    """A bag's share of its VMs (docs/design.md#cost-reports) as of `as_of`."""
 
     vm_hours: float  # its attempts' split VM-hours plus its share of idle, spare, unreserved
     spot_cost_usd: float  # what that cost at the prices paid

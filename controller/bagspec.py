@@ -1,4 +1,4 @@
-"""Bag specs (SPEC.md §1): the model, its validation, and its expansion into jobs.
+"""Bag specs (docs/design.md#bags): the model, its validation, and its expansion into jobs.
 
 A bag is one command template run over a parameter space:
 

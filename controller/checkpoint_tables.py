@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from policies.checkpoint import CheckpointTable, build_table, delta_steps
+from policies.checkpoint_notices import Notices, solve_with_notices
 from policies.preemption import LifetimeModel
 
 log = logging.getLogger("spotbag.checkpoints")
@@ -35,7 +36,14 @@ log = logging.getLogger("spotbag.checkpoints")
 FORMAT_VERSION = 2
 SIZE_LADDER_H = (1.0, 2.0, 4.0, 8.0, 16.0, 24.0)
 
-TableKey = tuple[LifetimeModel, int, float, float, float]  # model, δ steps, R h, step h, size h
+# model, δ steps, R h, step h, size h, planned for notices
+TableKey = tuple[LifetimeModel, int, float, float, float, bool]
+
+
+def planned_notices(notice_lead_s: float) -> Notices | None:
+    """The notices a driver that gives them `notice_lead_s` model seconds ahead of every
+    preemption asks the tables to plan for (None: it gives none)."""
+    return Notices(notice_lead_s / 3600.0) if notice_lead_s > 0 else None
 
 
 def table_size_h(work_h: float, max_work_h: float) -> float:
@@ -61,8 +69,12 @@ class TableCache:
         memory_tables: int = 6,
         inline: bool = False,
         on_ready: Callable[[], None] | None = None,
+        notices: Notices | None = None,
     ) -> None:
         self.directory = directory
+        # Preemption notices the tables plan for (docs/design.md#checkpoint-notices), in
+        # model hours; None: none.
+        self.notices = notices
         self.step_h = step_h
         self.restart_h = restart_h
         self.max_work_h = max_work_h
@@ -77,12 +89,16 @@ class TableCache:
 
     def key(self, model: LifetimeModel, delta_h: float, work_h: float) -> TableKey:
         size = table_size_h(work_h, self.max_work_h)
+        # Notices are planned for when the job's own δ fits in their lead (its δ on the
+        # grid may be longer: the grid's δ is only what the plan spends per checkpoint).
+        noticed = self.notices is not None and self.notices.useful(delta_h)
         return (
             model,
             delta_steps(delta_h, self.step_h),
             round(self.restart_h, 9),
             self.step_h,
             size,
+            noticed,
         )
 
     def lookup(self, model: LifetimeModel, delta_h: float, work_h: float) -> CheckpointTable | None:
@@ -90,9 +106,10 @@ class TableCache:
         (the daemon starts that in a worker thread; inline, it is solved now)."""
         key = self.key(model, delta_h, work_h)
         for size in _sizes_from(key[4], self.max_work_h):  # a bigger table answers too
-            table = self._memory.get((*key[:4], size))
+            bigger = (*key[:4], size, key[5])
+            table = self._memory.get(bigger)
             if table is not None:
-                self._memory.move_to_end((*key[:4], size))
+                self._memory.move_to_end(bigger)
                 return table
         if self.inline:
             return self._remember(key, self._load_or_solve(key))
@@ -132,27 +149,38 @@ class TableCache:
     def _path(self, key: TableKey) -> Path | None:
         if self.directory is None:
             return None
-        digest = hashlib.sha256(_describe(key).encode()).hexdigest()[:24]
+        digest = hashlib.sha256(self._describe(key).encode()).hexdigest()[:24]
         return self.directory / f"{digest}.npz"
 
     def _load_or_solve(self, key: TableKey) -> CheckpointTable:
         path = self._path(key)
         if path is not None:
-            table = _load(path, _describe(key))
+            table = _load(path, self._describe(key))
             if table is not None:
                 with self._lock:
                     self.loaded += 1
                 return table
-        model, delta, restart_h, step_h, size_h = key
-        table = build_table(model, size_h, delta * step_h, restart_h, step_h)
+        model, delta, restart_h, step_h, size_h, noticed = key
+        if noticed and self.notices is not None:
+            table = solve_with_notices(
+                model, size_h, delta * step_h, self.notices, restart_h, step_h
+            )
+        else:
+            table = build_table(model, size_h, delta * step_h, restart_h, step_h)
         with self._lock:
             self.solved += 1
         if path is not None:
             try:
-                _save(path, _describe(key), table)
+                _save(path, self._describe(key), table)
             except OSError as exc:  # a cache that cannot be written is only slower
                 log.warning("cannot cache the checkpoint table in %s: %s", path, exc)
         return table
+
+    def _describe(self, key: TableKey) -> str:
+        """What a stored table is: its key, and the notices it plans for if any."""
+        if not key[5] or self.notices is None:
+            return _describe(key)
+        return f"{_describe(key)} notice_h={self.notices.lead_h!r} share={self.notices.share!r}"
 
 
 def _sizes_from(size_h: float, max_work_h: float) -> list[float]:
@@ -164,7 +192,7 @@ def _sizes_from(size_h: float, max_work_h: float) -> list[float]:
 
 
 def _describe(key: TableKey) -> str:
-    model, delta, restart_h, step_h, size_h = key
+    model, delta, restart_h, step_h, size_h, _ = key
     return (
         f"v{FORMAT_VERSION} {model!r} delta_steps={delta} restart_h={restart_h!r} "
         f"step_h={step_h!r} size_h={size_h!r}"

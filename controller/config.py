@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controller.bagspec import ACCOUNT_NAME
 from controller.errors import SpotbagError
@@ -146,6 +146,15 @@ class DriverConfig(_Section):
     boot_delay_s: float = Field(
         0.5, ge=0, description="Local driver: seconds from launch until a VM can run jobs."
     )
+    notice_lead_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Local and sim drivers: a preemption notice comes this many model seconds "
+        "before each sampled preemption, as the cloud the VMs stand for gives one (EC2 120, "
+        "GCE 30); 0: none. The VM takes no new job from the notice on and its checkpointable "
+        "jobs are signalled (docs/design.md#checkpoint-notices).",
+    )
     time_scale: float = Field(
         1.0,
         gt=0,
@@ -217,7 +226,7 @@ class PreemptionConfig(_Section):
     reuse_policy: Literal["model", "always"] = Field(
         "model",
         description="model: start a job on an idle VM only when, by the VM's preemption model and age, "
-        "that beats a fresh VM (SPEC.md §3); always: reuse any idle VM (memoryless thinking).",
+        "that beats a fresh VM (docs/design.md#reuse); always: reuse any idle VM (memoryless thinking).",
     )
     hot_spare_h: float = Field(
         1.0,
@@ -244,7 +253,7 @@ class CheckpointConfig(_Section):
     policy: CheckpointPolicyName = Field(
         "optimal",
         description="When checkpointable jobs are signalled: optimal (the dynamic program over "
-        "the VM's preemption model, from its age and the job's remaining work, SPEC.md §4); "
+        "the VM's preemption model, from its age and the job's remaining work, docs/design.md#checkpoints); "
         "young-daly (every sqrt(2·δ·MTTF), MTTF from the model); none (never).",
     )
     step_s: float = Field(
@@ -372,7 +381,7 @@ class AwsConfig(_Section):
 
 
 class HoppingConfig(_Section):
-    """Spot hopping by cloud-index tracking (SPEC.md §5): sample spot prices, choose the
+    """Spot hopping by cloud-index tracking (docs/design.md#index-tracking): sample spot prices, choose the
     type of new VMs by a policy, and move checkpointable jobs when the move pays."""
 
     enabled: bool = Field(True, description="Sample prices and choose types by the policy.")
@@ -398,7 +407,9 @@ class HoppingConfig(_Section):
         1.0, gt=0, description="A type priced above this × its on-demand price is not used."
     )
     literal_trigger: bool = Field(
-        False, description="Migrate by the paper's printed eq. 5 instead of SPEC.md's rule."
+        False,
+        description="Migrate by the paper's printed eq. 5 instead of the corrected rule "
+        "(docs/design.md#migration-rule).",
     )
     trace: str = Field(
         "",
@@ -412,7 +423,7 @@ class HoppingConfig(_Section):
 
 
 class CostConfig(_Section):
-    """How cost reports split a shared VM's cost among its jobs (SPEC.md §7)."""
+    """How cost reports split a shared VM's cost among its jobs (docs/design.md#cost-reports)."""
 
     cpu_weight: float = Field(0.9, ge=0, description="Relative cost weight of one vCPU.")
     memory_weight: float = Field(0.1, ge=0, description="Relative cost weight of one GB of memory.")
@@ -420,10 +431,12 @@ class CostConfig(_Section):
 
 
 class ExecutorConfig(_Section):
-    name: Literal["local", "slurm"] = Field(
+    name: Literal["local", "slurm", "sim"] = Field(
         "local",
-        description="Where jobs run: local (processes on this host) or slurm (Slurm jobs on "
-        "the VMs, which join the cluster as nodes; see [slurm]).",
+        description="Where jobs run: local (processes on this host), slurm (Slurm jobs on "
+        "the VMs, which join the cluster as nodes; see [slurm]) or sim (no program runs: "
+        "each attempt takes its bag's simulation runtime on the daemon's clock; with "
+        'driver "sim", a daemon to try the API and web UI on).',
     )
     kill_grace_s: float = Field(
         5.0,
@@ -436,8 +449,8 @@ class ExecutorConfig(_Section):
         description="Daemon running as root: the unprivileged user jobs run as (its primary "
         "group, no others), so they cannot read the daemon's token or database. "
         '"spotbag-{account}" gives each account a user of its own, so that one account\'s '
-        "jobs cannot read or forge another's results or checkpoints (README: What a job can "
-        "touch); one name for all: accounts share that user. Empty: jobs run as the "
+        "jobs cannot read or forge another's results or checkpoints "
+        "(docs/operations.md#job-isolation); one name for all: accounts share that user. Empty: jobs run as the "
         "daemon's user (and can read all of it).",
     )
     run_as_accounts: dict[str, str] = Field(
@@ -493,7 +506,7 @@ class SlurmPoolConfig(_Section):
         gt=0,
         description="Typical length of a job on this pool, model hours: an idle pool VM on "
         "which the reuse policy would not start a job this long (it is too close to its "
-        "preemption or deadline, SPEC.md §3) is powered down, so the next job gets a fresh VM.",
+        "preemption or deadline, docs/design.md#reuse) is powered down, so the next job gets a fresh VM.",
     )
     suspend_time_s: int = Field(
         300,
@@ -516,7 +529,7 @@ class SlurmPoolConfig(_Section):
 
 class SlurmConfig(_Section):
     """executor.name = "slurm": every attempt is a Slurm job pinned to its VM's node; VMs
-    join as dynamic nodes named after them (README "Slurm")."""
+    join as dynamic nodes named after them (docs/slurm.md)."""
 
     slurm_conf: str = Field(
         "",
@@ -628,6 +641,13 @@ class SimulationConfig(_Section):
     boot_delay_s: float = Field(
         60.0, ge=0, description="spotbag simulate: VM boot time in seconds."
     )
+    notice_lead_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="spotbag simulate: seconds of notice before each preemption (EC2 120, "
+        "GCE 30; 0: none).",
+    )
     seed: int = Field(
         0, description="spotbag simulate: default seed (runs are deterministic per seed)."
     )
@@ -704,6 +724,16 @@ class Config(_Section):
         DEFAULT_VM_TYPES, min_length=1, description="The VM types the local and sim drivers offer."
     )
 
+    @model_validator(mode="after")
+    def _sim_executor_on_sim_vms(self) -> Config:
+        # Simulated attempts on real VMs would pay for machines that run nothing.
+        if self.executor.name == "sim" and self.driver.name != "sim":
+            raise ValueError(
+                f'executor.name "sim" runs no program and needs driver.name "sim", '
+                f'not "{self.driver.name}"'
+            )
+        return self
+
     @field_validator("vm_types")
     @classmethod
     def _unique_names(cls, value: tuple[VmTypeConfig, ...]) -> tuple[VmTypeConfig, ...]:
@@ -759,7 +789,9 @@ def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> Conf
         return Config.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']) or 'configuration'}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
         )
         raise ConfigError(f"config {source}: {problems}") from None
 

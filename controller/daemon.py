@@ -31,7 +31,7 @@ from controller.api import build_app, server_logger
 from controller.api.jobs import MAX_REQUEST_LINE_BYTES
 from controller.api.limits import ConnectionGate, quiet_accept_errors
 from controller.bag_cost import BagCosts
-from controller.checkpoint_tables import TableCache
+from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
 from controller.errors import SpotbagError
@@ -142,6 +142,7 @@ class Controller:
             book=self.book,
             controller_id=self.controller_id,
             state_dir=self.state_dir,
+            notice_lead_s=self.config.driver.notice_lead_s,
         )
         # The driver's view of the catalog: it may fill in prices (aws: on-demand table).
         self.catalog = list(self.driver.vm_types())
@@ -152,6 +153,7 @@ class Controller:
             state_dir=self.state_dir,
             controller_id=self.controller_id,
             now=self.clock.now,
+            call_at=self.clock.call_at,
         )
         self._warn_about_job_users()
         self.hook_secret = b""
@@ -184,6 +186,7 @@ class Controller:
                 step_h=self.config.checkpoint.step_s / 3600.0,
                 restart_h=self.book.launch_h,
                 max_work_h=self.config.checkpoint.max_work_h,
+                notices=planned_notices(self.config.driver.notice_lead_s),
             ),
         )
         self.scheduler.pools = pools
@@ -220,28 +223,28 @@ class Controller:
         )
 
     def _warn_about_job_users(self) -> None:
-        """Say at start what jobs can touch when accounts are not kept apart (README:
-        What a job can touch)."""
+        """Say at start what jobs can touch when accounts are not kept apart
+        (docs/operations.md#job-isolation)."""
         executor = self.config.executor
         users = JobUsers(executor.run_as, executor.run_as_accounts)
         if not users.configured:
             if self.executor.name == "local" and os.geteuid() == 0:
                 log.warning(
                     "jobs run as root and can read this daemon's token and database: set "
-                    '[executor] run_as = "spotbag-{account}" (README: What a job can touch)'
+                    '[executor] run_as = "spotbag-{account}" (docs/operations.md#job-isolation)'
                 )
             elif self.executor.name == "slurm":
                 log.warning(
                     "jobs run on the VMs as this daemon's user (uid %d), with its rights in "
                     "Slurm, and all accounts' jobs can touch each other's: set [executor] "
-                    'run_as = "spotbag-{account}" (README: What a job can touch)',
+                    'run_as = "spotbag-{account}" (docs/operations.md#job-isolation)',
                     os.getuid(),
                 )
         elif not users.per_account:
             log.warning(
                 "jobs of several accounts run as one user: they can read and change each "
                 'other\'s results and checkpoints; run_as = "spotbag-{account}" gives each '
-                "account a user of its own (README: What a job can touch)"
+                "account a user of its own (docs/operations.md#job-isolation)"
             )
 
     @property

@@ -1,6 +1,6 @@
 """What every VM has cost so far, and the fleet's totals (GET /v1/vms, so `spotbag
 vms`, `spotbag status`'s "all VMs" line and `spotbag simulate`'s summary), priced by the
-reports' rule (controller/report.py `vm_costs`: SPEC.md §7's price paid, which for a
+reports' rule (controller/report.py `vm_costs`: docs/design.md#cost-reports's price paid, which for a
 spot VM is its type's sampled spot price while price samples exist): so the fleet total
 equals the sum of the reports of all bags, and a bag alone on its VMs costs what the
 fleet cost.

@@ -1,4 +1,4 @@
-"""The hopper: spot hopping by cloud-index tracking in the running daemon (SPEC.md §5).
+"""The hopper: spot hopping by cloud-index tracking in the running daemon (docs/design.md#index-tracking).
 
 Every `[hopping] interval_s` of model time (5 minutes by default) it
 

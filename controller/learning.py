@@ -1,4 +1,4 @@
-"""Learning preemption models from the VMs this controller ran (SPEC.md §2, "Drift").
+"""Learning preemption models from the VMs this controller ran (docs/design.md#preemption-models, "Drift").
 
 Every VM that ran is a lifetime observation: preempted, or censored when spotbag
 stopped it or it is still running (at its current age). Every `refit_interval_s` the

@@ -37,6 +37,9 @@ class DemandGroup(NamedTuple):
     vm_types: tuple[str, ...] | None = None  # allowed types; None = any
     regions: tuple[str, ...] | None = None
     runtime_h: float = 0.0  # expected job length in model hours (for the reuse policy)
+    # Jobs running on VMs that got a preemption notice: they need a VM once theirs ends,
+    # so one is kept or launched for them now (docs/design.md#checkpoint-notices).
+    expected: int = 0
 
 
 class VmView(NamedTuple):
@@ -143,7 +146,7 @@ def _pack(
     """Put up to `remaining` jobs of `group` on the VMs' free capacity (best fit first).
 
     Appends Place actions when `places` is given (running VMs, where the reuse policy
-    must agree: SPEC.md §3); otherwise only reserves the capacity (pending VMs, which
+    must agree: docs/design.md#reuse); otherwise only reserves the capacity (pending VMs, which
     will be fresh). Idle VMs the policy turns down are noted in `refused`.
     Returns how many jobs are left.
     """
@@ -202,6 +205,7 @@ def plan(snapshot: Snapshot) -> Plan:
                 group, leftover[group.bag_id], free, pending, gpu_demand, None
             )
 
+    kept = _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
     launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover)
     # What still waits may queue on running VMs, in the executor's queue, up to their
     # room for it (after launches are decided: queued work does not replace new VMs).
@@ -218,7 +222,7 @@ def plan(snapshot: Snapshot) -> Plan:
     terminations: list[Terminate] = []
     wake: list[float] = [backoff_wake] if backoff_wake is not None else []
     for vm in running:
-        if vm.running_attempts or vm.vm_id in used or vm.idle_since is None:
+        if vm.running_attempts or vm.vm_id in used or vm.vm_id in kept or vm.idle_since is None:
             continue
         if short and vm.vm_id in refused:
             # Jobs wait for a VM slot while this idle VM is one the policy will not use.
@@ -248,6 +252,28 @@ def plan(snapshot: Snapshot) -> Plan:
         elif deadline != float("inf"):
             wake.append(deadline)
     return Plan(places, launches, terminations, unplaceable, min(wake) if wake else None)
+
+
+def _keep_for_noticed(
+    demand: Sequence[DemandGroup],
+    free: dict[str, Shape],
+    vms: Sequence[VmView],
+    gpu_demand: bool,
+    leftover: dict[str, int],
+) -> set[str]:
+    """Room for the jobs of noticed VMs (after the queued jobs took theirs): reserved on
+    live VMs, which are then kept, not ended as idle; what finds none is added to the
+    bag's leftover, to launch for now. Returns the VMs kept."""
+    kept: set[str] = set()
+    for group in demand:
+        if group.expected <= 0:
+            continue
+        before = dict(free)
+        rest = _pack(group, group.expected, free, vms, gpu_demand, None)
+        kept.update(vm_id for vm_id, room in free.items() if room != before[vm_id])
+        if rest:
+            leftover[group.bag_id] = leftover.get(group.bag_id, 0) + rest
+    return kept
 
 
 def _launches(

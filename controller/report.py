@@ -1,4 +1,4 @@
-"""Cost reports of one bag or one account (SPEC.md §7): where the money went.
+"""Cost reports of one bag or one account (docs/design.md#cost-reports): where the money went.
 
 Built from the store (`Store.report_rows`): every VM the scope's attempts ran on,
 and every attempt on those VMs, of any bag, because jobs that shared a VM split its
@@ -73,7 +73,7 @@ MAX_TIMELINE_VMS = 5000  # VMs listed for the timeline; the figures cover all
 
 class SampledMarket:
     """Spot price samples of the store, per (type, zone) series, with the cloud index
-    (SPEC.md §5) over every type of known size: the mean, at each sample time, of each
+    (docs/design.md#index-tracking) over every type of known size: the mean, at each sample time, of each
     type's cheapest zone price over sqrt(vCPUs·GB), leaving out capped prices."""
 
     def __init__(
@@ -191,7 +191,7 @@ class ReportScopeEmpty(SpotbagError, LookupError):
 
 @dataclass(frozen=True)
 class CostRule:
-    """The settings of the split (SPEC.md §7): the resource weights, the idle timeout
+    """The settings of the split (docs/design.md#cost-reports): the resource weights, the idle timeout
     that tells idle from spare time, and the ledger's GPU weight (for CPU-hours). The
     reports and the bag views (controller/bag_cost.py) take the same one from the config,
     so they never disagree."""

@@ -49,7 +49,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, Printer], ...] = (
     ("checkpoint_h", "checkpointing", _hours),
     ("cpu_h", "CPU-h", number),
     # Per VM type: the mean spot price paid, and the index price for the type's size over
-    # the same hours (SPEC.md §5; needs the hopper's price samples).
+    # the same hours (docs/design.md#index-tracking; needs the hopper's price samples).
     ("price_paid_per_h", "paid $/h", usd),
     ("index_price_per_h", "index $/h", usd),
 )

@@ -144,6 +144,7 @@ class VmRun:
     idle_since: float | None = None
     terminating: bool = False
     draining: str = ""  # why no new job is placed on it (the hopper moves its jobs away)
+    notice_until: float | None = None  # a preemption notice: the provider takes it by then
     # Joined the executor's cluster (a Slurm node registered): only then does it take
     # attempts. Always true for executors that do not join VMs.
     ready: bool = True

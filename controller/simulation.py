@@ -20,6 +20,7 @@ import numpy as np
 
 from controller.admission import admit
 from controller.bag_cost import compute_bag_costs
+from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import SimClock
 from controller.config import Config
 from controller.errors import SpotbagError
@@ -70,6 +71,7 @@ async def simulate(
             boot_delay_s=config.simulation.boot_delay_s,
             time_scale=1.0,
             book=book,
+            notice_lead_s=config.simulation.notice_lead_s,
         )
         executor = SimExecutor(now=clock.now, call_at=clock.call_at, rng=runtime_rng)
         ids = SequentialIds()
@@ -87,6 +89,14 @@ async def simulate(
             book=book,
             checkpointing=config.checkpoint,
             ledger=config.ledger,
+            tables=TableCache(
+                None,
+                step_h=config.checkpoint.step_s / 3600.0,
+                restart_h=book.launch_h,
+                max_work_h=config.checkpoint.max_work_h,
+                inline=True,
+                notices=planned_notices(config.simulation.notice_lead_s),
+            ),
         )
         bag_row, _ = await admit(
             spec,

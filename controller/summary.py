@@ -3,7 +3,7 @@ CLI and `spotbag simulate` print, is `controller.cli.render.render_summary`).
 
 A bag's usage: its attempts' times (the ended ones' totals kept in the store, plus the
 running ones up to now) and its cost, which is its cost report's (controller/bag_cost.py:
-SPEC.md §7's split of its VMs' cost, as of `cost.as_of`).
+docs/design.md#cost-reports's split of its VMs' cost, as of `cost.as_of`).
 """
 
 from __future__ import annotations

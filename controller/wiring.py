@@ -41,6 +41,7 @@ def make_driver(
     book: ModelBook,
     controller_id: str = "",
     state_dir: Path | None = None,
+    notice_lead_s: float = 0.0,
 ) -> Driver:
     """The driver `name`; cloud drivers mark their VMs with `controller_id` (the store's
     own id, so that after a restart the daemon finds the VMs it owns). The local driver's
@@ -72,6 +73,7 @@ def make_driver(
             lifetime_h=lifetime_h,
             boot_delay_s=boot_delay_s,
             time_scale=time_scale,
+            notice_lead_s=notice_lead_s,
             **({"hosts": hosts, "controller_id": controller_id} if hosts is not None else {}),
         )
     raise ValueError(f"driver {name!r} cannot be built from this configuration")
@@ -140,10 +142,17 @@ async def make_executor(
     state_dir: Path,
     controller_id: str,
     now: Callable[[], float],
+    call_at: Callable[[float, Callable[[], None]], Any],
     head_address: str = "",
 ) -> Any:
     """The executor [executor] names. For Slurm, a conf_server left empty is found with
     `scontrol show config` (or is the local VM hosts' view of this host)."""
+    if config.executor.name == "sim":
+        from controller.executors.sim import SimExecutor
+
+        # Its own generator: the driver's draws (lifetimes) stay as they were.
+        rng = np.random.default_rng(config.driver.seed).spawn(2)[1]
+        return SimExecutor(now=now, call_at=call_at, rng=rng)
     if config.executor.name == "local":
         from controller.executors.local import LocalExecutor
 

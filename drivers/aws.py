@@ -84,7 +84,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import resources
 from operator import methodcaller
@@ -120,6 +120,9 @@ TOKEN_TAG = "spotbag:token"
 VM_TYPE_TAG = "spotbag:vm-type"  # the catalog's name (the instance type may differ)
 STATUS_PAGE = 1000  # describe_instance_status / describe_instances: the API's largest page
 ID_FILTER_BATCH = 200  # instance ids per describe_instances filter
+# EC2's interruption notice comes two minutes before it interrupts a Spot Instance.
+INTERRUPTION_NOTICE_S = 120.0
+MARKED_CODES = ("marked-for-termination", "marked-for-stop", "marked-for-hibernation")
 TERMINATE_BATCH = 1000
 USER_DATA_MAX_BYTES = 16 * 1024  # EC2's limit (before base64)
 LINUX_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
@@ -196,6 +199,9 @@ class AwsSettings:
     price_cache_s: float = 300.0
     price_lookback_s: float = 3600.0
     http_timeout_s: float = 60.0
+    # Read interruption notices: every describe of running instances also asks which of
+    # their spot requests EC2 marked for termination (one call per region and 200 ids).
+    notices: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subnet_ids", dict(self.subnet_ids))
@@ -375,6 +381,7 @@ class AwsDriver:
         self._listeners: list[StatusListener] = []
         self._seen: dict[str, _Seen] = {}  # vm_id -> what we know
         self._final: dict[str, VmStatus] = {}  # vm_id -> its ended status (never changes)
+        self._noticed: dict[str, float] = {}  # vm_id -> when EC2 interrupts it (its notice)
         self._terminating: set[str] = set()  # vm_ids we asked EC2 to terminate
         self._first_seen: dict[str, tuple[VmState, float]] = {}
         self._price_cache: dict[tuple, tuple[float, list[PriceSample]]] = {}
@@ -450,7 +457,51 @@ class AwsDriver:
                     result[vm_id] = self._live_status(vm_id, listed[vm_id])
             elif vm_id in self._seen:
                 result[vm_id] = self._vanished(vm_id)
+        if self._settings.notices:
+            await self._add_notices(result)
         return result
+
+    async def _add_notices(self, result: dict[str, VmStatus]) -> None:
+        """Running instances whose spot request EC2 marked for termination (its
+        interruption notice) get notice_until: the mark's time + 2 minutes."""
+        running = [v for v, s in result.items() if s.state is VmState.RUNNING]
+        unknown = [v for v in running if v not in self._noticed]
+        by_region: dict[str, list[str]] = {}
+        for vm_id in unknown:
+            by_region.setdefault(self._seen[vm_id].region, []).append(vm_id)
+        calls = [
+            (region, ids[i : i + ID_FILTER_BATCH])
+            for region, ids in by_region.items()
+            for i in range(0, len(ids), ID_FILTER_BATCH)
+        ]
+        pages = await asyncio.gather(
+            *(
+                self._api(
+                    region,
+                    f"describe (interruption notices in {region})",
+                    methodcaller(
+                        "describe_spot_instance_requests",
+                        Filters=[
+                            {"Name": "instance-id", "Values": ids},
+                            {"Name": "status-code", "Values": list(MARKED_CODES)},
+                        ],
+                    ),
+                )
+                for region, ids in calls
+            )
+        )
+        for page in pages:
+            for request in (page or {}).get("SpotInstanceRequests", ()):
+                status = request.get("Status") or {}
+                marked_at = _epoch_s(status.get("UpdateTime"))
+                vm_id = request.get("InstanceId", "")
+                if vm_id in result and status.get("Code") in MARKED_CODES:
+                    self._noticed[vm_id] = (
+                        marked_at if marked_at is not None else self._now()
+                    ) + INTERRUPTION_NOTICE_S
+        for vm_id in running:
+            if vm_id in self._noticed:
+                result[vm_id] = replace(result[vm_id], notice_until=self._noticed[vm_id])
 
     async def list_owned(self) -> Sequence[VmStatus]:
         filters = [

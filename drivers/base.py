@@ -69,6 +69,9 @@ class VmStatus:
     reason: str = ""  # why it is PREEMPTED / FAILED / TERMINATED
     launched_at: float = 0.0  # epoch seconds
     changed_at: float = 0.0  # epoch seconds of the last state change
+    # A preemption notice: the provider takes the VM by this time (epoch seconds). The VM
+    # still runs; None: no notice (yet).
+    notice_until: float | None = None
 
 
 @dataclass(frozen=True)

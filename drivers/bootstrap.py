@@ -7,7 +7,7 @@ cluster: it
 fetches the munge key from the cloud's secret store with the VM's own role (the key
 never travels in user data or metadata), starts munged, mounts the head node's
 shared directory if one is configured, and starts slurmd as the node named after
-the VM. See README "Slurm".
+the VM. See docs/slurm.md.
 
 A custom template (a cloud's user_data_template) is rendered with string.Template:
 `$node_env` becomes one `NAME='value'` line per setting, shell-quoted; `$token`,

@@ -91,7 +91,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -124,6 +124,9 @@ TOKEN_LABEL = "spotbag-token"
 TOKEN_METADATA_KEY = "spotbag-token"
 VM_TYPE_METADATA_KEY = "spotbag-vm-type"  # the catalog's name (the machine type may differ)
 PREEMPTED_OPERATION = "compute.instances.preempted"
+# A Spot VM stops about 30 s after its preemption begins (the operation is inserted, the
+# metadata server's instance/preempted turns TRUE, shutdown scripts run).
+PREEMPTION_NOTICE_S = 30.0
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 PAGE_SIZE = 500  # the API's largest page
 HTTP_TIMEOUT_S = 60.0  # per HTTP request; operations are polled, so no call waits long
@@ -175,6 +178,9 @@ class GceSettings:
     backoff_max_s: float = 5.0
     operation_poll_s: float = 0.2
     operation_timeout_s: float = 120.0
+    # Read preemption notices: every describe of running VMs also lists their zones'
+    # preemption operations (one call per zone), to see a preemption that has begun.
+    notices: bool = True
     spot_prices: Mapping[str, float] = field(default_factory=dict, hash=False)  # USD/hour
     startup_script: str | None = None  # metadata startup-script; None: the bundled boot script
 
@@ -371,6 +377,7 @@ class _Preemption:
     instance_id: int  # 0: unknown
     at: float  # epoch seconds (the operation's insertTime)
     message: str
+    noticed: bool = False  # seen while it ran: a notice, the VM stopped ~30 s after `at`
 
 
 class GceDriver:
@@ -473,11 +480,20 @@ class GceDriver:
                 ended[vm_id] = instance
             else:
                 result[vm_id] = self._status(vm_id, instance)
-        if ended:
-            unsettled = {v.partition("/")[0] for v in ended if v not in self._preempted}
-            await self._find_preemptions(sorted(unsettled))
-            for vm_id, instance in ended.items():
-                result[vm_id] = self._ended_status(vm_id, instance)
+        running = [v for v, s in result.items() if s.state is VmState.RUNNING]
+        zones = {v.partition("/")[0] for v in ended if v not in self._preempted}
+        if self._settings.notices:
+            zones |= {v.partition("/")[0] for v in running if v not in self._preempted}
+        if zones:
+            await self._find_preemptions(sorted(zones))
+        for vm_id, instance in ended.items():
+            result[vm_id] = self._ended_status(vm_id, instance)
+        for vm_id in running:  # a preemption that has begun: the VM stops within ~30 s
+            preemption = self._preempted.get(vm_id)
+            if preemption is not None:
+                result[vm_id] = replace(
+                    result[vm_id], notice_until=preemption.at + PREEMPTION_NOTICE_S
+                )
         return result
 
     async def list_owned(self) -> Sequence[VmStatus]:
@@ -638,6 +654,8 @@ class GceDriver:
         at: float | None
         if preemption is not None:
             state, at = VmState.PREEMPTED, preemption.at
+            if preemption.noticed:  # seen as a notice: it stopped when the notice ran out
+                at = min(preemption.at + PREEMPTION_NOTICE_S, self._now())
             reason = f"preempted by GCE: {preemption.message or PREEMPTED_OPERATION} (instance {gce_status})"
         else:
             state = VmState.TERMINATED
@@ -739,7 +757,10 @@ class GceDriver:
             return  # an earlier instance of the same name
         at = _epoch_s(op.insert_time)
         self._preempted[vm_id] = _Preemption(
-            op.target_id, at if at is not None else self._now(), op.status_message
+            op.target_id,
+            at if at is not None else self._now(),
+            op.status_message,
+            noticed=op.status != compute_v1.Operation.Status.DONE,
         )
 
     # --- operations and deletes ----------------------------------------------------------

@@ -73,9 +73,15 @@ class LocalDriver:
         time_scale: float = 1.0,
         hosts: Any = None,
         controller_id: str = "",
+        notice_lead_s: float = 0.0,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
+        if not notice_lead_s >= 0:
+            raise ValueError("notice_lead_s must be >= 0")
+        # A preemption notice comes this long (model seconds) before a sampled preemption,
+        # as the cloud a VM stands for gives one (EC2 120 s, GCE 30 s); 0: none.
+        self._notice_lead_s = notice_lead_s
         self._hosts = hosts  # drivers.local_hosts.NamespaceHosts, or None: bookkeeping only
         self._controller_id = controller_id
         self._tasks: set[asyncio.Task] = set()
@@ -126,6 +132,10 @@ class LocalDriver:
         if lifetime_h != float("inf"):
             vm.death_at = now + lifetime_h * 3600.0 / self._time_scale
             self._arm_death(vm_id, vm.death_at, f"preempted: sampled lifetime {lifetime_h:.3f} h")
+            if self._notice_lead_s > 0:
+                notice_at = max(now, vm.death_at - self._notice_lead_s / self._time_scale)
+                death_at = vm.death_at
+                vm.timers.append(self._call_at(notice_at, lambda: self._notice(vm_id, death_at)))
         return status
 
     def _arm_death(self, vm_id: str, death_at: float, reason: str) -> None:
@@ -156,13 +166,34 @@ class LocalDriver:
 
     # --- local-only: fault injection -------------------------------------
 
-    def inject_preemption(self, vm_id: str, reason: str = "preempted: injected") -> bool:
-        """Preempt a live VM now (like AWS FIS's spot interruption). False if not live."""
+    def inject_preemption(
+        self, vm_id: str, reason: str = "preempted: injected", notice_s: float = 0.0
+    ) -> bool:
+        """Preempt a live VM (like AWS FIS's spot interruption): now, or after a notice
+        `notice_s` seconds (of this driver's clock) ahead. False if not live."""
         vm = self._vms.get(vm_id)
         if vm is None or vm.ending or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
             return False
+        if notice_s > 0:
+            death_at = self._now() + notice_s
+            self._notice(vm_id, death_at)
+            vm.timers.append(
+                self._call_at(death_at, lambda: self._end(vm_id, VmState.PREEMPTED, reason))
+            )
+            return True
         self._end(vm_id, VmState.PREEMPTED, reason)
         return True
+
+    def _notice(self, vm_id: str, death_at: float) -> None:
+        """Announce the VM's preemption at `death_at` (once; a live VM only)."""
+        vm = self._vms.get(vm_id)
+        if vm is None or vm.ending or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
+            return
+        if vm.status.notice_until is not None and vm.status.notice_until <= death_at:
+            return
+        vm.status = replace(vm.status, notice_until=death_at, changed_at=self._now())
+        for listener in self._listeners:
+            listener(vm.status)
 
     def inject_launch_errors(self, kind: str, n: int = 1) -> None:
         """Make the next `n` launches fail as a cloud's would: capacity, quota, throttle

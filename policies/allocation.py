@@ -1,4 +1,4 @@
-"""Splitting a VM's cost among the jobs that shared it (SPEC.md §7).
+"""Splitting a VM's cost among the jobs that shared it (docs/design.md#cost-reports).
 
 The cloud's split-cost-allocation method (AWS "split cost allocation data" for
 ECS tasks and EKS pods). Over one period (a VM-hour, or any other), a VM has a

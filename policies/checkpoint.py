@@ -1,11 +1,11 @@
-"""Checkpoint schedules under a preemption model (SPEC.md §4).
+"""Checkpoint schedules under a preemption model (docs/design.md#checkpoints).
 
 A job has W hours of work. It may stop after i hours of work since its last
 checkpoint to write a checkpoint, which takes δ hours; the last segment needs
 none. When the VM is preempted the job loses the work since its last checkpoint,
 waits R hours for a fresh VM (age 0) and resumes there.
 
-`optimal_schedule` is the dynamic program of SPEC.md §4 (the paper's recursion
+`optimal_schedule` is the dynamic program of docs/design.md#checkpoints (the paper's recursion
 with its typos corrected): on a grid of `step_h`, with J steps of work left on a
 VM of age t and segment duration d (i + δ, or i for the last segment),
 
@@ -106,7 +106,7 @@ def expected_makespan(
     is on both sides), or, with `replan` (a CheckpointTable, or a function from the
     remaining work to the intervals to use on a fresh VM), the value of the new
     schedule for the work left, evaluated the same way: the DP policy, which
-    recomputes the schedule after every restart (SPEC.md §4). Infinite when some
+    recomputes the schedule after every restart (docs/design.md#checkpoints). Infinite when some
     segment can never survive."""
     if replan is None:
         return _fixed_makespan(model, _positive(intervals_h), delta_h, start_age_h, restart_h)

@@ -1,4 +1,4 @@
-"""Fitting lifetime models to observed VM lifetimes, and how good a fit is (SPEC.md §2).
+"""Fitting lifetime models to observed VM lifetimes, and how good a fit is (docs/design.md#preemption-models).
 
 Data: lifetimes in hours and whether each VM was preempted (True) or stopped by
 its user / still running (False: right-censored).

@@ -1,4 +1,4 @@
-"""Replaying a spot price trace under a hopping policy (SPEC.md §5): what a job pays,
+"""Replaying a spot price trace under a hopping policy (docs/design.md#index-tracking): what a job pays,
 how often it is down, how often it moves and how often it is revoked.
 
 The trace is a price matrix on a regular grid (T steps of `step_h` hours × N VMs,

@@ -1,5 +1,5 @@
 """Cloud index tracking: normalised spot prices, an index over comparable VMs, and the
-policies that pick (and move between) VMs by it (SPEC.md §5, after the SoCC'18
+policies that pick (and move between) VMs by it (docs/design.md#index-tracking, after the SoCC'18
 cloud-index-tracking paper). Pure and vectorised: arrays in, arrays out.
 
 Notation (per VM i of a composition of N comparable VMs, at time t):
@@ -14,7 +14,7 @@ Notation (per VM i of a composition of N comparable VMs, at time t):
                                           (a too-big VM pays for idle capacity)
 
 Migration i -> j takes T_m (stop-and-copy: checkpoint, launch j, restore); both VMs
-are paid meanwhile and the job does no work. SPEC.md §5 corrects the paper's
+are paid meanwhile and the job does no work. docs/design.md#index-tracking corrects the paper's
 trigger (eq. 5, 𝕀 > P̂ᵢ + 2·P̂ⱼ, which almost never holds): move only when the
 saving over the remaining horizon H pays for the move,
 
@@ -118,7 +118,7 @@ def move_pays(
     horizon_h: float,
     migration_h: float,
 ) -> np.ndarray | bool:
-    """SPEC.md §5's migration rule: (Pᵢ - Pⱼ)·H > (Pᵢ + Pⱼ)·T_m + Pⱼ·T_m."""
+    """docs/design.md#index-tracking's migration rule: (Pᵢ - Pⱼ)·H > (Pᵢ + Pⱼ)·T_m + Pⱼ·T_m."""
     price_from, price_to = np.asarray(price_from, float), np.asarray(price_to, float)
     return (price_from - price_to) * horizon_h > (price_from + 2 * price_to) * migration_h
 
@@ -346,8 +346,9 @@ def decide(
     """Where the job should be now: its current VM (`current`, None if it has none, e.g.
     at start or after a revocation) or another one. A job without a VM gets the best
     usable VM; a running one moves only under its policy's rule (module docstring).
-    `literal_trigger` uses the paper's printed eq. 5 instead of SPEC.md's rule; `stats`,
-    if given, are the window's statistics computed elsewhere (a replay's rolling ones)."""
+    `literal_trigger` uses the paper's printed eq. 5 instead of the corrected rule
+    (docs/design.md#migration-rule); `stats`, if given, are the window's statistics
+    computed elsewhere (a replay's rolling ones)."""
     if stats is None:
         stats = window_stats(market, need)
     score = scores(policy, market, need, stats)

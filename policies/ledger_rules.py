@@ -1,4 +1,4 @@
-"""The CPU-hour reservation ledger's rules (SPEC.md §6), as a pure state machine.
+"""The CPU-hour reservation ledger's rules (docs/design.md#ledger), as a pure state machine.
 
 Amounts are CPU-hours. A job's rate is cpus + gpu_weight·gpus CPU-hours per hour
 (a GPU-hour counts as `gpu_weight` CPU-hours, 20 by default). Per account:
@@ -33,7 +33,7 @@ _EPS_CPU_H = 1e-9  # sums of float amounts are compared with this much slack
 
 
 def rate_cpu_h_per_h(cpus: float, gpus: float, gpu_weight: float = GPU_WEIGHT) -> float:
-    """CPU-hours a job uses per hour it runs: cpus + gpu_weight·gpus (SPEC.md §6)."""
+    """CPU-hours a job uses per hour it runs: cpus + gpu_weight·gpus (docs/design.md#ledger)."""
     return float(cpus) + gpu_weight * float(gpus)
 
 

@@ -1,4 +1,4 @@
-"""VM lifetime (preemption) models: the bathtub model of SPEC.md §2 and the classic
+"""VM lifetime (preemption) models: the bathtub model of docs/design.md#preemption-models and the classic
 alternatives, on one interface.
 
 Time is in hours. Every model may have a deadline L (Google: 24 h): a VM still
@@ -9,7 +9,7 @@ alive at L is preempted at L, so the distribution is a continuous part F_c on
 
 Models:
 - `Bathtub(A, tau1, tau2, b, L)`: F_c(t) = A·(1 - e^{-t/tau1} + e^{(t-b)/tau2}) - A·e^{-b/tau2}
-  (paper eq. 1, shifted so that F(0) = 0 exactly, clipped to [0, 1]; SPEC.md §2),
+  (paper eq. 1, shifted so that F(0) = 0 exactly, clipped to [0, 1]; docs/design.md#preemption-models),
   f(t) = A·(e^{-t/tau1}/tau1 + e^{(t-b)/tau2}/tau2) while F_c < 1.
 - `Exponential(mttf_h, L)`: F_c = 1 - e^{-t/mttf} (memoryless).
 - `Weibull(k, lam, L)`: F_c = 1 - exp(-(t/lam)^k).
@@ -19,7 +19,7 @@ Models:
 Each model gives cdf, sf, pdf, hazard, the deadline mass, the expected lifetime,
 `mass(a, b)` = P(a < ℒ <= b) and `first_moment(a, b)` = E[ℒ; a < ℒ <= b] (both
 counting the deadline mass), sampling with the caller's numpy Generator, and
-the censored log-likelihood used for fitting (SPEC.md §2 "Fitting").
+the censored log-likelihood used for fitting (docs/design.md#preemption-models "Fitting").
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class LifetimeModel:
         return out
 
     def expected_lifetime_h(self) -> float:
-        """E[ℒ] = ∫_0^L t f(t) dt + L·(1 - F(L-))  (SPEC.md §2)."""
+        """E[ℒ] = ∫_0^L t f(t) dt + L·(1 - F(L-))  (docs/design.md#preemption-models)."""
         return float(self.first_moment(0.0, self.end_h))
 
     def mean_residual_life_h(self, age_h: ArrayLike) -> np.ndarray:
@@ -229,7 +229,7 @@ class LifetimeModel:
     def log_likelihood(
         self, lifetimes_h: np.ndarray, preempted: np.ndarray, deadline_window_h: float = 0.25
     ) -> float:
-        """Censored log-likelihood (SPEC.md §2): log f(t) per preemption before the deadline
+        """Censored log-likelihood (docs/design.md#preemption-models): log f(t) per preemption before the deadline
         window; log P(L - w < ℒ <= L) per preemption within `deadline_window_h` = w of L
         or after it (reported at the deadline: it died in the window or at L, so the
         window's continuous mass counts too, not only the point mass); log S(t) per VM

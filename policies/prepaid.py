@@ -1,4 +1,4 @@
-"""Prepaid (reserved) vs on-demand cores for one core type (SPEC.md §7).
+"""Prepaid (reserved) vs on-demand cores for one core type (docs/design.md#cost-reports).
 
 A history (or forecast) of jobs is a set of intervals [start, end) each holding
 `cores` cores. Over a period of P hours, u(t) is the number of cores in use and,
@@ -246,7 +246,7 @@ def optimal_prepaid_cores(
     0 when c_pp >= c_od). Between two consecutive levels T(≥x) is constant, so the
     answer is one of the levels: the highest level whose suffix of hours reaches the
     threshold. A core that exactly breaks even is taken (ties go to the larger x, as
-    SPEC.md §7 words the rule; a 1e-12 relative tolerance keeps rounding from
+    docs/design.md#cost-reports words the rule; a 1e-12 relative tolerance keeps rounding from
     splitting an exact tie). The curve covers every x from 0 to the peak, or `max_curve_points`
     evenly spaced ones plus the optimum when the peak is higher."""
     ratio = break_even_utilisation(on_demand_price, prepaid_price)

@@ -1,5 +1,5 @@
 """Which preemption model applies to a VM: a registry keyed by provider, VM type,
-zone, time-of-day bucket and weekday/weekend (SPEC.md §2, "Models are keyed ...").
+zone, time-of-day bucket and weekday/weekend (docs/design.md#preemption-models, "Models are keyed ...").
 
 A lookup tries keys from the most specific to the coarsest and returns the first
 model fitted on at least `min_samples` lifetimes; "*" matches anything. Larger

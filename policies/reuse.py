@@ -1,4 +1,4 @@
-"""Reusing an idle VM for a job, or launching a fresh one (SPEC.md §2–3).
+"""Reusing an idle VM for a job, or launching a fresh one (docs/design.md#preemption-models–3).
 
 A job of length T (hours, no checkpoints) restarts from scratch on a fresh VM
 after every preemption; getting a fresh VM costs R hours (launch + setup). With
@@ -10,7 +10,7 @@ M(a, b) = E[ℒ; a < ℒ <= b] and P(a, b) = P(a < ℒ <= b) (deadline mass incl
          the same when starting on a VM of age s, given that it is alive at s.
 
 Reuse the VM when Es <= R + Es(R): a replacement costs R and, as ages count from
-the launch, starts at age R (SPEC.md §3's E0 + R for R = 0; see `should_reuse`).
+the launch, starts at age R (docs/design.md#reuse's E0 + R for R = 0; see `should_reuse`).
 For a memoryless model this always holds. `ReuseTable` tabulates the decision over ages and job
 lengths per model so that the scheduler decides by lookup, with only a rough
 runtime estimate; `crossover_h` gives T*(s), the longest job worth starting at
@@ -69,7 +69,7 @@ def should_reuse(
     """True where starting the job on the VM of age s is no worse than releasing it for
     a replacement: Es(s) <= R + Es(R).
 
-    SPEC.md §3 writes E0 + R, with E0 from age 0. Ages here count from the launch, so a
+    docs/design.md#reuse writes E0 + R, with E0 from age 0. Ages here count from the launch, so a
     replacement is already R old when its job starts: comparing with Es(R) keeps a VM
     that just booted from being refused in favour of an identical one (which would
     loop forever); for R = 0 the two rules are the same. A VM no older than a

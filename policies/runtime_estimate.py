@@ -1,4 +1,4 @@
-"""How long a bag's jobs take (SPEC.md §1, "Runtime estimate").
+"""How long a bag's jobs take (docs/design.md#bags, "Runtime estimate").
 
 Jobs of one bag have similar runtimes. Until enough have finished, trust the
 bag's hint (`estimated_runtime_s`), else its `max_runtime_s`; afterwards use a

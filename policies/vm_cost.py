@@ -1,5 +1,5 @@
 """The cost of every VM over its life, split among the attempts that shared it
-(SPEC.md §7), for many VMs and attempts at once.
+(docs/design.md#cost-reports), for many VMs and attempts at once.
 
 A VM bills from running to ended at its price p(t) (piecewise constant: its price,
 changed by price samples). At each instant the attempts on it split the cost by the

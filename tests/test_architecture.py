@@ -1,4 +1,4 @@
-"""The dependency direction of ARCHITECTURE.md, checked on the imports themselves:
+"""The dependency direction of docs/architecture.md, checked on the imports themselves:
 policies are pure (no project imports but policies, no I/O modules), drivers know
 nothing of the controller or policies, slurm_hooks use the standard library only; the
 daemon core never reaches the offline tools or the CLI, and the tools never reach the

@@ -1,14 +1,18 @@
-"""README.md's commands, run, so that README and behaviour cannot drift apart.
+"""The commands of README.md and docs/, run, so that the documentation and behaviour
+cannot drift apart.
 
-Every fenced block of README.md whose info string is `sh` runs here, line by line, as a
-user on the daemon's host would type it: the first block's `spotbag serve --config
+Every fenced block whose info string is `sh`, of README.md and then of every page of
+docs/ in the order of DOCS (one session: later pages use what earlier ones made), runs
+here, line by line, as a user on the daemon's host would type it: README's first
+block's `spotbag serve --config
 deploy/spotbag.toml` is the daemon the other lines talk to (SPOTBAG_STATE_DIR points at
 its state directory, so the CLI finds its URL and token there). Placeholders stand for
 what this run made: BAG for the bag `spotbag submit` printed (a bag still running for
 `spotbag cancel`), VM for one of its VMs, sbt_… and 1a2b3c4d5e6f for the token and token
 id `spotbag accounts token create` printed, LIFETIMES.csv and TRACE.swf for the shipped
-data, $T and $URL for the daemon's token and address. Files the lines read (sweep.yaml,
-bag.yaml) are written here; files they write (-o, --plot, >) must exist afterwards.
+data, $T and $URL for the daemon's token and address (also $SPOTBAG_STATE_DIR, which
+holds them). Files the lines read (sweep.yaml, bag.yaml) are written here; files they
+write (-o, --plot, >) must exist afterwards.
 
 `sh cloud` blocks need a cloud account or a Slurm head node as root and are not run;
 `sh make` blocks (the make targets) are checked with `make -n` and pytest's collection.
@@ -32,7 +36,27 @@ from controller.reference_data import LIFETIMES, SWF
 from tests.conftest import REPO, wait_until
 
 README = REPO / "README.md"
+# docs/ pages in the order their commands run: each may use what an earlier one made
+# (accounts.md creates the account `lab` and submits to it; cost-reports.md reports on it).
+DOCS = [
+    "bags",
+    "web-ui",
+    "preemption-models",
+    "checkpoints",
+    "accounts",
+    "cost-reports",
+    "spot-hopping",
+    "clouds",
+    "slurm",
+    "http-api",
+    "operations",
+    "architecture",
+    "design",
+]
+PAGES = [README, *(REPO / "docs" / f"{name}.md" for name in DOCS)]
 KINDS = {"sh", "sh cloud", "sh make"}
+# Only the pages about a head node may show commands that need one (run as root there).
+HEAD_NODE_PAGES = {"operations.md", "slurm.md"}
 
 # 20 quick jobs, so that BAG-17 exists; ends before `spotbag submit --watch` returns.
 SWEEP = """\
@@ -64,12 +88,20 @@ RUNNING = {
 @dataclass
 class Block:
     kind: str
-    line: int  # of the opening fence in README.md
+    page: str  # README.md, docs/slurm.md, ...
+    line: int  # of the opening fence in the page
     commands: list[str] = field(default_factory=list)
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
-def sh_blocks(text: str) -> list[Block]:
-    """The fenced blocks whose info string starts with `sh`, with their non-empty lines."""
+
+def sh_blocks(path: Path) -> list[Block]:
+    """The fenced blocks of a page whose info string starts with `sh`, with their
+    non-empty lines."""
+    page = str(path.relative_to(REPO))
+    text = path.read_text()
     blocks: list[Block] = []
     current: Block | None = None
     inside = False
@@ -81,25 +113,38 @@ def sh_blocks(text: str) -> list[Block]:
                 inside = True
                 info = line[3:].strip()
                 if info == "sh" or info.startswith("sh "):
-                    current = Block(info, number)
+                    current = Block(info, page, number)
                     blocks.append(current)
         elif current is not None and line.strip():
             current.commands.append(line.strip())
     return blocks
 
 
-def test_every_sh_block_of_the_readme_is_of_a_known_kind():
-    blocks = sh_blocks(README.read_text())
-    unknown = [(b.line, b.kind) for b in blocks if b.kind not in KINDS]
-    assert not unknown, f"README.md blocks of no known kind (one of {sorted(KINDS)}): {unknown}"
-    # The usage and example blocks are run; only the Slurm head node's set-up is not.
-    assert sum(b.kind == "sh" for b in blocks) >= 8
-    assert [b.kind for b in blocks].count("sh cloud") <= 1
+def all_blocks() -> list[Block]:
+    return [block for page in PAGES for block in sh_blocks(page)]
+
+
+def test_every_page_of_docs_runs_in_a_known_order():
+    pages = sorted(path.stem for path in (REPO / "docs").glob("*.md"))
+    assert pages == sorted(DOCS), "add a new docs/ page to DOCS, where its commands can run"
+
+
+def test_every_sh_block_is_of_a_known_kind():
+    blocks = all_blocks()
+    unknown = [(b.where, b.kind) for b in blocks if b.kind not in KINDS]
+    assert not unknown, f"blocks of no known kind (one of {sorted(KINDS)}): {unknown}"
+    # The usage and example blocks are run; only a head node's set-up is not.
+    readme = [b for b in blocks if b.page == "README.md"]
+    assert sum(b.kind == "sh" for b in readme) >= 2
+    assert sum(b.kind == "sh" for b in blocks) >= 18
+    cloud = [b for b in blocks if b.kind == "sh cloud"]
+    assert all(Path(b.page).name in HEAD_NODE_PAGES for b in cloud), [b.where for b in cloud]
+    assert len(cloud) <= 4, [b.where for b in cloud]
 
 
 @pytest.mark.processes
-def test_the_make_targets_the_readme_names_exist():
-    for block in sh_blocks(README.read_text()):
+def test_the_make_targets_the_docs_name_exist():
+    for block in all_blocks():
         if block.kind != "sh make":
             continue
         for command in block.commands:
@@ -108,7 +153,7 @@ def test_the_make_targets_the_readme_names_exist():
                 done = subprocess.run(
                     ["make", "-n", *words[1:]], cwd=REPO, capture_output=True, text=True
                 )
-                assert done.returncode == 0, f"README.md:{block.line}: {command}\n{done.stderr}"
+                assert done.returncode == 0, f"{block.where}: {command}\n{done.stderr}"
             else:
                 assert words[0] == ".venv/bin/pytest", command
                 done = subprocess.run(
@@ -124,7 +169,7 @@ def test_the_make_targets_the_readme_names_exist():
 
 
 class Session:
-    """The shell a README reader has: a work directory, PATH with `spotbag`, the state
+    """The shell a reader of the docs has: a work directory, PATH with `spotbag`, the state
     directory of the daemon the first block starts, and what earlier lines printed."""
 
     def __init__(self, tmp_path: Path) -> None:
@@ -200,7 +245,7 @@ class Session:
             timeout=300,
         )
         assert done.returncode == 0, (
-            f"README.md block at line {block.line}: {command}\nran: {concrete}\n"
+            f"block at {block.where}: {command}\nran: {concrete}\n"
             f"exit {done.returncode} after {time.monotonic() - started:.1f} s\n"
             f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
         )
@@ -229,11 +274,11 @@ OUTPUTS = re.compile(r"(?:--plot|-o|>)\s+(\S+)")
 
 @pytest.mark.processes
 @pytest.mark.integration
-def test_every_command_of_the_readme_works_as_written(tmp_path):
+def test_every_command_of_the_docs_works_as_written(tmp_path):
     assert shutil.which("bash")
-    blocks = [b for b in sh_blocks(README.read_text()) if b.kind == "sh"]
+    blocks = [b for b in all_blocks() if b.kind == "sh"]
     session = Session(tmp_path)
-    ran = 0
+    ran: dict[str, int] = {}
     try:
         for block in blocks:
             prelude: list[str] = []  # a block's variables (P=...) hold for its later lines
@@ -249,8 +294,9 @@ def test_every_command_of_the_readme_works_as_written(tmp_path):
                 for written in OUTPUTS.findall(command.split("#")[0]):
                     path = session.work / written
                     assert path.is_file() and path.stat().st_size > 0, f"{command}: no {written}"
-                ran += 1
-        assert ran >= 30
+                ran[block.page] = ran.get(block.page, 0) + 1
+        assert ran.get("README.md", 0) >= 20, ran
+        assert sum(ran.values()) >= 55, ran
         # What the lines did is there: BAG succeeded, the running bag was cancelled.
         client = Client(session.env["URL"], session.env["T"], timeout_s=30)
         assert client.bag(session.values["BAG"])["state"] == "succeeded"

@@ -151,7 +151,7 @@ class Usage(_Response):
     checkpoint_hours: float = Field(description="Time spent writing them.")
     vm_hours: float = Field(
         description="The bag's share of its VMs' time, split as its cost report splits it "
-        "(SPEC.md §7): its jobs' split VM-hours and its share of the VMs' idle, spare and "
+        "(docs/design.md#cost-reports): its jobs' split VM-hours and its share of the VMs' idle, spare and "
         "unreserved time."
     )
     spot_cost_usd: float = Field(description="What those VM-hours cost (the report's cost).")
@@ -399,7 +399,7 @@ class PriceHistory(_Response):
     types: list[TypePrices] = Field(description="Every catalog type, in catalog order.")
     index: IndexSeries = Field(
         description="The equal-weight mean of the types' normalised prices, capped ones "
-        "left out (SPEC.md §5)."
+        "left out (docs/design.md#index-tracking)."
     )
 
 
@@ -408,7 +408,9 @@ class VmList(_Response):
         description="The VMs' rows, each with billed_hours (running → ended, or "
         "usage.cost_as_of), cost_usd (what it paid over them, priced as cost reports "
         "price it: a spot VM its type's recorded spot prices while price samples exist, "
-        "else its own price) and on_demand_cost_usd (the same hours at its on-demand price)."
+        "else its own price) and on_demand_cost_usd (the same hours at its on-demand price); "
+        "a live VM that got a preemption notice has notice_until, when the provider takes it "
+        "(epoch s; null: no notice)."
     )
     usage: dict[str, Any] = Field(
         description="Every VM that ran, so far: total and by_vm_type (vms, vms_preempted, "

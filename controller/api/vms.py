@@ -29,6 +29,14 @@ from controller.summary import fleet_view
 from drivers.base import VmState
 
 VMS_LIMIT = bounded("limit", "At most this many VMs.", 1, 10_000, 200)
+NOTICE_S = bounded(
+    "notice_s",
+    "Give a preemption notice this many seconds (of the driver's clock) ahead, as the "
+    "clouds do (EC2 120, GCE 30); 0 (default): preempt now.",
+    0,
+    3600,
+    0,
+)
 
 
 async def list_vms(request: web.Request) -> web.Response:
@@ -57,6 +65,7 @@ async def list_vms(request: web.Request) -> web.Response:
         node_of = getattr(c.executor, "node_of", None)
         vm["slurm_node"] = vm["pool_node"] or (node_of(vm["id"]) if node_of else "")
         vm["terminating"] = bool(run and run.terminating)
+        vm["notice_until"] = run.notice_until if run is not None else None
     return json_response({"vms": vms, "usage": fleet_view(fleet)})
 
 
@@ -137,13 +146,14 @@ async def list_models(request: web.Request) -> web.Response:
 async def preempt_vm(request: web.Request) -> web.Response:
     c = controller_of(request)
     vm_id = request.match_info["vm_id"]
+    notice_s = int_param(request, NOTICE_S)
     inject = getattr(c.driver, "inject_preemption", None)
     if inject is None:
         raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
     vm = c.running_scheduler.vms.get(vm_id)
     if vm is None or not vm.provider_id:
         raise NotFound(f"VM {vm_id} is not alive")
-    if not inject(vm.provider_id, "preempted: injected through the API"):
+    if not inject(vm.provider_id, "preempted: injected through the API", notice_s=notice_s):
         raise Conflict(f"VM {vm_id} is not alive")
     return json_response({"id": vm_id, "preempted": True}, status=202)
 
@@ -179,7 +189,7 @@ ROUTES: tuple[Route, ...] = (
         preempt_vm,
         "Preempt a VM now (fault injection; local driver only).",
         admin_only=True,
-        params=(Param("vm_id", "path", "VM id (vm-...).", required=True),),
+        params=(Param("vm_id", "path", "VM id (vm-...).", required=True), NOTICE_S),
         responses={
             202: ("The VM was preempted.", Preempted),
             404: ("No such live VM.", ERR),

@@ -1,5 +1,5 @@
 """`spotbag accounts`: CPU-hour accounts (create, credit, show, list, ledger) and the
-tokens that can only see and spend one account (SPEC.md §6)."""
+tokens that can only see and spend one account (docs/design.md#ledger)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from controller.formatting import number
 
 @click.group()
 def accounts() -> None:
-    """CPU-hour accounts: create, credit, balances and ledger (SPEC.md §6)."""
+    """CPU-hour accounts: create, credit, balances and ledger (docs/design.md#ledger)."""
 
 
 def _balance_row(table: Table, view: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -312,13 +313,34 @@ def hopping(ctx: click.Context, limit: int, as_json: bool) -> None:
     console.print(moves)
 
 
+NOTICE = re.compile(r"(\d+)\s*(s|m)?")
+
+
+def _notice_s(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    """'30s', '2m' or a number of seconds -> seconds."""
+    if value is None:
+        return 0
+    match = NOTICE.fullmatch(value.strip())
+    if match is None:
+        raise click.BadParameter(f"{value!r}: write seconds or minutes, e.g. 30s or 2m")
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
 @click.command()
 @click.argument("vm_id")
+@click.option(
+    "--notice",
+    callback=_notice_s,
+    help="Announce the preemption this long ahead (30s as GCE, 2m as EC2): the VM takes "
+    "no new job and its checkpointable jobs are signalled.",
+)
 @click.pass_context
-def preempt(ctx: click.Context, vm_id: str) -> None:
-    """Preempt VM_ID now (fault injection; local driver only)."""
-    call(client_of(ctx).preempt, vm_id)
-    console.print(f"preempted {vm_id}")
+def preempt(ctx: click.Context, vm_id: str, notice: int) -> None:
+    """Preempt VM_ID now (fault injection; local driver only).
+
+    With --notice, the VM gets a preemption notice now and is preempted when it ends."""
+    call(client_of(ctx).preempt, vm_id, notice)
+    console.print(f"preempted {vm_id}" + (f" after a {notice} s notice" if notice else ""))
 
 
 @click.command("report")

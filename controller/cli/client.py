@@ -162,8 +162,9 @@ class Client:
     def hopping(self, limit: int = 200) -> dict[str, Any]:
         return self.request("GET", "/v1/hopping", query={"limit": limit})
 
-    def preempt(self, vm_id: str) -> dict[str, Any]:
-        return self.request("POST", f"/v1/vms/{_q(vm_id)}/preempt")
+    def preempt(self, vm_id: str, notice_s: int = 0) -> dict[str, Any]:
+        query = f"?notice_s={notice_s}" if notice_s else ""
+        return self.request("POST", f"/v1/vms/{_q(vm_id)}/preempt{query}")
 
     def accounts(self) -> dict[str, Any]:
         return self.request("GET", "/v1/accounts")

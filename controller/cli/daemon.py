@@ -102,7 +102,7 @@ def config_check(path: str) -> None:
 
 
 def describe_job_users(users: JobUsers) -> str:
-    """Who jobs run as, and whether accounts are kept apart (README: What a job can touch)."""
+    """Who jobs run as, and whether accounts are kept apart (docs/operations.md#job-isolation)."""
     if not users.configured:
         return "the daemon's user (accounts are not kept apart; run_as sets users)"
     named = ", ".join(f"{a} -> {u}" for a, u in sorted(users.accounts.items()))

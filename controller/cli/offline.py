@@ -266,6 +266,18 @@ def _print_fit_table(groups, skipped: list[str], method: str, classic_deadline: 
     help="Also evaluate: young-daly, none (no checkpoints) or periodic:<duration>; repeatable.",
 )
 @click.option("--mttf", help="MTTF for young-daly (default: the model's mean lifetime).")
+@click.option(
+    "--notice",
+    help="Plan for preemption notices this long ahead (GCE ~30s, EC2 2m): a job signalled "
+    "at the notice saves its work, so fewer checkpoints are needed.",
+)
+@click.option(
+    "--notice-share",
+    type=click.FloatRange(0.0, 1.0),
+    default=1.0,
+    show_default=True,
+    help="The share of preemptions that come with a notice.",
+)
 @click.option("--registry", "registry_path", default="", help="A model registry JSON file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the schedules as JSON.")
 @click.option(
@@ -285,11 +297,13 @@ def checkpoint_plan_command(
     step: str,
     compare: tuple[str, ...],
     mttf: str | None,
+    notice: str | None,
+    notice_share: float,
     registry_path: str,
     as_json: bool,
     plot_path: str | None,
 ) -> None:
-    """When a job should checkpoint (the optimal schedule of SPEC.md §4), and the
+    """When a job should checkpoint (the optimal schedule of docs/design.md#checkpoints), and the
     expected overhead of each policy, under a VM type's preemption model."""
     from controller.checkpoint_tables import TableCache
     from controller.tools import checkpoint_plan as cp
@@ -306,6 +320,9 @@ def checkpoint_plan_command(
             step_h=cp.parse_duration_h(step, "--step"),
             compare=compare,
             mttf_h=cp.parse_duration_h(mttf, "--mttf") if mttf else None,
+            notices=cp.Notices(cp.parse_duration_h(notice, "--notice"), notice_share)
+            if notice
+            else None,
         )
         cp.validate(request)
     except (cp.PlanError, OSError, ValueError) as exc:
@@ -415,7 +432,7 @@ def render_split(request: SplitCostInput, result: CostSplit, console: Console) -
 )
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 def split_cost_command(file: str, fmt: str, as_json: bool) -> None:
-    """Split a VM's cost among the jobs that shared it (SPEC.md §7).
+    """Split a VM's cost among the jobs that shared it (docs/design.md#cost-reports).
 
     Each resource has a weight; unit cost = VM cost / Σ weight × capacity; a
     job's allocation is max(reserved, used); it pays its share of each

@@ -196,7 +196,7 @@ def prepaid_command(
     as_json: bool,
 ) -> None:
     """How many cores to prepay (reserve) for a term rather than buy on demand, per
-    core type, from a usage history (SPEC.md §7).
+    core type, from a usage history (docs/design.md#cost-reports).
 
     The period is the span of the history (first start to last end). Every prepaid
     core is paid for each hour of it at the prepaid price per core-hour; --term only

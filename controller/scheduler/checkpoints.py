@@ -1,4 +1,4 @@
-"""Checkpoint timing: when to signal each running checkpointable attempt (SPEC.md §4).
+"""Checkpoint timing: when to signal each running checkpointable attempt (docs/design.md#checkpoints).
 
 `CheckpointTimer` owns the due queue, a heap of (when, attempt id, signal or review)
 in the daemon's real seconds. Whenever an attempt starts running, completes a
@@ -70,7 +70,7 @@ class CheckpointTimer:
         heapq.heappush(self._due, (now, attempt.id, True))
 
     def plan(self, attempt: AttemptRun, now: float) -> None:
-        """When to signal a running checkpointable attempt next (SPEC.md §4), from its VM's
+        """When to signal a running checkpointable attempt next (docs/design.md#checkpoints), from its VM's
         age and its job's remaining work, both in model hours. When the schedule says to
         run to the end, the plan is reviewed when the job should have ended (a job that
         outruns its estimate is planned again with a tenth of the estimate left)."""

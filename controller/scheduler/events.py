@@ -30,7 +30,7 @@ from controller.executors.base import (
 )
 from controller.models import AttemptState, JobState, check_transition
 from controller.planner import Terminate
-from controller.runtime import AttemptRun
+from controller.runtime import AttemptRun, VmRun
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import WriteBatch
 from drivers.base import VmState, VmStatus
@@ -78,6 +78,9 @@ class EventsMixin(TransitionsMixin):
                 log.warning("terminating VM %s: alive but not tracked", status.vm_id)
                 await self._call(self.driver.terminate([status.vm_id]))
             return
+        if status.notice_until is not None and vm.notice_until is None:
+            # Now, not the status's changed_at: that is when the VM last changed state.
+            self._on_notice(vm, status.notice_until, self.clock.now())
         if status.state is vm.state:
             return
         at = status.changed_at
@@ -104,6 +107,35 @@ class EventsMixin(TransitionsMixin):
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
             self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
+
+    def _on_notice(self, vm: VmRun, ends_by: float, at: float) -> None:
+        """A preemption notice (docs/design.md#checkpoint-notices): the VM takes no new
+        attempt (drained: it ends once empty), each running checkpointable attempt on it
+        is asked to checkpoint now if the checkpoint can be written before the VM ends
+        and there is work since the last one, then stopped and queued again to resume
+        (a migration), and the planner launches a VM for the VM's jobs at once
+        (`_snapshot`'s expected demand), so their retries need not wait a boot."""
+        if vm.state not in (VmState.PENDING, VmState.RUNNING) or vm.terminating:
+            return
+        vm.notice_until = ends_by
+        left_s = max(0.0, ends_by - at)
+        log.info("VM %s: preemption notice, ends within %.0f s", vm.id, left_s)
+        if not vm.draining:
+            vm.draining = f"spot notice: ends within {left_s:.0f} s"
+            self._refresh_vm_sets(vm)
+        for attempt_id in vm.attempts:
+            attempt = self.attempts.get(attempt_id)
+            if attempt is None or attempt.state is not AttemptState.RUNNING:
+                continue
+            spec = self.bags[attempt.bag_id].spec
+            if not spec.checkpointable or attempt.cancelling or attempt.signalled_at is not None:
+                continue
+            if at + spec.checkpoint_cost_s <= ends_by and at > attempt.mark_at:
+                # Moved as the hopper moves jobs: once its checkpoint is written it stops
+                # and resumes on the VM launched for it, maybe before this one ends.
+                attempt.migrating = f"spot notice on {vm.id}"
+                self.checkpoints.signal_now(attempt, at)
+        self._wake.set()
 
     def _on_node(self, event: NodeEvent, batch: WriteBatch) -> None:
         """The VM joined the executor's cluster (it takes attempts from now on), or its

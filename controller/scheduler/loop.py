@@ -31,7 +31,7 @@ beside it in this package:
 - backoff.py: the back-off after failed actions (`Backoff`, a collaborator);
 - transitions.py: every job, attempt and VM state change and its record
   (TransitionsMixin);
-- checkpoints.py: checkpoint timing, SPEC.md §4 (`CheckpointTimer`, a collaborator);
+- checkpoints.py: checkpoint timing, docs/design.md#checkpoints (`CheckpointTimer`, a collaborator);
 - recovery.py: restart re-adoption (RecoveryMixin);
 - slurm_pools.py: Slurm's power-saving pool nodes and the runs on them (PoolsMixin).
 
@@ -253,7 +253,8 @@ class Scheduler(
                     vm.requested_at,
                     now,
                 )
-            if status.state is not vm.state:
+            noticed = status.notice_until is not None and vm.notice_until is None
+            if status.state is not vm.state or noticed:
                 self._push(status)
 
     async def tick(self) -> float | None:

@@ -1,7 +1,7 @@
 """Planning: what the pure planner sees, and its decision recorded as intents.
 
 `_snapshot` describes the open world to `controller.planner.plan` (which places jobs
-by the VM reuse policy, SPEC.md §3, and picks types by price or by the hopping market): the
+by the VM reuse policy, docs/design.md#reuse, and picks types by price or by the hopping market): the
 demand per bag (queued jobs, their shape, allowed types and regions, runtime estimate
 in model hours), the VMs that can take work (pending, roomy or idle, draining; with an
 executor that queues attempts, full VMs too, up to `queue_ahead` of their capacity),
@@ -50,6 +50,7 @@ class PlanningMixin(TransitionsMixin):
         to_hours = self.time_scale / 3600.0  # real seconds -> model hours
         # While the executor cannot take attempts, nothing is placed (or launched for).
         blocked = now < self.backoff.starts_blocked_until
+        noticed = self._noticed_jobs()
         demand = (
             []
             if blocked
@@ -61,9 +62,10 @@ class PlanningMixin(TransitionsMixin):
                     bag.allowed_types,
                     bag.regions,
                     bag.runtime_estimate_s * to_hours,
+                    noticed.get(bag.id, 0),
                 )
                 for bag in self.bags.values()
-                if bag.queue and not bag.cancel_requested
+                if (bag.queue or bag.id in noticed) and not bag.cancel_requested
             ]
         )
         queue_ahead = self.executor.queue_ahead if demand else 0.0
@@ -103,7 +105,9 @@ class PlanningMixin(TransitionsMixin):
             demand=demand,
             vms=views,
             catalog=self.catalog_view,
-            alive_vms=len(self.vms) - len(self._pool_vms),
+            # A VM with a preemption notice is on its way out: its replacement may be
+            # launched within max_vms now.
+            alive_vms=len(self.vms) - len(self._pool_vms) - self._noticed_vms(),
             max_vms=self.settings.max_vms,
             idle_timeout_s=self.settings.idle_timeout_s,
             boot_timeout_s=self.settings.boot_timeout_s,
@@ -113,6 +117,22 @@ class PlanningMixin(TransitionsMixin):
             blocked_until=self.backoff.blocked_types(),
             market=self.market,
         )
+
+    def _noticed_vms(self) -> int:
+        return sum(1 for vm_id in self._draining if self.vms[vm_id].notice_until is not None)
+
+    def _noticed_jobs(self) -> dict[str, int]:
+        """Per bag, its attempts running on VMs that got a preemption notice."""
+        counts: dict[str, int] = {}
+        for vm_id in self._draining:
+            vm = self.vms[vm_id]
+            if vm.notice_until is None:
+                continue
+            for attempt_id in vm.attempts:
+                attempt = self.attempts.get(attempt_id)
+                if attempt is not None and not attempt.cancelling:
+                    counts[attempt.bag_id] = counts.get(attempt.bag_id, 0) + 1
+        return counts
 
     def _record_plan(
         self, decision: Plan, batch: WriteBatch, now: float

@@ -26,7 +26,8 @@ from controller.models import AttemptState, JobState
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
 from controller.scheduler.actions import ActionsMixin
 from controller.scheduler.inputs import _Cancel
-from controller.store.rows import VmRow
+from controller.store.batch import WriteBatch
+from controller.store.rows import ActiveBag, LiveAttemptRow, OpenJob, VmRow
 from controller.waiting_jobs import FreshParams, JobQueue
 from drivers.base import VmState, VmType
 
@@ -38,14 +39,52 @@ class RecoveryMixin(ActionsMixin):
 
     async def recover(self) -> None:
         """Rebuild memory from the store (after a start, or after a failed pass) and
-        reconcile it with what the driver and executor still have."""
+        reconcile it with what the driver and executor still have, in phases: bags and
+        their jobs, VMs against the driver's, attempts against the executor's, then
+        what ended meanwhile and what was under way."""
         self._forget_everything()
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
         self.accounts.load(await self.store.ledger_state())
         state = await self.store.load_active()
         batch = self.store.new_batch()
-        for bag_row in state["bags"]:
+        self._load_bags(state["bags"])
+        self._load_jobs(state["jobs"])
+        self._pool_runs = {(r["job_id"], r["job_name"]): r for r in state["slurm_runs"]}
+        missing = await self._load_vms(state["vms"])
+        # Every live attempt first (a bag with live attempts is not done), then the
+        # ones the executor does not run any more are lost.
+        attempts = self._load_attempts(state["attempts"], now)
+        live = [vm.id for vm in self.vms.values() if vm.id not in {m.id for m in missing}]
+        adopted = await self.executor.recover(
+            [self._live_attempt(a) for a in attempts],
+            live,
+        )
+        gone_vms = self._reconcile_attempts(attempts, adopted, missing, now, batch)
+        for vm in missing:
+            if self.executor.confirms_ends and vm.attempts:
+                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
+            self._end_vm(vm, VmState.TERMINATED, now, "not found after controller restart", batch)
+        for vm_id in gone_vms:  # the executor stops what it still has there
+            await self._call(self.executor.vm_lost(vm_id))
+        await self._resume_vms(now)
+        for bag in list(self.bags.values()):
+            if bag.done:
+                self._finish_bag(bag, now, batch)
+            elif bag.cancel_requested:
+                self._commands.append(_Cancel(bag.id))
+        await self.store.apply(batch)
+        log.info(
+            "recovered %d active bags, %d open jobs, %d live VMs, %d adopted attempts",
+            len(self.bags),
+            sum(b.open_jobs for b in self.bags.values()),
+            len(self.vms),
+            len(adopted),
+        )
+
+    def _load_bags(self, bag_rows: list[ActiveBag]) -> None:
+        """Active bags, with their counts and runtime history."""
+        for bag_row in bag_rows:
             spec = BagSpec.from_stored(bag_row["spec"])
             counts = bag_row["counts"]
             self.bags[bag_row["id"]] = BagRun(
@@ -63,7 +102,10 @@ class RecoveryMixin(ActionsMixin):
             bag.runtimes_s.extend(bag_row["runtimes_s"])
             bag.successes = len(bag_row["runtimes_s"])
             bag.refresh_estimate()
-        for job_row in state["jobs"]:
+
+    def _load_jobs(self, job_rows: list[OpenJob]) -> None:
+        """Open jobs: those that never ran stay compact (their parameters a string)."""
+        for job_row in job_rows:
             bag = self.bags[job_row["bag_id"]]
             if job_row["state"] in (JobState.QUEUED, JobState.HELD) and job_row["attempts"] == 0:
                 bag.fresh[job_row["idx"]] = job_row["params"]
@@ -92,28 +134,13 @@ class RecoveryMixin(ActionsMixin):
                 bag.held[job.idx] = None
                 self.accounts.hold(bag.spec.account, bag.id, job.idx)
 
-        self._pool_runs = {(r["job_id"], r["job_name"]): r for r in state["slurm_runs"]}
+    async def _load_vms(self, vm_rows: list[VmRow]) -> list[VmRun]:
+        """The stored VMs matched to the driver's by token; a VM the driver owns but the
+        store does not know is terminated. Returns the stored VMs the driver lacks."""
         owned = {s.token: s for s in await self.driver.list_owned()}
         missing: list[VmRun] = []
-        for vm_row in state["vms"]:
-            vm_type = self._vm_type_of_row(vm_row)
-            vm = VmRun(
-                id=vm_row["id"],
-                vm_type=vm_type,
-                state=VmState(vm_row["state"]),
-                requested_at=vm_row["requested_at"],
-                spot=bool(vm_row["spot"]),
-                zone=vm_row["zone"],
-                provider_id=vm_row["provider_id"],
-                running_at=vm_row["running_at"],
-                reason=vm_row["reason"],
-                free=capacity_of(vm_type),
-                # A VM joins the executor's cluster anew in its eyes: it says so again. A
-                # pool VM is Slurm's to watch.
-                ready=not self.executor.joins_vms or bool(vm_row["pool_node"]),
-                ready_at=vm_row["ready_at"],
-                pool_node=vm_row["pool_node"],
-            )
+        for vm_row in vm_rows:
+            vm = self._vm_of_row(vm_row)
             status = owned.pop(vm.id, None)
             if status is not None and status.vm_id:
                 vm.provider_id = status.vm_id
@@ -130,11 +157,33 @@ class RecoveryMixin(ActionsMixin):
                 status.token,
             )
             await self._call(self.driver.terminate([status.vm_id]))
+        return missing
 
-        # Every live attempt first (a bag with live attempts is not done), then the
-        # ones the executor does not run any more are lost.
+    def _vm_of_row(self, vm_row: VmRow) -> VmRun:
+        vm_type = self._vm_type_of_row(vm_row)
+        return VmRun(
+            id=vm_row["id"],
+            vm_type=vm_type,
+            state=VmState(vm_row["state"]),
+            requested_at=vm_row["requested_at"],
+            spot=bool(vm_row["spot"]),
+            zone=vm_row["zone"],
+            provider_id=vm_row["provider_id"],
+            running_at=vm_row["running_at"],
+            reason=vm_row["reason"],
+            free=capacity_of(vm_type),
+            # A VM joins the executor's cluster anew in its eyes: it says so again. A
+            # pool VM is Slurm's to watch.
+            ready=not self.executor.joins_vms or bool(vm_row["pool_node"]),
+            ready_at=vm_row["ready_at"],
+            pool_node=vm_row["pool_node"],
+        )
+
+    def _load_attempts(self, attempt_rows: list[LiveAttemptRow], now: float) -> list[AttemptRun]:
+        """The live attempts, each counted in its bag; one whose VM ended before the
+        restart carries why (its executor had not confirmed its end)."""
         attempts = []
-        for attempt_row in state["attempts"]:
+        for attempt_row in attempt_rows:
             bag = self.bags[attempt_row["bag_id"]]  # a live attempt keeps its bag active
             attempt = AttemptRun(
                 bag_id=attempt_row["bag_id"],
@@ -152,7 +201,6 @@ class RecoveryMixin(ActionsMixin):
             open_job = self.jobs.get((attempt.bag_id, attempt.idx))
             attempt.saved_s = open_job.work_saved_s if open_job is not None else 0.0
             if attempt_row["vm_state"] not in (None, VmState.PENDING, VmState.RUNNING):
-                # Its VM ended before the restart; its executor had not confirmed its end.
                 vm_state, reason = attempt_row["vm_state"], attempt_row["vm_reason"] or ""
                 detail = reason.removeprefix(f"{vm_state}: ")
                 attempt.vm_gone = f"VM {attempt.vm_id} {vm_state}" + (
@@ -162,26 +210,34 @@ class RecoveryMixin(ActionsMixin):
             self.attempts[attempt.id] = attempt
             bag.live_attempts += 1
             attempts.append(attempt)
-        live = [vm.id for vm in self.vms.values() if vm.id not in {m.id for m in missing}]
-        adopted = await self.executor.recover(
-            [
-                LiveAttempt(
-                    a.id,
-                    a.vm_id,
-                    a.started_at,
-                    self.bags[a.bag_id].spec.max_runtime_s,
-                    a.ref,
-                    self.bags[a.bag_id].spec.account,
-                )
-                for a in attempts
-            ],
-            live,
+        return attempts
+
+    def _live_attempt(self, attempt: AttemptRun) -> LiveAttempt:
+        spec = self.bags[attempt.bag_id].spec
+        return LiveAttempt(
+            attempt.id,
+            attempt.vm_id,
+            attempt.started_at,
+            spec.max_runtime_s,
+            attempt.ref,
+            spec.account,
         )
+
+    def _reconcile_attempts(
+        self,
+        attempts: list[AttemptRun],
+        adopted: set[str],
+        missing: list[VmRun],
+        now: float,
+        batch: WriteBatch,
+    ) -> set[str]:
+        """Each loaded attempt: re-adopted onto its VM, left for its gone VM's end, or
+        lost. Returns the ended VMs whose attempts the executor still runs."""
         # An attempt whose end is waiting in the inbox is not lost, even when its VM is
         # gone: its event (e.g. it finished while the controller was down) says how it ended.
         ended = {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
         missing_ids = {vm.id for vm in missing}
-        gone_vms: set[str] = set()  # ended VMs whose attempts the executor still runs
+        gone_vms: set[str] = set()
         for attempt in attempts:
             host = self.vms.get(attempt.vm_id)
             on_missing_vm = host is not None and host.id in missing_ids
@@ -194,7 +250,7 @@ class RecoveryMixin(ActionsMixin):
                 host.free = host.free.minus(attempt.shape)
                 if attempt.state is AttemptState.RUNNING and not on_missing_vm:
                     self.checkpoints.plan(attempt, now)
-                continue  # on a missing VM: `_end_vm` below ends it, or waits for its end
+                continue  # on a missing VM: `_end_vm` ends it, or waits for its end
             if attempt.id in adopted and attempt.vm_gone and self.executor.confirms_ends:
                 gone_vms.add(attempt.vm_id)  # its end comes once its job is gone
                 continue
@@ -213,12 +269,11 @@ class RecoveryMixin(ActionsMixin):
                 "the controller restarted while it ran",
                 batch,
             )
-        for vm in missing:
-            if self.executor.confirms_ends and vm.attempts:
-                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
-            self._end_vm(vm, VmState.TERMINATED, now, "not found after controller restart", batch)
-        for vm_id in gone_vms:  # the executor stops what it still has there
-            await self._call(self.executor.vm_lost(vm_id))
+        return gone_vms
+
+    async def _resume_vms(self, now: float) -> None:
+        """Idle clocks restart; a running VM not yet ready is announced to the executor
+        again (one that had joined is re-joining, not booting)."""
         for vm in self.vms.values():
             if vm.state is VmState.RUNNING and not vm.attempts:
                 vm.idle_since = now
@@ -227,19 +282,6 @@ class RecoveryMixin(ActionsMixin):
                 if vm.ready_at is not None:  # it had joined: not a boot to time out
                     vm.rejoin_since = now
                 await self._call(self.executor.vm_started(vm.id, vm.vm_type))
-        for bag in list(self.bags.values()):
-            if bag.done:
-                self._finish_bag(bag, now, batch)
-            elif bag.cancel_requested:
-                self._commands.append(_Cancel(bag.id))
-        await self.store.apply(batch)
-        log.info(
-            "recovered %d active bags, %d open jobs, %d live VMs, %d adopted attempts",
-            len(self.bags),
-            sum(b.open_jobs for b in self.bags.values()),
-            len(self.vms),
-            len(adopted),
-        )
 
     def _vm_type_of_row(self, row: VmRow) -> VmType:
         """A stored VM's type: the catalog's, or as the row recorded it (a type since

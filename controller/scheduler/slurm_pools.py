@@ -9,7 +9,7 @@ ledger for its time limit from the account `run_account` matches (a job its acco
 cannot pay for, or whose account spotbag does not know, is cancelled unless `[slurm]
 unknown_accounts` creates it); at its end what it used is charged and the rest
 released. Idle pool VMs that the reuse policy
-would not start a typical job on (policies.reuse, `unfit_from_h`; SPEC.md §3) are
+would not start a typical job on (policies.reuse, `unfit_from_h`; docs/design.md#reuse) are
 handed back to Slurm, so the next job gets a fresh VM.
 
 `PoolsMixin` is a mixin of `Scheduler`: pool VMs are VMs of the scheduler (tracked,
@@ -199,7 +199,6 @@ class PoolsMixin(TransitionsMixin):
                 "reason": "",
             }
             self._pool_runs[ident] = run
-            # WriteBatch.slurm_run takes a dict[str, Any]: a SlurmRunRow is what it reads.
             batch.slurm_run(run)
             return
         started = event.started_at if event.started_at is not None else now

@@ -135,16 +135,20 @@ class SchedulerState:
             max_work_h=checkpointing.max_work_h,
             inline=True,
         )
-        self.checkpoints = CheckpointTimer(  # when to signal checkpoints (SPEC.md §4)
-            settings=checkpointing,
-            tables=tables,
-            time_scale=time_scale,
-            bags=self.bags,
-            vms=self.vms,
-            attempts=self.attempts,
-            wake=self._wake.set,
+        self.checkpoints = (
+            CheckpointTimer(  # when to signal checkpoints (docs/design.md#checkpoints)
+                settings=checkpointing,
+                tables=tables,
+                time_scale=time_scale,
+                bags=self.bags,
+                vms=self.vms,
+                attempts=self.attempts,
+                wake=self._wake.set,
+            )
         )
-        self.accounts = Accounts(ledger or LedgerConfig())  # CPU-hour balances (SPEC.md §6)
+        self.accounts = Accounts(
+            ledger or LedgerConfig()
+        )  # CPU-hour balances (docs/design.md#ledger)
         self.ticks = 0
         driver.subscribe(self._on_vm_status)
         executor.subscribe(self._on_attempt_event)

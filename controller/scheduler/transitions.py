@@ -4,7 +4,7 @@ Each change is checked against the state machines of controller/models.py
 (`check_transition`), made in memory, and written to the pass's
 `WriteBatch` with its transition row and reason, so that memory and the store move
 together: an attempt's end settles its CPU-hours in the ledger (controller/ledger.py,
-SPEC.md §6) and adds its time to its bag's usage (what it cost is the cost report's
+docs/design.md#ledger) and adds its time to its bag's usage (what it cost is the cost report's
 split, controller/report.py); a job's end may finish its bag; a VM's end
 preempts what ran on it. The VM indexes (pending, roomy, idle, draining, pool) that
 the planner's snapshot reads are kept in step here too.

@@ -21,7 +21,7 @@ the store and appear in cost reports beside the bags that shared their VMs.
 These VMs are Slurm's: the planner neither places spotbag's jobs on them nor ends
 them on its own. One exception, the preemption model's: an idle pool VM on which the
 reuse policy would no longer start a job of the pool's typical length (`job_hours`;
-near a deadline, a fresh VM finishes sooner, SPEC.md §3) is handed back: spotbag asks
+near a deadline, a fresh VM finishes sooner, docs/design.md#reuse) is handed back: spotbag asks
 Slurm to power its node down when idle (POWER_DOWN_ASAP), Slurm runs SuspendProgram,
 and the next job resumes the node on a fresh VM. Warm VMs the policy still trusts stay
 until Slurm's SuspendTime. (A node Slurm suspended does not get its warm VM

@@ -1,4 +1,4 @@
-"""Accounts and the append-only CPU-hour ledger (SPEC.md §6): opening an account,
+"""Accounts and the append-only CPU-hour ledger (docs/design.md#ledger): opening an account,
 appending entries, the balances and open reservations a restart rebuilds from, and
 an account's entries page by page."""
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
+
+from controller.store.rows import SlurmRunRow
 
 
 @dataclass(slots=True)
@@ -195,36 +197,14 @@ class CallbackRecord:
     subject: str
 
 
-@dataclass(slots=True)
-class SlurmRunChange:
-    """A run of a Slurm user's job on a power-saving pool (INSERT OR REPLACE INTO
-    slurm_runs)."""
-
-    key: str
-    job_id: str
-    job_name: str
-    restart: int
-    user: str
-    account: str
-    partition: str
-    node: str
-    vm_id: str
-    cpus: float
-    reserved_cpu_h: float
-    started_at: float
-    ended_at: float | None
-    state: str
-    exit_code: int | None
-    reason: str
-
-
 def _columns(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
 
 ATTEMPT_COLUMNS = _columns(AttemptChange)
 VM_COLUMNS = _columns(VmChange)
-SLURM_RUN_COLUMNS = _columns(SlurmRunChange)
+# One declaration of a pool run's row: the store's TypedDict (its keys are the columns).
+SLURM_RUN_COLUMNS = tuple(SlurmRunRow.__annotations__)
 TRANSITION_COLUMNS = _columns(Transition)
 CHECKPOINT_COLUMNS = _columns(CheckpointRecord)
 LEDGER_COLUMNS = _columns(LedgerRow)
@@ -241,7 +221,7 @@ def _params_in_order(columns: tuple[str, ...]) -> Any:
 
 _ATTEMPT_PARAMS = _params_in_order(ATTEMPT_COLUMNS)
 _VM_PARAMS = _params_in_order(VM_COLUMNS)
-_SLURM_RUN_PARAMS = _params_in_order(SLURM_RUN_COLUMNS)
+_SLURM_RUN_PARAMS = itemgetter(*SLURM_RUN_COLUMNS)
 _TRANSITION_PARAMS = _params_in_order(TRANSITION_COLUMNS)
 _CHECKPOINT_PARAMS = _params_in_order(CHECKPOINT_COLUMNS)
 _LEDGER_PARAMS = _params_in_order(LEDGER_COLUMNS)
@@ -272,7 +252,7 @@ class WriteBatch:
     ledger: list[LedgerRow] = field(default_factory=list)
     callbacks: dict[str, CallbackRecord] = field(default_factory=dict)
     accounts: list[dict[str, Any]] = field(default_factory=list)  # opened by this batch
-    slurm_runs: dict[str, SlurmRunChange] = field(default_factory=dict)
+    slurm_runs: dict[str, SlurmRunRow] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(
@@ -447,9 +427,9 @@ class WriteBatch:
         """An account opened in memory by this batch's changes (a Slurm user's first job)."""
         self.accounts.append(row)
 
-    def slurm_run(self, row: Mapping[str, Any]) -> None:
-        """A pool run's row (every column of SLURM_RUN_COLUMNS)."""
-        self.slurm_runs[row["key"]] = SlurmRunChange(*(row[c] for c in SLURM_RUN_COLUMNS))
+    def slurm_run(self, row: SlurmRunRow) -> None:
+        """A pool run's row, as it is now (a copy: the caller keeps changing its own)."""
+        self.slurm_runs[row["key"]] = SlurmRunRow(**row)
 
     def callback(self, key: str, at: float, kind: str, subject: str) -> None:
         """A callback was handled (with whatever else this batch changes because of it)."""

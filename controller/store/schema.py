@@ -173,7 +173,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        "accounts and the append-only CPU-hour ledger (SPEC.md §6)",
+        "accounts and the append-only CPU-hour ledger (docs/design.md#ledger)",
         """
         CREATE TABLE accounts (
             name TEXT PRIMARY KEY,
@@ -369,7 +369,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        # A bag's cost is the split of its VMs' cost (SPEC.md §7), computed from the VMs
+        # A bag's cost is the split of its VMs' cost (docs/design.md#cost-reports), computed from the VMs
         # and attempts (controller/bag_cost.py); the interim per-attempt charges go. Once
         # it can change no more it is kept, so a restart need not split a large bag again.
         "bag costs from the split-cost report: drop the interim cost totals, keep final costs",

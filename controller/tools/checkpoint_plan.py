@@ -1,6 +1,6 @@
 """`spotbag checkpoint-plan`: when a job of a given length, started on a VM of a given
 age, should checkpoint, by each policy, with each policy's expected overhead under
-the VM type's preemption model (SPEC.md §4).
+the VM type's preemption model (docs/design.md#checkpoints).
 
 The optimal schedule comes from the same cached tables the daemon uses
 (controller.checkpoint_tables); the others are evaluated exactly by
@@ -14,10 +14,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from controller.checkpoint_tables import TableCache
 from controller.errors import SpotbagError
 from controller.model_book import load_registry
-from policies.checkpoint import Schedule, fixed_schedule, young_daly_schedule
+from policies.checkpoint import CheckpointTable, Schedule, fixed_schedule, young_daly_schedule
+from policies.checkpoint_notices import (
+    Notices,
+    build_notice_table,
+    simulate_makespan_with_notices,
+)
 from policies.preemption import LifetimeModel
 from policies.registry import ModelKey
 
@@ -88,6 +95,7 @@ class PlanRequest:
     step_h: float = 1 / 60
     compare: tuple[str, ...] = ()  # "young-daly", "none", "periodic:<duration>"
     mttf_h: float | None = None  # for young-daly; None: the model's mean lifetime
+    notices: Notices | None = None  # preemption notices to plan for (None: none)
 
 
 def validate(request: PlanRequest) -> None:
@@ -100,6 +108,11 @@ def validate(request: PlanRequest) -> None:
         problems.append("--step must be positive")
     if request.start_age_h < 0 or request.restart_h < 0:
         problems.append("--age and --restart must not be negative")
+    if request.notices is not None and 0 < request.notices.lead_h < request.delta_h:
+        problems.append(
+            f"--notice {_clock(request.notices.lead_h)} is shorter than a checkpoint's write "
+            f"(--delta {_clock(request.delta_h)}): such a notice saves nothing"
+        )
     if request.mttf_h is not None and not request.mttf_h > 0:
         problems.append("--mttf must be positive")
     if request.work_h > 0 and request.step_h > 0 and request.work_h / request.step_h > 100_000:
@@ -129,6 +142,8 @@ def plan(request: PlanRequest, tables: TableCache | None = None) -> list[Schedul
     table = tables.lookup(m, request.delta_h, request.work_h)
     assert table is not None  # built above, inline
     schedules = [table.schedule(request.work_h, request.start_age_h)]
+    if request.notices is not None and request.notices.useful(request.delta_h):
+        schedules = _with_notices(request, table, request.notices)
     for policy in request.compare:
         if policy == "young-daly":
             schedules.append(
@@ -169,6 +184,47 @@ def plan(request: PlanRequest, tables: TableCache | None = None) -> list[Schedul
     return schedules
 
 
+NOTICE_RUNS = 4000  # Monte Carlo runs that price the notice-less plan under notices
+
+
+def _with_notices(request: PlanRequest, plain: CheckpointTable, notices: Notices) -> list[Schedule]:
+    """The plan for notices (docs/design.md#checkpoint-notices) first, then the notice-less
+    optimal plan with its expected makespan under the same notices (Monte Carlo): what
+    planning for notices saves."""
+    aware_table = build_notice_table(
+        request.model, request.work_h, request.delta_h, notices, request.restart_h, request.step_h
+    )
+    aware = aware_table.schedule(request.work_h, request.start_age_h)
+    share = f", {notices.share:.0%} of preemptions" if notices.share < 1 else ""
+    label = f"optimal for {_clock(notices.lead_h)} notices{share}"
+    schedules = [
+        Schedule(aware.intervals_h, aware.expected_makespan_h, aware.work_h, aware.delta_h, label)
+    ]
+    rng = np.random.default_rng(0)  # a repeatable figure
+    unaware = plain.schedule(request.work_h, request.start_age_h)
+    mean_h, _, _ = simulate_makespan_with_notices(
+        request.model,
+        plain,
+        aware.work_h,
+        request.delta_h,
+        notices,
+        rng,
+        request.restart_h,
+        NOTICE_RUNS,
+    )
+    schedules.append(
+        Schedule(
+            unaware.intervals_h,
+            mean_h,
+            unaware.work_h,
+            unaware.delta_h,
+            f"optimal without notices, run with them ({NOTICE_RUNS:,} Monte Carlo runs from a "
+            "fresh VM)",
+        )
+    )
+    return schedules
+
+
 def _clock(hours: float) -> str:
     """h:mm:ss."""
     seconds = round(hours * 3600)
@@ -185,6 +241,8 @@ def as_dict(request: PlanRequest, schedules: list[Schedule]) -> dict:
         "start_age_h": request.start_age_h,
         "restart_h": request.restart_h,
         "step_h": request.step_h,
+        "notice_h": request.notices.lead_h if request.notices else 0.0,
+        "notice_share": request.notices.share if request.notices else 0.0,
         "policies": [
             {
                 "policy": s.policy,
@@ -204,7 +262,13 @@ def render(request: PlanRequest, schedules: list[Schedule]) -> str:
     lines = [
         f"{_clock(request.work_h)} of work on a {request.model_key} VM ({request.model.name}) "
         f"of age {request.start_age_h:g} h; a checkpoint takes {_clock(request.delta_h)}, "
-        f"a restart {_clock(request.restart_h)}; grid {_clock(request.step_h)}",
+        f"a restart {_clock(request.restart_h)}; grid {_clock(request.step_h)}"
+        + (
+            f"; notices {_clock(request.notices.lead_h)} ahead of "
+            f"{request.notices.share:.0%} of preemptions"
+            if request.notices
+            else ""
+        ),
     ]
     for s in schedules:
         finite = math.isfinite(s.expected_makespan_h)

@@ -1,5 +1,5 @@
 """What `spotbag index` and `spotbag simulate-hopping` compute: the cloud index of a spot
-price trace and what each hopping policy would have cost (SPEC.md §5). The math is
+price trace and what each hopping policy would have cost (docs/design.md#index-tracking). The math is
 policies.index and policies.hopping; this module reads the trace (controller.price_trace),
 sizes its VM types (controller.vm_size: a --types file, a --config catalog, the bundled
 EC2 and GCE table) and runs them. The commands and their tables are

@@ -151,7 +151,7 @@ def plot_prepaid_savings(
     title: str,
     out: str | Path,
 ) -> None:
-    """Prepaid vs on-demand cores (SPEC.md §7), one row per core type given as
+    """Prepaid vs on-demand cores (docs/design.md#cost-reports), one row per core type given as
     (label, prepaid core counts x, savings(x), T(≥x)/period, optimal x): the savings
     curve with its optimum marked, and how busy the x-th core would be against the
     break-even utilisation (the optimum is the last x at or above it)."""

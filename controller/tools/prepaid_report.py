@@ -1,6 +1,6 @@
 """What `spotbag prepaid` computes (the command is controller/cli/prepaid.py): how many
 cores of a type to prepay (reserve) for a term, and what that saves against buying
-every core-hour on demand (SPEC.md §7).
+every core-hour on demand (docs/design.md#cost-reports).
 
 The usage comes from a history of (start, end, cores) intervals:
 

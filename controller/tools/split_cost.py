@@ -1,5 +1,5 @@
 """`spotbag split-cost FILE.json`: split one VM's cost among the jobs that shared it
-(SPEC.md §7, `policies.allocation`), from a JSON description of the VM and its jobs.
+(docs/design.md#cost-reports, `policies.allocation`), from a JSON description of the VM and its jobs.
 
 The command is `controller.cli.offline.split_cost_command`; it runs offline (no
 daemon). A file that is missing, not JSON, or has a field missing or wrong is an

@@ -1,7 +1,7 @@
-"""A bag's cost as its views show it is its cost report's (SPEC.md §7's split-cost
+"""A bag's cost as its views show it is its cost report's (docs/design.md#cost-reports's split-cost
 allocation): the real scheduler and store on a virtual clock run two bags whose jobs
 reserve unequal shares of the same VMs; at every instant the bag views' cost equals the
-report of that instant and a plain re-reading of SPEC.md §7 over the store's rows."""
+report of that instant and a plain re-reading of docs/design.md#cost-reports over the store's rows."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ BIG = {
     "spot_price_per_hour": 0.12,
     "on_demand_price_per_hour": 0.40,
 }
-WEIGHTS = {"cpus": 0.9, "memory_gb": 0.1, "gpus": 9.0}  # SPEC.md §7's defaults
+WEIGHTS = {"cpus": 0.9, "memory_gb": 0.1, "gpus": 9.0}  # docs/design.md#cost-reports's defaults
 
 
 def spec_split(db: Path, now: float) -> dict[str, dict[str, float]]:
-    """Each bag's VM-hours, cost and on-demand cost by SPEC.md §7 read literally, with
+    """Each bag's VM-hours, cost and on-demand cost by docs/design.md#cost-reports read literally, with
     usage = reservation: over each stretch of a VM's life in which the same attempts
     run, unit cost = hourly VM cost / Σ(weight × capacity); an attempt's split cost is
     Σ_r (allocated / total) × capacity × unit cost × weight (total: the capacity, or the

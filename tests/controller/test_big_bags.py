@@ -53,7 +53,7 @@ async def test_a_big_bag_costs_the_collector_nothing_per_job(tmp_path):
     entry per job: its queue, parameters and reservation keys are a few objects.
     (Before: a deque of 100,000 ints, walked by every full collection; on a 1,000,000-
     job bag 50-100 ms each, a stall of the event loop every second or so.) The open
-    reservations are one dict entry per job by design (SPEC §6): its values are one
+    reservations are one dict entry per job by design (docs/design.md#ledger): its values are one
     shared tuple, and it is left out here."""
     n = 100_000
     cfg = config()

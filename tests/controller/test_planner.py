@@ -132,7 +132,7 @@ def test_jobs_no_type_can_hold_are_reported_not_dropped():
     assert why_unplaceable(ONE, None, None, [SMALL]) is None
 
 
-# --- the reuse policy, hot spares and release (SPEC.md §3) ------------------------------
+# --- the reuse policy, hot spares and release (docs/design.md#reuse) ------------------------------
 
 from policies.preemption import Bathtub  # noqa: E402
 from policies.reuse import ReuseTable  # noqa: E402

@@ -21,7 +21,7 @@ async def test_a_bag_without_preemptions_packs_the_cheapest_slots(tmp_path):
     assert rows(tmp_path, "SELECT DISTINCT vm_type FROM vms") == [("small",)]
     assert rows(tmp_path, "SELECT count(*) FROM vms") == [(5,)]
     assert view["elapsed_s"] == pytest.approx(60 + 2 * 3600 + 1, abs=5)
-    # SPEC.md §7: the jobs split their VMs' cost, and what no job held (a VM's time
+    # docs/design.md#cost-reports: the jobs split their VMs' cost, and what no job held (a VM's time
     # before its first job and idle before release) is shared among the bags on it. The
     # only bag pays its VMs' whole life: each job holds half a small VM (1 of 2 cpus), so
     # 20 job-hours are 10 VM-hours, plus the VMs' time without a job.

@@ -4,8 +4,10 @@ test_cloud_contract.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
+import time
 import uuid
 
 import boto3
@@ -120,14 +122,22 @@ async def test_describe_is_one_status_call_for_the_fleet_and_reads_only_ended_vm
     before = cloud.layer.calls.copy()
     statuses = await driver.describe(vms)
     assert all(s.state is VmState.RUNNING for s in statuses.values()) and len(statuses) == 40
-    assert cloud.layer.calls - before == {"DescribeInstanceStatus": 1}
+    # One status call, and one for interruption notices of the 40 running (ids per 200).
+    assert cloud.layer.calls - before == {
+        "DescribeInstanceStatus": 1,
+        "DescribeSpotInstanceRequests": 1,
+    }
 
     for vm_id in vms[:3]:
         cloud.interrupt(vm_id)
     await driver.terminate(vms[3:5])
     before = cloud.layer.calls.copy()
     statuses = await driver.describe(vms)
-    assert cloud.layer.calls - before == {"DescribeInstanceStatus": 1, "DescribeInstances": 1}
+    assert cloud.layer.calls - before == {
+        "DescribeInstanceStatus": 1,
+        "DescribeInstances": 1,
+        "DescribeSpotInstanceRequests": 1,
+    }
     for vm_id in vms[:3]:
         assert statuses[vm_id].state is VmState.PREEMPTED
         assert "Server.SpotInstanceTermination" in statuses[vm_id].reason
@@ -138,6 +148,34 @@ async def test_describe_is_one_status_call_for_the_fleet_and_reads_only_ended_vm
     again = await driver.describe(vms)
     assert all(again[v] == statuses[v] for v in vms[:5])
     assert cloud.layer.calls["DescribeInstances"] == reads
+
+
+async def test_an_interruption_notice_is_read_from_the_spot_request(cloud):
+    """EC2 marks a Spot Instance's request for termination two minutes before it
+    interrupts it: describe reports the instance running with notice_until (the mark's
+    time + 120 s), then preempted; a driver told not to read notices sees only that."""
+    driver = cloud.driver(TYPES, controller_id())
+    vm = await driver.launch(LaunchRequest("n", TYPES[0]))
+    other = await driver.launch(LaunchRequest("m", TYPES[0]))
+    running = await driver.describe([vm.vm_id, other.vm_id])
+    assert running[vm.vm_id].notice_until is None
+    marked_at = time.time()
+    cloud.notice(vm.vm_id, lead_s=0.5)
+    noticed = await driver.describe([vm.vm_id, other.vm_id])
+    assert noticed[vm.vm_id].state is VmState.RUNNING
+    assert marked_at - 1 <= noticed[vm.vm_id].notice_until - 120.0 <= marked_at + 1
+    assert noticed[other.vm_id].notice_until is None
+    calls = cloud.layer.calls["DescribeSpotInstanceRequests"]
+    again = await driver.describe([vm.vm_id])  # known: not asked again
+    assert again[vm.vm_id].notice_until == noticed[vm.vm_id].notice_until
+    assert cloud.layer.calls["DescribeSpotInstanceRequests"] == calls
+    await asyncio.sleep(0.8)
+    ended = (await driver.describe([vm.vm_id]))[vm.vm_id]
+    assert ended.state is VmState.PREEMPTED and ended.notice_until is None
+    quiet = cloud.driver(TYPES, controller_id(), notices=False)
+    third = await quiet.launch(LaunchRequest("q", TYPES[0]))
+    cloud.notice(third.vm_id, lead_s=60)
+    assert (await quiet.describe([third.vm_id]))[third.vm_id].notice_until is None
 
 
 async def test_preemption_time_comes_from_the_state_transition(cloud):

@@ -217,6 +217,7 @@ async def test_a_preemption_is_reported_with_its_reason(api, provisioning, actio
     keep = await driver.launch(LaunchRequest("vm-2", E2))
     await until(driver, vm.vm_id, VmState.RUNNING)
     await until(driver, keep.vm_id, VmState.RUNNING)
+    api.reset_counts()  # (describing running VMs lists preemptions too: notices)
     zone, _, name = vm.vm_id.partition("/")
     assert api.preempt(PROJECT, zone, name)
     [op] = api.operations(PROJECT, PREEMPTED)
@@ -235,6 +236,36 @@ async def test_a_preemption_is_reported_with_its_reason(api, provisioning, actio
     lists = api.calls["zoneOperations.list"]
     await driver.describe([vm.vm_id])
     assert api.calls["zoneOperations.list"] == lists == 1
+
+
+@pytest.mark.parametrize("action", ["STOP", "DELETE"])
+async def test_a_preemption_notice_is_read_from_the_running_preemption_operation(api, action):
+    """GCE begins a Spot VM's preemption ~30 s before it stops it: the preemption
+    operation runs meanwhile. describe reports the VM running with notice_until (the
+    operation's insertTime + 30 s), then preempted when it stops, at the notice's end."""
+    driver = make_driver(api, termination_action=action)
+    vm = await driver.launch(LaunchRequest("vm-1", E2))
+    await until(driver, vm.vm_id, VmState.RUNNING)
+    assert (await driver.describe([vm.vm_id]))[vm.vm_id].notice_until is None
+    zone, _, name = vm.vm_id.partition("/")
+    assert api.preempt(PROJECT, zone, name, notice_s=0.4)
+    [op] = api.operations(PROJECT, PREEMPTED)
+    inserted = datetime.fromisoformat(op["insertTime"]).timestamp()
+    noticed = (await driver.describe([vm.vm_id]))[vm.vm_id]
+    assert noticed.state is VmState.RUNNING
+    assert noticed.notice_until == inserted + 30.0
+    again = (await driver.describe([vm.vm_id]))[vm.vm_id]  # it stays noticed
+    assert again.notice_until == noticed.notice_until
+    ended = await until(driver, vm.vm_id, VmState.PREEMPTED)
+    assert ended.reason.startswith("preempted by GCE")
+    # The fake's notice is 0.4 s, not 30: the end is when it was seen, not insertTime.
+    assert inserted + 0.4 <= ended.changed_at <= time.time()
+    # A driver told not to read notices sees only the end.
+    quiet = make_driver(api, notices=False)
+    other = await quiet.launch(LaunchRequest("vm-2", E2))
+    await until(quiet, other.vm_id, VmState.RUNNING)
+    assert api.preempt(PROJECT, *other.vm_id.split("/"), notice_s=0.4)
+    assert (await quiet.describe([other.vm_id]))[other.vm_id].notice_until is None
 
 
 async def test_a_vm_deleted_by_someone_else_is_terminated_not_preempted(api):
@@ -278,7 +309,8 @@ async def test_describe_of_1000_vms_uses_a_bounded_number_of_calls(api):
     first = await driver.describe(vm_ids)
     first_s = time.perf_counter() - started
     assert len(first) == 1000 and {s.state for s in first.values()} == {VmState.RUNNING}
-    assert api.calls == {"instances.aggregatedList": 2}  # pages of 500
+    # Pages of 500; one list of preemption operations per zone (notices).
+    assert api.calls == {"instances.aggregatedList": 2, "zoneOperations.list": 2}
     for vm_id in vm_ids[:30]:  # every third of them stops, the others vanish
         assert api.preempt(PROJECT, *vm_id.split("/"))
     for vm_id in vm_ids[30:40]:
@@ -336,7 +368,9 @@ async def test_unknown_types_fail_before_any_call_and_capacity_is_per_zone(api):
 async def test_throttling_is_retried_then_a_transient_error(api, kind):
     driver = make_driver(api, max_retries=3)
     api.fail_next(kind, 3)
-    assert (await driver.launch(LaunchRequest("vm-1", E2))).state is VmState.PENDING
+    # Launched (the fake boots it 0.15 s later: on a busy host it may be up already).
+    launched = await driver.launch(LaunchRequest("vm-1", E2))
+    assert launched.state in (VmState.PENDING, VmState.RUNNING)
     assert api.calls["instances.insert"] == 4 and len(api.instances(PROJECT)) == 1
     api.reset_counts()
     api.fail_next(kind, 4)

@@ -106,6 +106,9 @@ class Ec2Layer:
         self._rng = random.Random(0)
         self._no_capacity: set[str] = set()
         self.spot_prices: list[PriceSample] | None = None
+        # Interruption notices given (instance id -> when, epoch s), as the spot requests
+        # of those instances report them (moto keeps no request for a RunInstances).
+        self.notices: dict[str, float] = {}
 
     # --- configuration (from the test) ----------------------------------------------------
 
@@ -145,6 +148,8 @@ class Ec2Layer:
             return _error_response(start_response, injected, f"{injected} (injected by the test)")
         if action == "DescribeSpotPriceHistory" and self.spot_prices is not None:
             return self._price_history(params, start_response)
+        if action == "DescribeSpotInstanceRequests":
+            return self._spot_requests(params, start_response)
         if action == "RunInstances" and params.get("ClientToken"):
             status, headers, payload = self._idempotent_launch(environ, params, body)
         else:
@@ -202,6 +207,41 @@ class Ec2Layer:
             if response[0].startswith("200"):
                 self._launches[token] = (body, response)
             return response
+
+    def _spot_requests(self, params: dict[str, str], start_response):
+        """The spot requests of noticed instances, status marked-for-termination, as EC2
+        lists them once it has issued an interruption notice (filters: instance-id,
+        status-code)."""
+        wanted: dict[str, set[str]] = {}
+        for key, name in params.items():
+            if key.startswith("Filter.") and key.endswith(".Name"):
+                prefix = key.removesuffix("Name")
+                wanted[name] = {v for k, v in params.items() if k.startswith(f"{prefix}Value.")}
+        with self.lock:
+            notices = dict(self.notices)
+        rows = "".join(
+            "<item>"
+            f"<spotInstanceRequestId>sir-{instance_id.removeprefix('i-')[:8]}</spotInstanceRequestId>"
+            "<state>active</state><type>one-time</type>"
+            "<status><code>marked-for-termination</code>"
+            f"<updateTime>{datetime.fromtimestamp(at, UTC).strftime('%Y-%m-%dT%H:%M:%S.000Z')}"
+            "</updateTime><message>Your Spot Instance is marked for termination.</message>"
+            "</status>"
+            f"<instanceId>{escape(instance_id)}</instanceId>"
+            "</item>"
+            for instance_id, at in notices.items()
+            if instance_id in wanted.get("instance-id", {instance_id})
+            and "marked-for-termination" in wanted.get("status-code", {"marked-for-termination"})
+        )
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<DescribeSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            f"<requestId>{uuid.uuid4()}</requestId>"
+            f"<spotInstanceRequestSet>{rows}</spotInstanceRequestSet>"
+            "</DescribeSpotInstanceRequestsResponse>"
+        ).encode()
+        start_response("200 OK", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
+        return [body]
 
     def _price_history(self, params: dict[str, str], start_response):
         types = {v for k, v in params.items() if k.startswith("InstanceType.")}
@@ -299,6 +339,18 @@ class MotoCloud:
 
     def _instance(self, instance_id: str):
         return ec2_backends[DEFAULT_ACCOUNT_ID][self.region].get_instance(instance_id)
+
+    def notice(self, instance_id: str, lead_s: float | None = 120.0) -> None:
+        """An interruption notice, as EC2 gives one two minutes ahead: the instance's spot
+        request is marked for termination now, and the instance is interrupted `lead_s`
+        later (a timer thread; None: never, a notice not followed by an interruption)."""
+        with self.layer.lock:
+            self.layer.notices[instance_id] = time.time()
+        if lead_s is None:
+            return
+        timer = threading.Timer(lead_s, self.interrupt, args=(instance_id,))
+        timer.daemon = True
+        timer.start()
 
     def interrupt(self, instance_id: str) -> None:
         """A Spot interruption: EC2 terminates the instance and says why."""

@@ -238,57 +238,67 @@ def compile_filter(text: str | None) -> Callable[[dict], bool]:
     """A predicate on JSON resources for a list `filter`; empty matches everything."""
     if not text or not text.strip():
         return lambda resource: True
-    tokens = _tokens(text)
-    pos = 0
+    return _FilterParser(text).parse()
 
-    def peek() -> tuple[str, str] | None:
-        return tokens[pos] if pos < len(tokens) else None
 
-    def take() -> tuple[str, str]:
-        nonlocal pos
-        if pos >= len(tokens):
-            raise HttpError(400, "invalid", f"Invalid list filter expression '{text}'.")
-        pos += 1
-        return tokens[pos - 1]
+class _FilterParser:
+    """Recursive descent over a filter's tokens: OR of ANDs of (NOT) comparisons."""
 
-    def disjunction() -> Callable[[dict], bool]:
-        parts = [conjunction()]
-        while (tok := peek()) is not None and tok[0] == "OR":
-            take()
-            parts.append(conjunction())
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokens(text)
+        self.pos = 0
+
+    def parse(self) -> Callable[[dict], bool]:
+        predicate = self.disjunction()
+        if self.pos != len(self.tokens):
+            raise self.invalid()
+        return predicate
+
+    def invalid(self) -> HttpError:
+        return HttpError(400, "invalid", f"Invalid list filter expression '{self.text}'.")
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> tuple[str, str]:
+        if self.pos >= len(self.tokens):
+            raise self.invalid()
+        self.pos += 1
+        return self.tokens[self.pos - 1]
+
+    def disjunction(self) -> Callable[[dict], bool]:
+        parts = [self.conjunction()]
+        while (tok := self.peek()) is not None and tok[0] == "OR":
+            self.take()
+            parts.append(self.conjunction())
         return lambda r: any(p(r) for p in parts)
 
-    def conjunction() -> Callable[[dict], bool]:
-        parts = [unary()]
-        while (tok := peek()) is not None and tok[0] not in ("OR", "rp"):
+    def conjunction(self) -> Callable[[dict], bool]:
+        parts = [self.unary()]
+        while (tok := self.peek()) is not None and tok[0] not in ("OR", "rp"):
             if tok[0] == "AND":
-                take()
-            parts.append(unary())
+                self.take()
+            parts.append(self.unary())
         return lambda r: all(p(r) for p in parts)
 
-    def unary() -> Callable[[dict], bool]:
-        kind, _ = take()
+    def unary(self) -> Callable[[dict], bool]:
+        kind, path = self.take()
         if kind == "NOT":
-            inner = unary()
+            inner = self.unary()
             return lambda r: not inner(r)
         if kind == "lp":
-            inner = disjunction()
-            if take()[0] != "rp":
-                raise HttpError(400, "invalid", f"Invalid list filter expression '{text}'.")
+            inner = self.disjunction()
+            if self.take()[0] != "rp":
+                raise self.invalid()
             return inner
         if kind != "word":
-            raise HttpError(400, "invalid", f"Invalid list filter expression '{text}'.")
-        path = tokens[pos - 1][1]
-        op_kind, op = take()
-        lit_kind, literal = take()
+            raise self.invalid()
+        op_kind, op = self.take()
+        lit_kind, literal = self.take()
         if op_kind != "op" or lit_kind not in ("str", "word"):
-            raise HttpError(400, "invalid", f"Invalid list filter expression '{text}'.")
+            raise self.invalid()
         return lambda r: _compare(_field(r, path), op, literal)
-
-    predicate = disjunction()
-    if pos != len(tokens):
-        raise HttpError(400, "invalid", f"Invalid list filter expression '{text}'.")
-    return predicate
 
 
 # --- state ---------------------------------------------------------------------------
@@ -312,6 +322,7 @@ class _Operation:
     http_status: int = 0
     polls: int = 0
     finished: bool = False  # DONE from the start (preemptions) or waited for
+    done_at: float | None = None  # DONE from then on (monotonic; a preemption's notice)
     end_time: str = ""  # RFC 3339, fixed when first seen DONE
 
 
@@ -459,8 +470,11 @@ class FakeGceApi:
         with self._lock:
             self._request_ids.clear()
 
-    def preempt(self, project: str, zone: str, name: str) -> bool:
-        """Preempt a live instance now; False if there is none."""
+    def preempt(self, project: str, zone: str, name: str, notice_s: float = 0.0) -> bool:
+        """Preempt a live instance; False if there is none. With `notice_s`, as GCE does
+        for Spot VMs: the preemption operation is RUNNING from now while the instance
+        still runs (its notice; the metadata server's instance/preempted is TRUE), and the
+        instance stops `notice_s` later; without, it stops now."""
         with self._lock:
             now = time.monotonic()
             inst = self._instance(project, zone, name, now)
@@ -468,13 +482,22 @@ class FakeGceApi:
                 return False
             scheduling = inst.body.get("scheduling", {})
             gone = scheduling.get("instanceTerminationAction") == "DELETE"
-            inst.body["status"] = "STOPPING"
-            inst.body["statusMessage"] = "Instance was preempted."
-            inst.timeline = [(now + self.stop_s, None if gone else "TERMINATED")]
+            stops_at = now + notice_s
+            end = None if gone else "TERMINATED"
+            if notice_s > 0:
+                inst.timeline = [(stops_at, "STOPPING"), (stops_at + self.stop_s, end)]
+            else:
+                inst.body["status"] = "STOPPING"
+                inst.body["statusMessage"] = "Instance was preempted."
+                inst.timeline = [(now + self.stop_s, end)]
             # Named and shaped like the real API's system events.
             name = f"systemevent-{int(self._wall(now) * 1000)}-{uuid.uuid4().hex[:13]}"
             op = self._new_operation(project, zone, PREEMPTED, inst.body, now, name=name)
-            op.finished = True
+            if notice_s > 0:
+                op.done_at = stops_at
+                inst.body["statusMessage"] = "Instance was preempted."
+            else:
+                op.finished = True
             op.body["user"] = "system"
             op.body["statusMessage"] = "Instance was preempted."
             return True
@@ -612,6 +635,8 @@ class FakeGceApi:
         return op
 
     def _operation_status(self, op: _Operation, now: float) -> str:
+        if op.done_at is not None:  # a system event: RUNNING until it is done
+            return "DONE" if now >= op.done_at else "RUNNING"
         if op.finished or op.polls >= self.op_polls_to_done:
             return "DONE"
         if self.op_done_s is not None and now - op.created >= self.op_done_s:

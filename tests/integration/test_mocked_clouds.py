@@ -13,14 +13,16 @@ the next allowed type.
 
 from __future__ import annotations
 
+import re
 import signal
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Daemon, wait_for_bag, wait_until
+from tests.conftest import REPO, Daemon, wait_for_bag, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +97,11 @@ zone = "{self.zone}"
         zone, _, name = provider_id.partition("/")
         assert self.api.preempt(self.project, zone, name), provider_id
 
+    def notice(self, provider_id: str, lead_s: float) -> None:
+        """GCE's preemption notice: the operation runs, the instance stops `lead_s` later."""
+        zone, _, name = provider_id.partition("/")
+        assert self.api.preempt(self.project, zone, name, notice_s=lead_s), provider_id
+
     def live_instances(self) -> list[str]:
         return [
             i["name"]
@@ -163,6 +170,11 @@ zone = "{s.region}a"
 
     def preempt(self, provider_id: str) -> None:
         self.cloud.interrupt(provider_id)
+
+    def notice(self, provider_id: str, lead_s: float) -> None:
+        """EC2's interruption notice: the spot request is marked, the instance interrupted
+        `lead_s` later."""
+        self.cloud.notice(provider_id, lead_s)
 
     def live_instances(self) -> list[str]:
         return self.cloud.live_instances()
@@ -296,3 +308,119 @@ def test_flaky_cloud_calls_and_a_type_without_capacity(start_daemon, cloud):
     assert refused > 0  # it was tried first (cheaper), refused, and not used
     nothing_left_behind(daemon, client, cloud)
     daemon.stop()
+
+
+def test_a_preemption_notice_moves_a_checkpointable_job_losing_nothing(start_daemon, cloud):
+    """The notice is read from the cloud's API alone (GCE: the running preemption
+    operation; EC2: the spot request marked for termination): the VM takes no new job,
+    its job checkpoints at once and resumes on a VM the controller launched at the
+    notice, from the checkpoint written after it."""
+    daemon, client = start_daemon(cloud)
+    program = REPO / "examples" / "programs" / "logistic.py"
+    args = "--r 3.7 --iterations 400000 --chunks 400 --seconds 12 --progress"
+    bag = client.submit(
+        {
+            "account": "lab",
+            "command": f"{sys.executable} {program} {args}",
+            "resources": {"cpus": 2, "memory_gb": 4},
+            "max_runtime_s": 120,
+            "estimated_runtime_s": 12,
+            "checkpointable": True,
+            "checkpoint_cost_s": 0.5,
+            "max_attempts": 5,
+            "workdir": str(REPO),
+        }
+    )
+    job_id = f"{bag['id']}-0"
+
+    def running_for_a_while() -> dict | None:
+        job = client.job(job_id)
+        if job["state"] != "running" or not job["started_at"]:
+            return None
+        return job if time.time() - job["started_at"] > 3 else None
+
+    job = wait_until(running_for_a_while, 60, 0.1, "the job running for 3 s")
+    (vm,) = [v for v in client.vms()["vms"] if v["id"] == job["vm_id"]]
+    noticed_at = time.time()
+    cloud.notice(vm["provider_id"], lead_s=5.0)
+
+    def notice_seen() -> dict | None:
+        views = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
+        return views[vm["id"]] if views[vm["id"]].get("notice_until") else None
+
+    seen = wait_until(notice_seen, 10, 0.05, "the controller to read the notice")
+    assert seen["notice_until"] >= noticed_at + 25  # GCE's 30 s, EC2's 120 s
+    done = wait_for_bag(client, bag["id"], 90)
+    assert done["state"] == "succeeded", daemon.log()
+    job = client.job(job_id)
+    first, *rest = job["attempt_list"]
+    assert first["state"] == "lost" and first["reason"].startswith("migrated: spot notice on "), (
+        first
+    )
+    assert rest and rest[-1]["state"] == "succeeded" and rest[0]["vm_id"] != vm["id"]
+    # The checkpoint it moved with was asked for at the notice, and the retry
+    # resumed from it: nothing was lost.
+    written = [c for c in job["checkpoint_list"] if c["ok"] and c["attempt"] == 1]
+    assert written and written[-1]["requested_at"] >= noticed_at
+    before = (REPO / first["log_path"]).read_text()
+    after = (REPO / rest[0]["log_path"]).read_text()
+    saved = [int(n) for n in re.findall(r"checkpoint at iteration (\d+)", before)]
+    (resumed_from,) = [int(n) for n in re.findall(r"resuming from iteration (\d+)", after)]
+    assert resumed_from == saved[-1] > 0
+    assert client.bag(bag["id"])["usage"]["lost_hours"] == 0
+    # Its replacement was asked for at the notice, before the old VM ended.
+    views = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
+    replacement = views[rest[0]["vm_id"]]
+    assert noticed_at <= replacement["requested_at"] < views[vm["id"]]["ended_at"]
+    nothing_left_behind(daemon, client, cloud)
+    daemon.stop()
+
+
+def test_a_vm_noticed_but_not_interrupted_drains_and_is_released_losing_nothing(start_daemon):
+    """A notice the cloud does not follow with an interruption (EC2 marked the spot
+    request, then let the instance live): the VM takes no new job, the job it runs
+    (not checkpointable: it is not moved) finishes there, and then the VM is ended."""
+    cloud = AwsCloud()
+    try:
+        daemon, client = start_daemon(cloud)
+        bag = client.submit(
+            {
+                "account": "lab",
+                "command": "sleep {s}; echo done {s}",
+                "parameters": {"s": [6, 1, 1]},
+                "resources": {"cpus": 2, "memory_gb": 4},
+                "max_runtime_s": 120,
+                "max_attempts": 5,
+            }
+        )
+        first = f"{bag['id']}-0"
+        job = wait_until(
+            lambda: (j := client.job(first))["state"] == "running" and j, 60, 0.1, "job 0 running"
+        )
+        noticed_at = time.time()
+        cloud.cloud.notice(_provider(client, job["vm_id"]), lead_s=None)
+        done = wait_for_bag(client, bag["id"], 90)
+        assert done["state"] == "succeeded"
+        job = client.job(first)
+        assert job["attempts"] == 1 and job["attempt_list"][0]["vm_id"] == job["vm_id"]
+
+        def ended() -> dict | None:
+            views = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
+            return views[job["vm_id"]] if views[job["vm_id"]]["ended_at"] else None
+
+        noticed = wait_until(ended, 10, 0.1, "the noticed VM to be released")
+        assert noticed["state"] == "terminated" and "spot notice" in noticed["reason"], noticed
+        # No job was placed on it after the notice (reading it takes one describe).
+        for i in (1, 2):
+            for attempt in client.job(f"{bag['id']}-{i}")["attempt_list"]:
+                on_it = attempt["vm_id"] == job["vm_id"]
+                assert not on_it or attempt["started_at"] < noticed_at + DESCRIBE_S + 1
+        nothing_left_behind(daemon, client, cloud)
+        daemon.stop()
+    finally:
+        cloud.close()
+
+
+def _provider(client, vm_id: str) -> str:
+    (vm,) = [v for v in client.vms()["vms"] if v["id"] == vm_id]
+    return vm["provider_id"]

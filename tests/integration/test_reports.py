@@ -87,7 +87,7 @@ def test_reports_over_http_and_the_cli(make_daemon, tmp_path):
 
 def test_a_bags_cost_is_its_reports_also_after_a_restart(make_daemon):
     """Two bags whose jobs reserve unequal parts of one VM: GET /v1/bags/{id} shows the
-    cost its report splits (SPEC.md §7), and the same after a restart."""
+    cost its report splits (docs/design.md#cost-reports), and the same after a restart."""
     daemon = make_daemon(max_vms=1)
     admin = daemon.start()
     admin.create_account("lab", cpu_hours=100)

@@ -262,8 +262,8 @@ def test_an_idle_pool_vm_the_reuse_policy_distrusts_is_handed_back(
     pool_daemons, slurm_cluster, out_dir
 ):
     """VMs live 24 model hours (1 real second = 1 model hour here) and the pool's jobs
-    take 20: from about 4 h on, a fresh VM does such a job sooner than a warm one (SPEC.md
-    §3). When its job ends, the warm VM is handed back at once (Slurm would have kept it
+    take 20: from about 4 h on, a fresh VM does such a job sooner than a warm one
+    (docs/design.md#reuse). When its job ends, the warm VM is handed back at once (Slurm would have kept it
     for SuspendTime), and the next job resumes the node on a fresh VM."""
     daemon = pool_daemons(
         max_vms=2, model="exponential", mttf_h=1e6, time_scale=3600, pool="job_hours = 20.0\n"

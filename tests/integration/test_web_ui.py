@@ -492,7 +492,7 @@ def test_an_account_token_sees_only_its_account_on_the_money_page(page, daemon):
 
 
 def test_the_fleet_page_draws_the_bathtub_of_a_daemon_that_assumes_one(browser, make_daemon):
-    """A second daemon whose VMs follow the bathtub model (SPEC §2), their time sped up
+    """A second daemon whose VMs follow the bathtub model (docs/design.md#preemption-models), their time sped up
     (1 s = 0.5 h), so that they sit at different ages on a curve worth looking at."""
     from selenium.webdriver.common.by import By
 

@@ -1,5 +1,5 @@
-"""Split cost allocation (SPEC.md §7): the parts always add up to the VM's cost, an
-exact-arithmetic reference written from the SPEC's words, hand-computed and AWS
+"""Split cost allocation (docs/design.md#cost-reports): the parts always add up to the VM's cost, an
+exact-arithmetic reference written from docs/design.md#split-cost's words, hand-computed and AWS
 examples, the edge cases, and the batch (many VM-hours) form."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def parts_sum(result) -> float:
 
 
 def reference(capacity, cost, allocated, weights):
-    """SPEC.md §7 word for word, in exact arithmetic (Fractions): per job its split
+    """docs/design.md#cost-reports word for word, in exact arithmetic (Fractions): per job its split
     cost and its share of the unused cost, and the cost nobody is given."""
     resources = range(len(capacity))
     weighted = sum(weights[r] * capacity[r] for r in resources)
@@ -113,7 +113,7 @@ def test_the_split_costs_of_a_vm_always_add_up_to_its_cost(vm):
 @given(vms(max_jobs=6))
 @settings(max_examples=100, deadline=None)
 def test_matches_the_spec_in_exact_arithmetic(vm):
-    """The SPEC's formulas with Fractions add up to the cost exactly (not just to
+    """The design's formulas with Fractions add up to the cost exactly (not just to
     rounding), and the vectorised floats agree with them."""
     capacity, cost, reserved, used, weights = vm
     allocated = np.fmax(reserved, used)
@@ -235,7 +235,7 @@ def test_aws_example_shared_instance():
     np.testing.assert_allclose(result.unused_share, [1 / 39, 1 / 39, 1 / 78, 1 / 78])
     assert result.unallocated == 0
     assert math.isclose(parts_sum(result), 1.0, rel_tol=1e-12)
-    # The SPEC's CPU 0.9 : memory 0.1 is the same 9:1 split.
+    # The design's CPU 0.9 : memory 0.1 is the same 9:1 split.
     same = split_costs([4, 16], 1.0, reserved, used, weights=[0.9, 0.1])
     np.testing.assert_allclose(same.job_cost, result.job_cost, rtol=1e-12)
 

@@ -1,4 +1,4 @@
-"""Checkpoint schedules (SPEC.md §4): the vectorised DP against the pure-Python
+"""Checkpoint schedules (docs/design.md#checkpoints): the vectorised DP against the pure-Python
 reference, the exact evaluator against the table and against Monte Carlo, the DP
 against Young–Daly and every fixed period, the shape of the paper's 5-hour plan,
 and edge cases."""
@@ -82,7 +82,7 @@ def reference_candidate(
     step_h: float,
     ages: int,
 ) -> float:
-    """SPEC.md §4: the value of checkpointing after i steps at (J, t), with the reference
+    """docs/design.md#checkpoints: the value of checkpointing after i steps at (J, t), with the reference
     table's values for everything that follows."""
 
     def value(work: int, age: int) -> float:

@@ -168,7 +168,7 @@ def censored_sample(model, n, seed, censor_mean_h=15.0):
     [
         Bathtub(
             A=0.45, tau1=1.0, tau2=0.8, b=24.0, L=24.0
-        ),  # SPEC.md's typical fit: a sharp rise before L
+        ),  # docs/design.md's typical fit: a sharp rise before L
         Bathtub(A=0.4, tau1=1.5, tau2=1.0, b=25.0, L=24.0),
     ],
 )

@@ -1,4 +1,4 @@
-"""Prepaid vs on-demand cores (SPEC.md §7): the exact optimum against a brute-force
+"""Prepaid vs on-demand cores (docs/design.md#cost-reports): the exact optimum against a brute-force
 search over every core count, the residual on hand-computed examples, concavity,
 break-even, and the edge cases."""
 
@@ -44,7 +44,7 @@ def brute_residual(segments, x):
 
 def brute_search(starts, ends, cores, lo, hi, on_demand, prepaid):
     """Savings for every x from 0 to all cores together; the best x (ties within
-    rounding: the largest, as SPEC.md §7 words the rule)."""
+    rounding: the largest, as docs/design.md#cost-reports words the rule)."""
     segments = brute_usage(starts, ends, cores, lo, hi)
     everything = brute_residual(segments, 0)
     period = hi - lo

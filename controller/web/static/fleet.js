@@ -29,7 +29,7 @@ function ageHours(vm, inUse, nowS) {
 const LIVE = new Set(["pending", "running"]);
 
 function isHotSpare(vm, view) {
-  // The planner keeps an idle VM past its risky start as a hot spare (SPEC §3); the API
+  // The planner keeps an idle VM past its risky start as a hot spare (docs/design.md#reuse); the API
   // gives "stable" per VM and its running jobs, not the planner's decision itself.
   return Boolean(view && view.stable) && vm.state === "running" && vm.jobs === 0 && !vm.terminating;
 }
