@@ -47,10 +47,12 @@ lint: $(STAMP)
 # From a fresh clone: 22:44 on the 2-CPU development machine while other test suites ran
 # (1:46 of it the virtualenv). The long ones: slurm_dispatch.py ~7 min (needs root, Slurm
 # and munge, as the Slurm tests do; without them it says "skipped"), simulate_fleet.py
-# ~3 min, big_bag.py ~2.5 min; web_ui.py needs chromium and chromium-driver.
+# ~3 min, big_bag.py ~2.5 min, local_dispatch.py ~1.5 min, demo_under_load.py ~12 min (ten
+# busy loops slow everything else meanwhile); web_ui.py needs chromium and chromium-driver.
 bench: $(STAMP)
 	$(BIN)/python bench/accept_bag.py
 	$(BIN)/python bench/simulate_fleet.py
+	$(BIN)/python bench/cli_tools.py
 	$(BIN)/python bench/preemption_models.py
 	$(BIN)/python bench/checkpoint_schedules.py
 	$(BIN)/python bench/notices.py
@@ -59,10 +61,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/cloud_drivers.py
 	$(BIN)/python bench/hopping.py
 	$(BIN)/python bench/slurm_dispatch.py
+	$(BIN)/python bench/local_dispatch.py
 	$(BIN)/python bench/restart.py
 	$(BIN)/python bench/big_bag.py
 	$(BIN)/python bench/big_bag.py --hold
 	$(BIN)/python bench/web_ui.py
+	$(BIN)/python bench/daemon_start.py
+	$(BIN)/python bench/cli_speed.py
+	$(BIN)/python bench/demo_under_load.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

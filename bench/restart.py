@@ -64,7 +64,7 @@ async def add_history(db: Path, account: str, settled: int) -> int:
 
 def healthz_after_restart(daemon: Daemon, bag_id: str, jobs: int) -> tuple[float, float]:
     started = time.monotonic()
-    client = daemon.start(timeout_s=600)
+    client = daemon.start()
     while not client.request("GET", "/healthz").get("ok"):
         time.sleep(0.05)
     healthy_s = time.monotonic() - started

@@ -4,8 +4,10 @@
 The real scheduler, planner, admission and SQLite store on a virtual clock.
 Each VM holds one job at a time; VM lifetimes are exponential with a 24-hour
 mean and the 24 h deadline: over the ~105 simulated hours about 6,600 VMs are
-preempted and replaced (each replacement waits out a 60 s boot). Prints the wall time (target: <= 30 s) and the
-run's summary; a second run adds runtime jitter (cv 0.1), which turns the
+preempted and replaced (each replacement waits out a 60 s boot). Prints the wall time (target: <= 30 s),
+the CPU time as a ratio to the pure-Python reference loop of bench/targets.py run
+before and after (target: 15 s CPU on the development machine, issue 24), the load,
+and the run's summary; a second run adds runtime jitter (cv 0.1), which turns the
 lock-step rounds into ~100,000 distinct completion times.
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from targets import against
+from targets import against, in_reference_loops, load_average, reference_loops
 
 from controller.cli.render import render_summary
 from controller.config import load_config
@@ -61,9 +63,11 @@ def bag(runtime_cv: float) -> dict:
     }
 
 
-def time_cli(cv: float) -> float:
-    """Wall time of the `spotbag simulate` command itself (a new process, config and bag files)."""
+def time_cli(cv: float) -> tuple[float, float]:
+    """Wall and CPU time of the `spotbag simulate` command itself (a new process, config
+    and bag files)."""
     import json
+    import resource
     import subprocess
 
     with tempfile.TemporaryDirectory(prefix="spotbag-sim-cli-") as tmp:
@@ -76,6 +80,7 @@ def time_cli(cv: float) -> float:
         )
         spec = Path(tmp) / "bag.json"
         spec.write_text(json.dumps(bag(cv)))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         subprocess.run(
             [
@@ -93,7 +98,10 @@ def time_cli(cv: float) -> float:
             capture_output=True,
             cwd=Path(__file__).resolve().parent.parent,
         )
-        return time.perf_counter() - started
+        wall_s = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return wall_s, cpu_s
 
 
 def main() -> None:
@@ -103,24 +111,34 @@ def main() -> None:
     )
     args = parser.parse_args()
     for cv in (0.0, 0.1):
-        times = []
+        times, cpu_times = [], []
+        loops = reference_loops()
         for _ in range(args.repeat):
             with tempfile.TemporaryDirectory(prefix="spotbag-sim-") as tmp:
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 result = asyncio.run(simulate(bag(cv), CONFIG, seed=1, state_dir=Path(tmp)))
                 times.append(time.perf_counter() - started)
+                cpu_times.append(time.process_time() - cpu_started)
+        loops += reference_loops()
         runs = ", ".join(f"{t:.1f}" for t in times)
         print(
             f"simulate 100,000 one-hour jobs on 1,000 VMs (runtime cv {cv}): median "
             f"{statistics.median(times):.1f} s wall (runs: {runs} s), {result.ticks:,} scheduler "
             f"passes {against(statistics.median(times), 30, 's')}"
         )
+        print(
+            f"  its CPU: median {in_reference_loops(statistics.median(cpu_times), loops, 15.0)}"
+            f" (CPU runs: {', '.join(f'{t:.1f}' for t in cpu_times)} s); {load_average()}"
+        )
         print(render_summary(result.bag, result.fleet))
         print()
-    cli_s = time_cli(0.0)
+    loops = reference_loops()
+    cli_s, cli_cpu_s = time_cli(0.0)
+    loops += reference_loops()
     print(
         f"the `spotbag simulate` command (new process, runtime cv 0.0): {cli_s:.1f} s wall "
-        f"{against(cli_s, 30, 's')}"
+        f"{against(cli_s, 30, 's')}; {in_reference_loops(cli_cpu_s, loops, 15.0)}; "
+        f"{load_average()}"
     )
 
 

@@ -1,40 +1,27 @@
-"""The daemon: wires store, driver, executor, scheduler and HTTP API, and runs them.
+"""The daemon: `Controller` wires store, driver, executor and scheduler, which the HTTP
+API reaches; it starts them (`start`: recovery from the store) and stops them in order.
 
-`serve(config)` holds an exclusive lock on the state directory (two daemons on
-one database would corrupt each other's view), recovers the scheduler from the
-store, serves the API, writes STATE_DIR/api.url once listening, and on SIGTERM
-or SIGINT stops cleanly: no new requests, running local jobs stopped and
-recorded as lost (they run again on the next start), database closed.
+Loaded by controller/service.py once the API's socket listens: importing this module
+brings numpy, scipy, the scheduler and the store, seconds on a busy machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import gc
 import logging
 import os
-import resource
 import secrets
-import signal
-import sys
-import warnings
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from aiohttp import web
 
-from controller.api import build_app, server_logger
-from controller.api.jobs import MAX_REQUEST_LINE_BYTES
-from controller.api.limits import ConnectionGate, quiet_accept_errors
 from controller.bag_cost import BagCosts
 from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
-from controller.errors import SpotbagError
 from controller.executors.base import CallbackNoted
 from controller.executors.job_users import JobUsers
 from controller.fleet_cost import FleetCosts
@@ -46,7 +33,7 @@ from controller.metrics import Metrics
 from controller.price_trace import TraceError, TraceReplay, read_trace
 from controller.report import CostRule
 from controller.scheduler import PoolRunEvent, Scheduler
-from controller.sdnotify import notify
+from controller.service import logged_step
 from controller.slurm.callbacks import POWER_EVENTS, SlurmEvent
 from controller.slurm.commands import exit_status, hostlist_expand
 from controller.slurm.pools import PoolBook
@@ -54,26 +41,14 @@ from controller.store import Store
 from controller.tokens import Tokens
 from controller.wiring import make_driver, make_executor, make_model_book
 from drivers.base import PriceSample
-from policies.connections import connection_cap
 
 log = logging.getLogger("spotbag.daemon")
-
-SWITCH_INTERVAL_S = 0.001  # the GIL's time slice (sys.setswitchinterval) in the daemon
 
 # Drivers on this host (their VMs push their changes; a price trace may stand in for
 # the market). Their VMs end with the daemon unless the driver says they outlive it
 # (the local driver's VM hosts do).
 EPHEMERAL_DRIVERS = {"local", "sim"}
 POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
-# The API's listening socket: the kernel queues up to LISTEN_BACKLOG connections (capped
-# by net.core.somaxconn) until they are accepted, ACCEPT_BATCH at a time. asyncio takes
-# one number for both; they differ on purpose (`_listen`).
-LISTEN_BACKLOG = 1024
-ACCEPT_BATCH = 64
-
-
-class StateDirBusy(SpotbagError, RuntimeError):
-    pass
 
 
 class Controller:
@@ -104,19 +79,14 @@ class Controller:
         self.hopper: Hopper | None = None
         self.hook_secret = b""
         self.learner: Learner | None = None
-        self._lock_file: Any = None
         # Pool jobs whose start is being taken (Slurm asked for its limits): their end
         # waits for it, so that the start is queued first.
         self._pool_starts: dict[tuple[str, str], asyncio.Event] = {}
 
     async def start(self) -> None:
-        # What the daemon (and its local jobs) create is private to its user: the
-        # database holds bag specs with their env values and the ledger, logs hold
-        # whatever jobs print.
-        os.umask(0o077)
+        # `spotbag serve` has made the state directory private and locked it already
+        # (controller/service.py); in process (tests) it may not exist yet.
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_state_dir()
-        _make_private(self.state_dir)
         await self.store.open()
         self.controller_id = await self.store.meta_value(
             "controller_id", lambda: secrets.token_hex(6)
@@ -395,11 +365,11 @@ class Controller:
         for task in (self._hopper_task, self._learning_task, self._loop_lag_task):
             if task is not None:
                 task.cancel()
-                await _step(f"stopping {task.get_name()}", task)
+                await logged_step(f"stopping {task.get_name()}", task)
         if self.scheduler is not None and self._loop_task is not None:
             self.scheduler.stop()
-            await _step("stopping the scheduler", self._loop_task)
-            await _step(
+            await logged_step("stopping the scheduler", self._loop_task)
+            await logged_step(
                 "ending the scheduler's attempts and VMs",
                 self.scheduler.shutdown(
                     vms_die_with_controller=not getattr(
@@ -410,31 +380,10 @@ class Controller:
                 ),
             )
         if self.driver is not None and hasattr(self.driver, "close"):
-            await _step("closing the driver", self.driver.close())
-        await _step("stopping bag cost refreshes", self.bag_costs.close())
-        await _step("stopping fleet cost refreshes", self.fleet_costs.close())
-        await _step("closing the store", self.store.close())
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
-
-    def _lock_state_dir(self) -> None:
-        path = self.state_dir / "lock"
-        lock_file = path.open("a+")
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock_file.seek(0)
-            holder = lock_file.read().strip() or "?"
-            lock_file.close()
-            raise StateDirBusy(
-                f"another spotbag daemon (pid {holder}) is using {self.state_dir}"
-            ) from None
-        lock_file.seek(0)
-        lock_file.truncate()
-        lock_file.write(str(os.getpid()))
-        lock_file.flush()
-        self._lock_file = lock_file
+            await logged_step("closing the driver", self.driver.close())
+        await logged_step("stopping bag cost refreshes", self.bag_costs.close())
+        await logged_step("stopping fleet cost refreshes", self.fleet_costs.close())
+        await logged_step("closing the store", self.store.close())
 
     def _resolve_hook_secret(self) -> bytes:
         """The secret slurmctld's hooks sign callbacks with: [slurm] hook_secret_file, made
@@ -463,218 +412,3 @@ class Controller:
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         return token
-
-
-PRIVATE_FILES = ("token", "spotbag.db", "spotbag.db-wal", "spotbag.db-shm", "slurm-hook.secret")
-
-
-def _make_private(state_dir: Path) -> None:
-    """Close a state directory (and its secrets) that an older version, or an operator,
-    left readable by others."""
-    mode = state_dir.stat().st_mode & 0o777
-    if mode & 0o077:
-        log.warning("state directory %s was mode %o; making it 0700", state_dir, mode)
-        state_dir.chmod(0o700)
-    for name in PRIVATE_FILES:
-        path = state_dir / name
-        with contextlib.suppress(FileNotFoundError):
-            if path.stat().st_mode & 0o077:
-                path.chmod(0o600)
-
-
-def _watch_children_with_pidfds() -> None:
-    """Python 3.11 waits for each subprocess (every Slurm command) on a thread of its own;
-    where the kernel has pidfds, watch them on the event loop instead (3.12's default)."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:
-        return  # no pidfds here (an old kernel, a sandbox): keep the threads
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        watcher = asyncio.PidfdChildWatcher()
-        watcher.attach_loop(asyncio.get_running_loop())
-        asyncio.set_child_watcher(watcher)
-
-
-async def _step(what: str, awaitable: Awaitable[Any]) -> None:
-    """Await one step of stopping; log its failure and go on to the next."""
-    try:
-        await awaitable
-    except asyncio.CancelledError:
-        pass  # the task we cancelled
-    except Exception:
-        log.exception("%s failed", what)
-
-
-class TaskDied(SpotbagError, RuntimeError):
-    """A task the daemon cannot live without ended: exit non-zero, to be restarted."""
-
-
-START_EXTEND_INTERVAL_S = 10.0
-
-
-async def _keep_systemd_waiting() -> None:
-    """While the daemon opens its store and recovers, ask systemd (Type=notify) for
-    more time, again and again: a recovery that makes progress is never killed by
-    TimeoutStartSec, and one that hangs (no message for 3 intervals) still is."""
-    extend_usec = int(3 * START_EXTEND_INTERVAL_S * 1e6)
-    while True:
-        await notify(
-            STATUS="starting: opening the store, recovering bags, VMs and the ledger",
-            EXTEND_TIMEOUT_USEC=str(extend_usec),
-        )
-        await asyncio.sleep(START_EXTEND_INTERVAL_S)
-
-
-def write_url_file(state_dir: Path, url: str) -> None:
-    tmp = state_dir / "api.url.tmp"
-    tmp.write_text(url + "\n")
-    tmp.replace(state_dir / "api.url")
-
-
-async def serve(
-    config: Config, *, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
-) -> None:
-    """Run the daemon until SIGTERM/SIGINT (or `stop` is set)."""
-    # The event loop's thread shares the GIL with the store's writer and the threads
-    # that expand bags: each time it comes back from I/O it waits for a busy thread's
-    # time slice to end (5 ms by default, several times per request). 1 ms keeps a
-    # request's waits short while a big bag is written (issue 14).
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    _watch_children_with_pidfds()
-    connections = _connection_cap(config)  # a limit too low is refused before anything starts
-    controller = Controller(config)
-    starting = asyncio.create_task(_keep_systemd_waiting(), name="start-keepalive")
-    try:
-        await controller.start()
-    except BaseException:
-        await controller.stop()
-        raise
-    finally:
-        starting.cancel()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    api = config.api
-    runner = web.AppRunner(
-        build_app(controller),
-        access_log=None,
-        handle_signals=False,
-        logger=server_logger(),
-        max_line_size=MAX_REQUEST_LINE_BYTES,
-        # Also the deadline of a new connection's request line and headers (aiohttp's
-        # keep-alive timer starts when the connection is made): slow clients let go.
-        keepalive_timeout=api.header_timeout_s,
-    )
-    listening: asyncio.Server | None = None
-    died: TaskDied | None = None
-    try:
-        await runner.setup()
-        assert runner.server is not None
-        # Connections pass the caps before aiohttp sees them (controller/api/limits.py):
-        # the listening socket is ours, aiohttp's web.Server is its protocol factory.
-        gate = ConnectionGate(
-            runner.server,
-            cap=connections,
-            per_client=api.max_connections_per_client,
-            count=lambda reason: controller.metrics.http_connections_refused.labels(
-                reason=reason
-            ).inc(),
-        )
-        controller.metrics.http_connections_open.set_function(lambda: gate.open_connections)
-        quiet_accept_errors(loop)
-        listening = await _listen(gate, api.host, api.port)
-        log.info(
-            "HTTP limits: at most %d connections (%d from one client), a request's headers "
-            "within %g s, its body within %g s",
-            connections,
-            min(connections, api.max_connections_per_client),
-            api.header_timeout_s,
-            api.body_timeout_s,
-        )
-        # What start-up made (modules, schemas, routes, the recovered state) lives as
-        # long as the daemon: out of the collector's generations, it is not walked by
-        # every full collection (~50,000 objects, tens of ms of the event loop each
-        # time, and full collections come every second or two while a big bag is
-        # cancelled; issue 14). Objects still die by reference counting.
-        gc.collect()
-        gc.freeze()
-        host, port = listening.sockets[0].getsockname()[:2]
-        url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-        write_url_file(controller.state_dir, url)
-        log.info(
-            "spotbag serving %s (driver %s, state %s)",
-            url,
-            controller.driver.name,
-            controller.state_dir,
-        )
-        if ready is not None:
-            ready.set()
-        await notify(READY="1", STATUS=f"serving {url} (driver {controller.driver.name})")
-        stopping = asyncio.ensure_future(stop.wait())
-        critical = controller.critical_tasks()
-        await asyncio.wait([stopping, *critical], return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        dead = [t for t in critical if t.done()]
-        if dead and not stop.is_set():
-            # Half alive (serving, but nothing runs) is worse than down: systemd
-            # (Restart=on-failure) starts a fresh daemon, which recovers from the store.
-            why = "; ".join(_how_it_ended(t) for t in dead)
-            log.error("stopping: %s", why)
-            died = TaskDied(why)
-        log.info("stopping")
-        await notify(STOPPING="1", STATUS="stopping: ending running jobs")
-    finally:
-        if listening is not None:
-            listening.close()  # no new connections; aiohttp ends the open ones
-        await _step("closing the API", runner.cleanup())
-        await controller.stop()
-        with contextlib.suppress(FileNotFoundError):
-            (controller.state_dir / "api.url").unlink()
-        log.info("stopped")
-    if died is not None:
-        raise died
-
-
-async def _listen(factory: Any, host: str, port: int) -> asyncio.Server:
-    """The API's listening sockets, with a long kernel queue but short accept batches.
-
-    asyncio accepts up to its `backlog` connections each time the socket is readable,
-    and the connection caps see them only afterwards: every one of a batch holds a
-    descriptor meanwhile, so the batch is kept short (the descriptors beyond the cap stay
-    few). The kernel's queue must stay long: when it is full, new connections' SYNs are
-    dropped and their clients retry only a second later (a /healthz probe took 1.01 s
-    under a flood). Calling listen() again on a listening socket only changes its queue."""
-    server = await asyncio.get_running_loop().create_server(
-        factory, host, port, backlog=ACCEPT_BATCH
-    )
-    for sock in server.sockets:
-        with sock.dup() as same:  # the same socket; asyncio's wrapper has no listen()
-            same.listen(LISTEN_BACKLOG)
-    return server
-
-
-def _connection_cap(config: Config) -> int:
-    """The most HTTP connections the daemon holds: [api] max_connections, lowered so
-    that [api] reserved_fds descriptors stay free for its own work (the database, job
-    logs and processes, Slurm commands, cloud sessions) under RLIMIT_NOFILE."""
-    nofile_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if nofile_soft == resource.RLIM_INFINITY:
-        return config.api.max_connections
-    try:
-        return connection_cap(config.api.max_connections, nofile_soft, config.api.reserved_fds)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _how_it_ended(task: asyncio.Task) -> str:
-    if task.cancelled():
-        return f"task {task.get_name()} was cancelled"
-    error = task.exception()
-    if error is None:
-        return f"task {task.get_name()} ended"
-    return f"task {task.get_name()} failed: {type(error).__name__}: {error}"

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.blas import one_blas_thread
 from controller.config import PreemptionConfig
 from controller.model_book import ModelBook
 from controller.store import Store
@@ -123,7 +124,8 @@ def fit_entries(
         if members not in results:
             lifetimes, preempted = [o.lifetime_h for o in group], [o.preempted for o in group]
             try:
-                results[members] = fit(lifetimes, preempted, family, "mle", deadline_h)
+                with one_blas_thread():
+                    results[members] = fit(lifetimes, preempted, family, "mle", deadline_h)
             except ValueError as exc:
                 results[members] = exc
         result = results[members]

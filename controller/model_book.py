@@ -18,12 +18,15 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from controller.config import PreemptionConfig
 from drivers.base import VmType
 from policies.preemption import Bathtub, Exponential, LifetimeModel, NoPreemption
 from policies.registry import ModelEntry, ModelKey, ModelRegistry
 from policies.reuse import ReuseTable
+
+if TYPE_CHECKING:  # the configuration (pydantic) is a type here: checkpoint-plan needs none
+    from controller.config import PreemptionConfig
 
 SHIPPED_REGISTRY = "preemption_models.json"
 

@@ -184,7 +184,11 @@ def _pack(
 
 
 def plan(snapshot: Snapshot) -> Plan:
-    now = snapshot.now
+    """One pass's decision, in phases: queued jobs are placed on running VMs (where the
+    reuse policy agrees) and counted against pending ones; room is kept for the jobs of
+    noticed VMs; VMs are launched for what is left; what still waits may queue ahead on
+    running VMs; then idle, drained and unbooted VMs are ended, and the next wake-up is
+    the earliest deadline that could change the plan."""
     drained = [vm for vm in snapshot.vms if vm.draining]
     running = [vm for vm in snapshot.vms if vm.state is VmState.RUNNING and not vm.draining]
     pending = [vm for vm in snapshot.vms if vm.state is VmState.PENDING and not vm.draining]
@@ -192,43 +196,86 @@ def plan(snapshot: Snapshot) -> Plan:
     gpu_demand = any(g.shape.gpus > 0 and g.queued > 0 for g in snapshot.demand)
 
     places: list[Place] = []
-    leftover: dict[str, int] = {}
     refused: dict[str, str] = {}
-    for group in snapshot.demand:
+    leftover = _place_queued(snapshot.demand, free, running, pending, gpu_demand, places, refused)
+    kept = _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
+    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover)
+    _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places)
+
+    used = {p.vm_id for p in places} | kept
+    terminations: list[Terminate] = []
+    wake: list[float] = [backoff_wake] if backoff_wake is not None else []
+    _end_idle(snapshot, running, used, refused if short else {}, terminations, wake)
+    terminations += [
+        Terminate(vm.vm_id, f"drained: {vm.draining}") for vm in drained if not vm.running_attempts
+    ]
+    _end_unbooted(snapshot, pending, terminations, wake)
+    return Plan(places, launches, terminations, unplaceable, min(wake) if wake else None)
+
+
+def _place_queued(
+    demand: Sequence[DemandGroup],
+    free: dict[str, Shape],
+    running: Sequence[VmView],
+    pending: Sequence[VmView],
+    gpu_demand: bool,
+    places: list[Place],
+    refused: dict[str, str],
+) -> dict[str, int]:
+    """Queued jobs onto running VMs (Place actions), then counted against pending VMs'
+    room; returns per bag how many are left."""
+    leftover: dict[str, int] = {}
+    for group in demand:
         if group.queued > 0:
             leftover[group.bag_id] = _pack(
                 group, group.queued, free, running, gpu_demand, places, refused
             )
-    for group in snapshot.demand:
+    for group in demand:
         if leftover.get(group.bag_id):
             leftover[group.bag_id] = _pack(
                 group, leftover[group.bag_id], free, pending, gpu_demand, None
             )
+    return leftover
 
-    kept = _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
-    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover)
-    # What still waits may queue on running VMs, in the executor's queue, up to their
-    # room for it (after launches are decided: queued work does not replace new VMs).
+
+def _queue_ahead(
+    demand: Sequence[DemandGroup],
+    running: Sequence[VmView],
+    gpu_demand: bool,
+    leftover: dict[str, int],
+    places: list[Place],
+) -> None:
+    """What still waits may queue on running VMs, in the executor's queue, up to their
+    room for it (after launches are decided: queued work does not replace new VMs)."""
     ahead = {vm.vm_id: vm.ahead for vm in running if vm.ahead is not None}
-    if ahead:
-        queue_on = [vm for vm in running if vm.vm_id in ahead]
-        for group in snapshot.demand:
-            if leftover.get(group.bag_id):
-                leftover[group.bag_id] = _pack(
-                    group, leftover[group.bag_id], ahead, queue_on, gpu_demand, places
-                )
+    if not ahead:
+        return
+    queue_on = [vm for vm in running if vm.vm_id in ahead]
+    for group in demand:
+        if leftover.get(group.bag_id):
+            leftover[group.bag_id] = _pack(
+                group, leftover[group.bag_id], ahead, queue_on, gpu_demand, places
+            )
 
-    used = {p.vm_id for p in places}
-    terminations: list[Terminate] = []
-    wake: list[float] = [backoff_wake] if backoff_wake is not None else []
+
+def _end_idle(
+    snapshot: Snapshot,
+    running: Sequence[VmView],
+    used: set[str],
+    refused: dict[str, str],
+    terminations: list[Terminate],
+    wake: list[float],
+) -> None:
+    """Idle running VMs past their idle timeout (longer for a hot spare: a VM past its
+    risky start is worth keeping a while for the next jobs) are ended; so is an idle VM
+    the reuse policy refused while max_vms leaves jobs waiting (`refused`)."""
+    now = snapshot.now
     for vm in running:
-        if vm.running_attempts or vm.vm_id in used or vm.vm_id in kept or vm.idle_since is None:
+        if vm.running_attempts or vm.vm_id in used or vm.idle_since is None:
             continue
-        if short and vm.vm_id in refused:
-            # Jobs wait for a VM slot while this idle VM is one the policy will not use.
+        if vm.vm_id in refused:
             terminations.append(Terminate(vm.vm_id, refused[vm.vm_id]))
             continue
-        # A VM past its risky start is worth keeping a while for the next jobs (hot spare).
         spare = vm.table is not None and vm.table.is_stable(vm.age_h)
         timeout = (
             max(snapshot.idle_timeout_s, snapshot.hot_spare_s) if spare else snapshot.idle_timeout_s
@@ -239,19 +286,25 @@ def plan(snapshot: Snapshot) -> Plan:
             terminations.append(Terminate(vm.vm_id, f"{kind} for {now - vm.idle_since:.0f} s"))
         else:
             wake.append(deadline)
-    for vm in drained:
-        if not vm.running_attempts:
-            terminations.append(Terminate(vm.vm_id, f"drained: {vm.draining}"))
+
+
+def _end_unbooted(
+    snapshot: Snapshot,
+    pending: Sequence[VmView],
+    terminations: list[Terminate],
+    wake: list[float],
+) -> None:
+    """Pending VMs that did not boot within boot_timeout_s (counted from when they began
+    to be waited for) are ended."""
     for vm in pending:
         since = vm.requested_at if vm.waited_since is None else vm.waited_since
         deadline = since + snapshot.boot_timeout_s
-        if deadline <= now:
+        if deadline <= snapshot.now:
             terminations.append(
                 Terminate(vm.vm_id, f"did not boot within {snapshot.boot_timeout_s:.0f} s")
             )
         elif deadline != float("inf"):
             wake.append(deadline)
-    return Plan(places, launches, terminations, unplaceable, min(wake) if wake else None)
 
 
 def _keep_for_noticed(
@@ -292,8 +345,11 @@ def _launches(
         if remaining == 0:
             continue
         fitting = _fitting(group, snapshot.catalog)
-        problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
-        if problem is not None:
+        # `fitting` holds the allowed types: when one can hold a job, nothing is wrong
+        # (why_unplaceable would say None after scanning the catalog again, every pass).
+        if not any(copies_that_fit(group.shape, t.capacity) for t in fitting):
+            problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
+            assert problem is not None  # no allowed type holds a job: it says why
             unplaceable.append(Unplaceable(group.bag_id, problem))
             continue
         open_types = [t for t in fitting if snapshot.blocked_until.get(t.name, 0.0) <= now]

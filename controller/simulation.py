@@ -10,8 +10,11 @@ been released; the summary is read back from the store like a real run's.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +111,8 @@ async def simulate(
             max_jobs=config.api.max_jobs_per_bag,
             offload=False,
         )
-        await run_scheduler(scheduler, clock, config.simulation.tick_s)
+        with _young_collections_only():
+            await run_scheduler(scheduler, clock, config.simulation.tick_s)
         bag = await store.get_bag(bag_row["id"])
         assert bag is not None  # the simulation's own bag, never deleted
         fleet = fleet_view((await compute_fleet_cost(store, clock.now()))[0])
@@ -122,6 +126,23 @@ async def simulate(
         )
     finally:
         await store.close()
+
+
+@contextlib.contextmanager
+def _young_collections_only() -> Iterator[None]:
+    """Collect garbage among young objects only, and rarely, while the scheduler runs.
+
+    A large simulation keeps hundreds of thousands of objects alive (jobs, attempts,
+    VMs, their rows waiting for group commit), and Python's default thresholds
+    traversed them all again and again: 1.2 s of 13 s for 50,000 jobs. With
+    these, collections look at objects made since the last one (cycles among them are
+    still freed) and the old generation waits for the end of the run."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(100_000, 50, 1_000_000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 async def run_scheduler(

@@ -23,16 +23,30 @@ stop_daemon() {
 }
 trap stop_daemon EXIT
 
-for _ in $(seq 100); do
-    [ -s "$STATE_DIR/api.url" ] && break
-    if ! kill -0 "$DAEMON" 2>/dev/null; then
-        cat "$STATE_DIR/daemon.log"
-        exit 1
+not_ready() {
+    if kill -0 "$DAEMON" 2>/dev/null; then
+        why="the daemon runs but says it cannot work"
+    else
+        status=0
+        wait "$DAEMON" || status=$?
+        why="the daemon exited with status $status before it was ready"
     fi
+    echo "error: $why; its log ($STATE_DIR/daemon.log):" >&2
+    cat "$STATE_DIR/daemon.log" >&2
+    exit 1
+}
+
+# Ready is what the daemon says, not a count of seconds (a busy machine makes its start
+# slow): it writes api.url once it listens, then answers GET /healthz "starting" until
+# its scheduler runs (docs/operations.md#healthz), which `spotbag health --wait` waits for.
+until [ -s "$STATE_DIR/api.url" ]; do
+    kill -0 "$DAEMON" 2>/dev/null || not_ready
     sleep 0.1
 done
 URL=$(cat "$STATE_DIR/api.url")
-echo "   listening on $URL"
+echo "   listening on $URL; loading"
+spotbag health --wait >/dev/null || not_ready
+echo "   ready"
 echo "   the web UI: $URL/ (log in with the token in $STATE_DIR/token)"
 
 echo "== submitting examples/logistic-sweep.yaml (checkpointable jobs; VMs die like Google n1-highcpu-16"

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize
 
-from policies.preemption import Bathtub, Exponential, GompertzMakeham, LifetimeModel, Weibull
+from policies.preemption import (
+    Bathtub,
+    Exponential,
+    GompertzMakeham,
+    LifetimeModel,
+    SplitLifetimes,
+    Weibull,
+)
 
 MODEL_NAMES = ("bathtub", "exponential", "weibull", "gompertz_makeham")
 _PENALTY = 1e12
@@ -215,9 +222,11 @@ FAMILIES: dict[str, _Family] = {
 
 
 def _negative_log_likelihood(family: _Family, t, event, L, window):
+    data = SplitLifetimes.of(t, event, L, window)  # once per fit, not per evaluation
+
     def objective(x: np.ndarray) -> float:
         try:
-            value = family.build(x, L).log_likelihood(t, event, window)
+            value = family.build(x, L).split_log_likelihood(data)
         except (ValueError, OverflowError, ZeroDivisionError):
             return _PENALTY
         return -value if math.isfinite(value) else _PENALTY

@@ -353,7 +353,35 @@ def decide(
         stats = window_stats(market, need)
     score = scores(policy, market, need, stats)
     best = int(np.argmin(score))
-    if not np.isfinite(score[best]):
+    return decide_given_best(
+        policy,
+        best,
+        bool(np.isfinite(score[best])),
+        stats,
+        market.cpus,
+        market.memory_gb,
+        need,
+        current,
+        literal_trigger=literal_trigger,
+    )
+
+
+def decide_given_best(
+    policy: Policy,
+    best: int,
+    best_usable: bool,
+    stats: WindowStats,
+    cpus: np.ndarray,
+    memory_gb: np.ndarray,
+    need: Need,
+    current: int | None,
+    *,
+    literal_trigger: bool = False,
+) -> Decision:
+    """`decide`, given the VM with the best score (`best`, the first of the lowest) and
+    whether its score is finite (`best_usable`): what a replay computes for every step of
+    a trace at once (policies.hopping.replay)."""
+    if not best_usable:
         return Decision(
             current if current is not None and stats.usable[current] else None,
             False,
@@ -366,11 +394,11 @@ def decide(
         return Decision(current, False, "stay")
     price_from, price_to = float(stats.now_price[current]), float(stats.now_price[best])
     if policy is Policy.AVAILABILITY:  # looks again only once above the index
-        normalized = normalized_prices(stats.now_price, market.cpus, market.memory_gb)
+        normalized = normalized_prices(stats.now_price, cpus, memory_gb)
         if normalized[current] <= stats.index_now:
             return Decision(current, False, "stay: at or below the index")
     if literal_trigger:
-        normalized = normalized_prices(stats.now_price, market.cpus, market.memory_gb)
+        normalized = normalized_prices(stats.now_price, cpus, memory_gb)
         pays = paper_trigger(stats.index_now, normalized[current], normalized[best])
     else:
         pays = bool(move_pays(price_from, price_to, need.remaining_h, need.migration_h))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -65,6 +68,54 @@ zone = "local"
 """
 
 
+# Only a start that hangs fails a wait for readiness: a slow one (a busy machine, a long
+# recovery) is waited for as long as its process lives.
+START_HANG_S = 600.0
+
+
+def health_status(url: str) -> str:
+    """The `status` of the daemon's GET /healthz at `url` (starting, ok, failing), or ''
+    when nothing answers there."""
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except (urllib.error.URLError, OSError):
+        return ""
+    try:
+        return str(json.loads(body).get("status", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def wait_until_ready(
+    state_dir: Path,
+    process: subprocess.Popen,
+    log: Callable[[], str],
+    hang_s: float = START_HANG_S,
+) -> str:
+    """The URL of the daemon `process` started on `state_dir`, once it is ready: its
+    STATE_DIR/api.url written, then GET /healthz answering status ok (the readiness rule,
+    docs/operations.md#healthz). No fixed count of seconds: it waits as long as the process
+    lives (`hang_s` only ends a start that hangs); a process that exits fails the wait with
+    its exit status and `log()`."""
+    url_file = state_dir / "api.url"
+    deadline = time.monotonic() + hang_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"the daemon exited with status {process.returncode} before it was ready; "
+                f"its log:\n{log()}"
+            )
+        url = url_file.read_text().strip() if url_file.exists() else ""
+        if url and health_status(url) == "ok":
+            return url
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the daemon was not ready after {hang_s:g} s; its log:\n{log()}")
+        time.sleep(0.05)
+
+
 class Daemon:
     """A `spotbag serve` subprocess on a state directory that outlives restarts."""
 
@@ -77,12 +128,21 @@ class Daemon:
 
     def start(
         self,
-        timeout_s: float = 20.0,
+        hang_s: float = START_HANG_S,
         extra_env: dict[str, str] | None = None,
         nofile: int | None = None,
     ) -> Client:
-        """Start the daemon; `nofile` runs it with that many descriptors at most (soft
-        and hard RLIMIT_NOFILE, as `ulimit -n` or systemd's LimitNOFILE= would)."""
+        """Start the daemon and wait until it is ready (`wait_until_ready`)."""
+        process = self.launch(extra_env, nofile)
+        wait_until_ready(self.state_dir, process, self.log, hang_s)
+        return self.client()
+
+    def launch(
+        self, extra_env: dict[str, str] | None = None, nofile: int | None = None
+    ) -> subprocess.Popen:
+        """Start the daemon's process, without waiting; `nofile` runs it with that many
+        descriptors at most (soft and hard RLIMIT_NOFILE, as `ulimit -n` or systemd's
+        LimitNOFILE= would)."""
         url_file = self.state_dir / "api.url"
         url_file.unlink(missing_ok=True)
         log = self.log_path.open("ab")
@@ -110,14 +170,7 @@ class Daemon:
             cwd=REPO,
             env=env,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if url_file.exists() and url_file.read_text().strip():
-                return self.client()
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.process.returncode}:\n{self.log()}")
-            time.sleep(0.05)
-        raise RuntimeError(f"daemon did not start in {timeout_s} s:\n{self.log()}")
+        return self.process
 
     def client(self, token: str | None = None) -> Client:
         url = (self.state_dir / "api.url").read_text().strip()
@@ -191,6 +244,33 @@ def wait_until(
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+# `spotbag ARGS` in a fresh interpreter that writes, as it exits, the modules it held.
+CLI_RECORDING_MODULES = """
+import atexit, json, sys
+out, sys.argv = sys.argv[1], ["spotbag", *sys.argv[2:]]
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+from controller.cli import main
+main()
+"""
+
+
+def run_cli_recording_modules(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run `spotbag ARGS`; its result, and every module it imported (sys.modules at exit:
+    `python -X importtime` leaves out modules loaded by importlib, as the CLI's are)."""
+    out = tmp_path / f"modules-{time.monotonic_ns()}.json"
+    done = subprocess.run(
+        [sys.executable, "-c", CLI_RECORDING_MODULES, str(out), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
+    return done, set(json.loads(out.read_text()))
 
 
 def wait_for_bag(client: Client, bag_id: str, timeout_s: float = 90.0) -> dict:

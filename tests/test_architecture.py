@@ -161,11 +161,23 @@ def test_the_tools_load_neither_the_scheduler_nor_the_api():
 
 @pytest.mark.processes
 def test_status_loads_no_analysis_library_and_no_daemon_module():
-    # What `spotbag status` imports: the group and the bag commands.
-    loaded = loaded_after("import controller.cli.bags")
-    heavy = ("scipy", "numpy", "matplotlib", "aiohttp", "pydantic", "sqlite_utils")
+    # What `spotbag status` imports: the group and its module (it prints plain text).
+    loaded = loaded_after("import controller.cli.status")
+    heavy = ("scipy", "numpy", "matplotlib", "aiohttp", "pydantic", "sqlite_utils", "rich")
     found = reaches(loaded, (*heavy, "controller.tools", "controller.store", "controller.config"))
     assert not found, f"`spotbag status` loads {sorted(found)}"
+
+
+@pytest.mark.processes
+def test_the_daemon_listens_before_it_loads_the_scheduler_numpy_or_scipy():
+    # What `spotbag serve` imports before its socket listens (controller/service.py); the
+    # rest is imported on a thread while /healthz answers "starting".
+    loaded = loaded_after("import controller.cli.daemon, controller.service")
+    later = ("numpy", "scipy", "sqlite_utils", "matplotlib", "controller.daemon")
+    found = reaches(
+        loaded, (*later, "controller.scheduler", "controller.store", "controller.api.app")
+    )
+    assert not found, f"`spotbag serve` loads {sorted(found)} before it listens"
 
 
 def test_every_error_of_the_controller_derives_from_spotbag_error():

@@ -33,7 +33,7 @@ import pytest
 
 from controller.cli.client import Client
 from controller.reference_data import LIFETIMES, SWF
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO, wait_until, wait_until_ready
 
 README = REPO / "README.md"
 # docs/ pages in the order their commands run: each may use what an earlier one made
@@ -217,9 +217,10 @@ class Session:
         self.daemon = subprocess.Popen(
             ["bash", "-c", f"exec {command}"], cwd=self.work, env=self.env, stdout=log, stderr=log
         )
-        url_file = self.state / "api.url"
-        wait_until(lambda: url_file.exists() and url_file.read_text().strip(), 30, what="api.url")
-        url = url_file.read_text().strip()
+        log_path = self.state.parent / "daemon.log"
+        url = wait_until_ready(
+            self.state, self.daemon, lambda: log_path.read_text(errors="replace")
+        )
         token = (self.state / "token").read_text().strip()
         self.env.update(URL=url, T=token)
         # A bag that is still running when `spotbag cancel` comes, on a VM to preempt.

@@ -32,7 +32,7 @@ from unittest.mock import ANY
 import pytest
 
 from controller import __version__
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO, wait_until_ready
 
 pytestmark = pytest.mark.processes
 
@@ -181,12 +181,20 @@ def test_the_installed_wheel_works_outside_the_repository(dists, tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+    def output() -> str:  # what it printed, once it has exited (before, a read would wait)
+        return daemon.stdout.read() if daemon.stdout and daemon.poll() is not None else ""
+
     try:
-        url_file = state / "api.url"
-        wait_until(lambda: url_file.exists() and url_file.read_text().strip(), 60, what="api.url")
-        with urllib.request.urlopen(url_file.read_text().strip() + "/healthz", timeout=10) as r:
+        url = wait_until_ready(state, daemon, output)
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
             assert r.status == 200
-            assert json.loads(r.read()) == {"ok": True, "driver": "local", "schema_version": ANY}
+            assert json.loads(r.read()) == {
+                "ok": True,
+                "status": "ok",
+                "driver": "local",
+                "schema_version": ANY,
+            }
         # The CLI finds the daemon through its state directory, as on a head node.
         assert "no bags" in run(spotbag, "status", cwd=home, env=serve_env)
         daemon.send_signal(signal.SIGTERM)

@@ -9,6 +9,15 @@
 - openapi.py: the OpenAPI document, built from the route table.
 """
 
-from controller.api.app import ROUTES, build_app, server_logger
+from typing import Any
 
-__all__ = ["ROUTES", "build_app", "server_logger"]
+
+def __getattr__(name: str) -> Any:
+    """`from controller.api import build_app` (and ROUTES, server_logger), loading the
+    app's modules only then: the daemon imports controller.api.limits before it listens,
+    and the app (pydantic schemas, the store, the web UI) once it loads (service.py)."""
+    if name in ("ROUTES", "build_app", "server_logger"):
+        from controller.api import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,11 +17,13 @@ ROUTE_TABLE: web.AppKey[tuple[Route, ...]] = web.AppKey("routes")
 
 async def healthz(request: web.Request) -> web.Response:
     """200 when the daemon works; 503 with the problems when it cannot (its database
-    cannot be written, its scheduler keeps failing), for load balancers and monitors."""
+    cannot be written, its scheduler keeps failing), for load balancers and monitors.
+    (While it starts, controller/service.py answers 503 "starting" in its place.)"""
     c = controller_of(request)
     problems = c.problems()
     body: dict[str, Any] = {
         "ok": not problems,
+        "status": "failing" if problems else "ok",
         "driver": c.driver.name,
         "schema_version": c.store.schema_version,
     }
@@ -51,8 +53,12 @@ ROUTES: tuple[Route, ...] = (
         "Liveness check (no token needed).",
         auth=False,
         responses={
-            200: ("The daemon works.", Health),
-            503: ("It cannot work now (its database cannot be written, ...): problems.", Health),
+            200: ("The daemon is ready and works (status ok).", Health),
+            503: (
+                "It is starting (status starting, Retry-After), or cannot work now (status "
+                "failing: its database cannot be written, ...; problems).",
+                Health,
+            ),
         },
     ),
     Route(

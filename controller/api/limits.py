@@ -4,7 +4,7 @@
 daemon under the usual limit of 1,024: /healthz stopped answering, jobs failed to start
 with EMFILE, and asyncio logged megabytes of accept() errors. What bounds them:
 
-- aiohttp's own settings, passed by the daemon (controller/daemon.py):
+- aiohttp's own settings, passed by the daemon (controller/service.py):
   `keepalive_timeout` (`[api] header_timeout_s`) closes a connection that has not sent
   a complete request's line and headers within it of connecting (aiohttp ≥ 3.14.4;
   before, only once it had an answer) or of its previous answer; `client_max_size` and
@@ -132,6 +132,11 @@ class ConnectionGate:
     def __call__(self) -> asyncio.Protocol:
         return _Connection(self)
 
+    def serve_with(self, handlers: Callable[[], asyncio.Protocol]) -> None:
+        """Hand the connections admitted from now on to `handlers`: the daemon's API once
+        it has loaded, its start-up answers until then (controller/service.py)."""
+        self._handlers = handlers
+
     @property
     def open_connections(self) -> int:
         return len(self._open)
@@ -243,7 +248,13 @@ def request_limits(body_timeout_s: float) -> Callable:
                     return response
                 except (ConnectionError, RequestPayloadError) as exc:
                     # The client went away mid-body: nobody is left to answer.
-                    log.debug("%s %s: the body was cut off: %s", request.method, request.path, exc)
+                    log.debug(
+                        "%s %s: the client closed the connection before the end of its "
+                        "request (%s)",
+                        request.method,
+                        request.path,
+                        exc,
+                    )
                     response = json_response(
                         {"error": {"code": "bad_request", "message": str(exc), "detail": {}}},
                         status=400,

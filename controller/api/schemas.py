@@ -132,8 +132,12 @@ class Error(_Response):
 
 class Health(_Response):
     ok: bool
+    status: Literal["starting", "ok", "failing"] = Field(
+        description="starting: still loading (503, Retry-After; every other route answers 503 "
+        "too); ok: ready; failing: running but unable to work (503, problems)."
+    )
     driver: str
-    schema_version: int
+    schema_version: int = Field(ABSENT, description="Not while starting.")
     problems: list[str] = Field(ABSENT, description="Why it cannot work (503 only).")
 
 

@@ -1,5 +1,5 @@
-"""The commands that talk to a daemon about its work: submit, status, watch, cancel,
-jobs, logs, vms, hopping, preempt and report."""
+"""The commands that talk to a daemon about its work: submit, watch, cancel, jobs, logs,
+vms, hopping, preempt and report (`status` has a module of its own: status.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from controller.cli.client import ClientError
 from controller.cli.common import (
     EXIT_BAG_FAILED,
     TERMINAL_BAG_STATES,
@@ -21,9 +22,10 @@ from controller.cli.common import (
     client_of,
     console,
     err_console,
+    fail,
     load_spec_file,
 )
-from controller.cli.render import bag_table, render_summary, report_tables, table_of
+from controller.cli.render import render_summary, report_tables, table_of
 from controller.formatting import duration, number, usd
 
 
@@ -54,37 +56,6 @@ def submit(
         )
     if watch_after:
         ctx.invoke(watch, bag_id=bag["id"])
-
-
-@click.command()
-@click.argument("bag_id", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
-@click.option("--state", help="Without BAG_ID: only bags in this state.")
-@click.option(
-    "--limit", default=50, show_default=True, help="Without BAG_ID: at most this many bags."
-)
-@click.pass_context
-def status(
-    ctx: click.Context, bag_id: str | None, as_json: bool, state: str | None, limit: int
-) -> None:
-    """Show one bag (counts, progress, usage, cost) or list recent bags."""
-    client = client_of(ctx)
-    if bag_id is None:
-        bags = call(client.bags, state, limit)
-        if as_json:
-            click.echo(json.dumps(bags, indent=2))
-        elif not bags:
-            console.print("no bags")
-        else:
-            console.print(bag_table(bags))
-            if len(bags) == limit:
-                console.print(f"(the {limit} most recent; --limit shows more)", highlight=False)
-        return
-    bag = call(client.bag, bag_id)
-    if as_json:
-        click.echo(json.dumps(bag, indent=2))
-    else:
-        click.echo(render_summary(bag))
 
 
 @click.command()
@@ -139,7 +110,15 @@ def watch(ctx: click.Context, bag_id: str, interval: float) -> None:
 @click.pass_context
 def cancel(ctx: click.Context, bag_id: str) -> None:
     """Cancel BAG_ID: queued jobs are cancelled and running ones stopped."""
-    bag = call(client_of(ctx).cancel, bag_id)
+    try:
+        bag = client_of(ctx).cancel(bag_id)
+    except ClientError as exc:
+        if exc.status == 409 and exc.detail.get("state") == "cancelled":
+            # It asks for what is already so: nothing to do, and no error (a script may
+            # cancel a bag twice, or one that a user cancelled meanwhile).
+            console.print(f"bag {bag_id} is already cancelled: nothing to do", highlight=False)
+            return
+        fail(exc)
     console.print(
         f"cancelling bag {bag['id']}: {bag['counts']['running']} running jobs are being stopped",
         highlight=False,

@@ -34,8 +34,8 @@ def serve(
     ctx: click.Context, config_path: str | None, host: str | None, port: int | None, log_level: str
 ) -> None:
     """Run the controller daemon (stops cleanly on SIGTERM / Ctrl-C)."""
-    from controller.daemon import StateDirBusy, TaskDied
-    from controller.daemon import serve as serve_forever
+    from controller.service import StateDirBusy, TaskDied
+    from controller.service import serve as serve_forever
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

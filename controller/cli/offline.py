@@ -4,7 +4,6 @@ real scheduler), `fit` (preemption models from VM lifetimes), `checkpoint-plan` 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import sys
@@ -24,7 +23,6 @@ from controller.cli.common import (
     load_spec_file,
 )
 from controller.cli.render import render_summary, table_of
-from controller.config import ConfigError, load_config
 from controller.tools.split_cost import (
     FIELDS,
     INPUT_FORMAT,
@@ -62,6 +60,11 @@ def simulate(
     # The spec first: a file that cannot be a bag is refused before the scheduler's
     # half second of imports.
     spec = load_spec_file(spec_file)
+    # Imported here: the other commands of this module need neither the configuration
+    # (pydantic) nor asyncio, and `spotbag fit` is timed with its imports.
+    import asyncio
+
+    from controller.config import ConfigError, load_config
     from controller.errors import ApiError
     from controller.simulation import SimulationStalled
     from controller.simulation import simulate as run_simulation

@@ -18,14 +18,15 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from controller.executors.attempt_files import (
-    WRAPPER,
-    WRAPPER_INTO_GIVEN_FILE,
+    LOCAL_WRAPPER,
     checkpoint_fingerprint,
     end_event,
     exit_status_path,
@@ -49,10 +50,60 @@ from drivers.base import VmType
 RUN_KEY = "SPOTBAG_RUN_KEY"
 
 
+class _Child:
+    """A job's wrapper process, spawned by `subprocess.Popen` on a worker thread (the
+    event loop never waits for a fork and an exec) and watched from the loop: its
+    end wakes the loop through a pidfd (on a thread of its own where there are no
+    pidfds, or none left), and the loop reaps it. The Popen object is kept to the end:
+    only it reaps this process (subprocess reaps on its own only the children of
+    Popen objects that were dropped while they ran)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[int] = loop.create_future()
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # no pidfds (old kernel, sandbox) or descriptors
+            threading.Thread(
+                target=self._wait_in_thread, args=(loop,), name=f"wait {popen.pid}", daemon=True
+            ).start()
+        else:
+            loop.add_reader(pidfd, self._reap, loop, pidfd)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    def wait(self) -> asyncio.Future[int]:
+        """Its exit status (Popen's: -N when a signal N killed it), once it ended: a
+        future that a caller's cancellation leaves alone."""
+        return asyncio.shield(self._ended)
+
+    def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
+        if self._popen.poll() is None:  # a pidfd turns readable only once it ended
+            return
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        self._settle()
+
+    def _wait_in_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._popen.wait()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(self._settle)
+
+    def _settle(self) -> None:
+        if not self._ended.done():
+            code = self._popen.returncode
+            assert code is not None
+            self._ended.set_result(code)
+
+
 @dataclass
 class _Running:
     spec: AttemptSpec
-    process: asyncio.subprocess.Process
+    process: _Child
     watcher: asyncio.Task | None = None
     stop_reason: str = ""  # set when we stopped it on purpose
     killed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -78,8 +129,9 @@ class LocalExecutor:
         users: JobUsers | None = None,
     ) -> None:
         self._state_dir = state_dir
-        self._logs = state_dir / "logs"
+        self._logs_dir = str(state_dir / "logs")
         self._checkpoints = state_dir / "checkpoints"
+        self._checkpoints_dir = str(self._checkpoints)
         self._users = users or JobUsers()
         self._controller_id = controller_id
         self._now = now
@@ -100,7 +152,8 @@ class LocalExecutor:
         self._listeners.append(listener)
 
     def log_path(self, bag_id: str, job_id: str, number: int) -> str:
-        return str(self._logs / bag_id / f"{job_id}.{number}.log")
+        # Strings, not pathlib: this runs on the event loop for every attempt.
+        return os.path.join(self._logs_dir, bag_id, f"{job_id}.{number}.log")
 
     def bootstrap_values(self, vm_id: str, vm_type: VmType, pool_node: str = "") -> dict[str, str]:
         return {}
@@ -130,15 +183,15 @@ class LocalExecutor:
         return self._checkpoints / bag_id / job_id
 
     async def start(self, spec: AttemptSpec) -> str:
-        log_path = Path(self.log_path(spec.bag_id, spec.job_id, spec.number))
-        checkpoint_dir = self.checkpoint_dir(spec.bag_id, spec.job_id)
+        log_path = self.log_path(spec.bag_id, spec.job_id, spec.number)
+        checkpoint_dir = os.path.join(self._checkpoints_dir, spec.bag_id, spec.job_id)
         env = dict(self._base_env)
         env.update(
             job_environment(
                 bag_id=spec.bag_id,
                 job_id=spec.job_id,
                 attempt=spec.number,
-                checkpoint_dir=str(checkpoint_dir),
+                checkpoint_dir=checkpoint_dir,
                 params=spec.params,
                 extra=spec.env,
             )
@@ -150,32 +203,45 @@ class LocalExecutor:
             raise ExecutorError(str(exc)) from None
         if user is not None:  # its own identity, not the daemon's
             env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+        # Directories, the log and the process in one trip to a worker thread.
+        popen = await asyncio.to_thread(
+            self._spawn, spec, Path(log_path), Path(checkpoint_dir), env, user
+        )
+        process = _Child(popen)
+        running = _Running(spec, process)
+        self._running[spec.attempt_id] = running
+        running.watcher = asyncio.create_task(self._watch(running), name=f"watch {spec.attempt_id}")
+        return ""
+
+    def _spawn(
+        self,
+        spec: AttemptSpec,
+        log_path: Path,
+        checkpoint_dir: Path,
+        env: dict[str, str],
+        user: JobUser | None,
+    ) -> subprocess.Popen[bytes]:
+        """Make the attempt's directories and log and start its wrapper, which records the
+        command's exit status beside the log (on a worker thread: several syscalls, a
+        fork and an exec)."""
         try:
-            await asyncio.to_thread(_prepare_dirs, log_path.parent, checkpoint_dir)
+            _prepare_dirs(log_path.parent, checkpoint_dir)
             if user is not None:
-                await asyncio.to_thread(
-                    hand_over,
-                    self._state_dir,
-                    checkpoint_dir,
-                    user,
-                    markers=[exit_status_path(log_path)],
+                hand_over(
+                    self._state_dir, checkpoint_dir, user, markers=[exit_status_path(log_path)]
                 )
             # The daemon opens the log: the job writes to it without reaching the
             # state directory.
-            log = await asyncio.to_thread(open, log_path, "ab")
+            log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
         except OSError as exc:
             raise start_error("cannot prepare log/checkpoint directories", exc) from exc
+        exit_status = str(exit_status_path(log_path))
         try:
-            process = await asyncio.create_subprocess_exec(
-                "/bin/sh",
-                "-c",
-                WRAPPER if user is None else WRAPPER_INTO_GIVEN_FILE,
-                "spotbag-job",
-                spec.command,
-                str(exit_status_path(log_path)),
-                stdin=asyncio.subprocess.DEVNULL,
+            return subprocess.Popen(
+                ["/bin/sh", "-c", LOCAL_WRAPPER, "spotbag-job", spec.command, exit_status],
+                stdin=subprocess.DEVNULL,
                 stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
+                stderr=subprocess.STDOUT,
                 cwd=spec.workdir or None,
                 env=env,
                 start_new_session=True,
@@ -185,17 +251,13 @@ class LocalExecutor:
             raise start_error(f"cannot start /bin/sh in workdir {spec.workdir!r}", exc) from exc
         finally:
             log.close()
-        running = _Running(spec, process)
-        self._running[spec.attempt_id] = running
-        running.watcher = asyncio.create_task(self._watch(running), name=f"watch {spec.attempt_id}")
-        return ""
 
     async def _watch(self, running: _Running) -> None:
         spec, process = running.spec, running.process
         timed_out = False
         try:
             try:
-                await asyncio.wait_for(asyncio.shield(process.wait()), timeout=spec.max_runtime_s)
+                await asyncio.wait_for(process.wait(), timeout=spec.max_runtime_s)
             except TimeoutError:
                 timed_out = True
                 await self._stop(running, "timed out", grace_s=self._grace_s)
@@ -270,7 +332,7 @@ class LocalExecutor:
         if grace_s > 0:
             _signal_group(pgid, signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(running.process.wait()), timeout=grace_s)
+                await asyncio.wait_for(running.process.wait(), timeout=grace_s)
         # SIGKILL the group even when the leader is gone: its children may linger.
         _signal_group(pgid, signal.SIGKILL)
 

@@ -15,6 +15,7 @@ start is recorded as that attempt's end. What failed actions hold back is `Backo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
 from controller.runtime import VmRun
 from controller.scheduler.events import EventsMixin
+from controller.scheduler.state import StartResult
 from controller.store import WriteBatch
 from drivers.base import DriverError, LaunchRequest, VmState, VmStatus
 
@@ -63,7 +65,7 @@ class ActionsMixin(EventsMixin):
 
         return await asyncio.gather(*(bounded(call) for call in calls))
 
-    async def _start(self, spec: AttemptSpec) -> tuple[AttemptSpec, str, Exception | None]:
+    async def _start(self, spec: AttemptSpec) -> StartResult:
         """Hand an attempt to the executor: (spec, its reference there, the error if any)."""
         try:
             return spec, await self.executor.start(spec), None
@@ -93,6 +95,53 @@ class ActionsMixin(EventsMixin):
             log.exception("launching %s failed", vm.id)
             return vm, None, exc
 
+    def _start_in_background(self, starts: list[AttemptSpec]) -> None:
+        """Hand attempts to the executor without waiting for it: the pass goes on, and
+        the next one records what each start returned (`_record_starts`), within
+        START_RECORD_DELAY_S (at once if one failed). Their intents are written already."""
+
+        async def start_all() -> None:
+            results = await self._run_all([functools.partial(self._start, s) for s in starts])
+            self._started.extend(results)
+            if any(error is not None for _, _, error in results):
+                self._wake.set()  # their jobs wait to be tried again
+
+        task = asyncio.ensure_future(start_all())
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    def _record_starts(self, results: Sequence[StartResult], batch: WriteBatch, now: float) -> None:
+        """Record what the executor returned for attempts handed to it: each RUNNING (or
+        handed to its queue), or ended if it could not start; starts back off while the
+        executor cannot take attempts."""
+        unavailable = None
+        for spec, ref, error in results:
+            attempt = self.attempts.get(spec.attempt_id)
+            if attempt is None or attempt.state is not AttemptState.STARTING:
+                continue
+            if error is None:
+                attempt.ref = ref
+                if not self.executor.queues_attempts:
+                    check_transition("attempt", attempt.state, AttemptState.RUNNING)
+                    attempt.state = AttemptState.RUNNING
+                    attempt.ran_at = attempt.started_at
+                    # A start recorded a pass late may be cancelled already.
+                    if not attempt.cancelling and not attempt.vm_gone:
+                        self.checkpoints.plan(attempt, now)
+                # else it runs once the executor says so (AttemptStarted)
+                self._write_attempt(attempt, batch)
+            elif isinstance(error, ExecutorUnavailable):
+                unavailable = error
+                self._on_attempt_end(
+                    AttemptEvent(spec.attempt_id, now, Outcome.NOT_STARTED, None, str(error)), batch
+                )
+            else:
+                self._on_attempt_end(
+                    AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, str(error)),
+                    batch,
+                )
+        self.backoff.after_starts(unavailable, now, bool(results))
+
     async def _execute(
         self,
         starts: list[AttemptSpec],
@@ -101,10 +150,14 @@ class ActionsMixin(EventsMixin):
         terminations: list[Terminate],
         batch: WriteBatch,
         signals: Sequence[tuple[str, float]] = (),
+        *,
+        background_starts: bool = False,
     ) -> None:
         """Act on a pass's decisions and record what each call returned: first the Slurm
         jobs refused (cancelled) and the pool nodes released, then the hooks told their
-        verdicts; then starts, launches, cancels and checkpoint signals together."""
+        verdicts; then starts, launches, cancels and checkpoint signals together.
+
+        `background_starts`: the starts are not waited for (`_start_in_background`)."""
         # Only the Slurm executor has pools (controller/daemon.py), so refusals and
         # releases exist only with an executor that has these two calls.
         refusals, self._refusals = self._refusals, []
@@ -120,8 +173,13 @@ class ActionsMixin(EventsMixin):
         for future, verdict in verdicts:  # after the refused were cancelled
             if not future.done():
                 future.set_result(verdict)
+        if background_starts and starts:
+            self._start_in_background(starts)
+            starts = []
         if not (starts or launches or cancels or terminations or signals):
             return
+        if cancels or signals:
+            await self._starts_settled()  # they may be about attempts still being started
         results = await self._run_all(
             [
                 *(lambda s=s: self._start(s) for s in starts),
@@ -134,31 +192,8 @@ class ActionsMixin(EventsMixin):
             ]
         )
         now = self.clock.now()
-        unavailable = None
-        for spec, ref, error in results[: len(starts)]:
-            attempt = self.attempts.get(spec.attempt_id)
-            if attempt is None or attempt.state is not AttemptState.STARTING:
-                continue
-            if error is None:
-                attempt.ref = ref
-                if not self.executor.queues_attempts:
-                    check_transition("attempt", attempt.state, AttemptState.RUNNING)
-                    attempt.state = AttemptState.RUNNING
-                    attempt.ran_at = attempt.started_at
-                    self.checkpoints.plan(attempt, now)
-                # else it runs once the executor says so (AttemptStarted)
-                self._write_attempt(attempt, batch)
-            elif isinstance(error, ExecutorUnavailable):
-                unavailable = error
-                self._on_attempt_end(
-                    AttemptEvent(spec.attempt_id, now, Outcome.NOT_STARTED, None, str(error)), batch
-                )
-            else:
-                self._on_attempt_end(
-                    AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, str(error)),
-                    batch,
-                )
-        self.backoff.after_starts(unavailable, now, bool(starts))
+        if starts:
+            self._record_starts(results[: len(starts)], batch, now)
         launched = results[len(starts) : len(starts) + len(launches)]
         for vm, status, error in launched:
             self._launched(vm, status, error, now, batch)

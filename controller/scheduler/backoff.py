@@ -75,6 +75,8 @@ class Backoff:
         PermanentError blocks it for the maximum at once. Once per type per pass,
         however many of its launches failed; a pass with only successes clears it.
         """
+        if not launched:
+            return
         errors: dict[str, Exception] = {}
         succeeded: set[str] = set()
         for vm, _, error in launched:

@@ -103,6 +103,7 @@ class EventsMixin(TransitionsMixin):
             # pool node is powered down by force: Slurm requeues its users' jobs), unless
             # Slurm itself let go of it (a pool node it suspended or gave up on).
             if not (vm.pool_node and vm.terminating):
+                await self._starts_settled()  # attempts being started there are lost too
                 await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason

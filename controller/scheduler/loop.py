@@ -10,7 +10,7 @@ the only writer of job, attempt and VM state. Each pass (`tick`):
 3. records the intents (attempts STARTING, VMs PENDING) in one transaction
    *before* acting, so a crash never leaves an unrecorded VM or process;
 4. starts attempts, launches and terminates VMs, signals checkpoints, and
-   records the results.
+   records the results (the daemon's local starts: with the next pass, `tick`).
 
 The daemon runs `run()`, which ticks when woken by an event or a submission
 and at least every `poll_interval_s`; the simulator calls `tick()` itself
@@ -80,6 +80,9 @@ log = logging.getLogger("spotbag.scheduler")
 __all__ = ["CANCEL_CHUNK", "Clock", "IdSource", "PoolPower", "PoolRunEvent", "Scheduler"]
 
 CANCEL_CHUNK = 500  # waiting jobs cancelled per pass (~10-25 ms of the loop on a small VM)
+# How long what the executor returned for attempts started in the background may wait
+# for a pass to record it with whatever else comes (a busy host's next job end: sooner).
+START_RECORD_DELAY_S = 0.05
 
 
 class Scheduler(
@@ -129,7 +132,7 @@ class Scheduler(
 
     def has_inputs(self) -> bool:
         """True when events or commands wait for the next pass."""
-        return bool(self._inbox or self._commands)
+        return bool(self._inbox or self._commands or self._started)
 
     def held_jobs(self) -> int:
         """Jobs waiting, held, for their accounts to have CPU-hours."""
@@ -164,7 +167,8 @@ class Scheduler(
                     must_recover = False
                 if describe:
                     await self._describe_if_due()
-                next_at = await self.tick()
+                # Starts are not waited for here: the next pass records them.
+                next_at = await self.tick(background_starts=not self.executor.queues_attempts)
                 failures = store_failures = 0
                 self.problem = None
             except StoreUnavailable as exc:
@@ -184,6 +188,9 @@ class Scheduler(
                 await self._pause(min(5.0, self.settings.poll_interval_s * failures))
                 continue
             timeout = self.settings.poll_interval_s
+            if self._starting or self._started:  # recorded soon, with whatever else comes
+                soon = self.clock.now() + START_RECORD_DELAY_S
+                next_at = soon if next_at is None else min(next_at, soon)
             if next_at is not None:
                 timeout = max(0.0, min(timeout, next_at - self.clock.now()))
             if not self._wake.is_set():
@@ -210,12 +217,15 @@ class Scheduler(
 
         Attempts that outlive the controller (Slurm jobs on VMs that outlive it) are left
         running and recorded as they are: the next start re-adopts them."""
+        await self._starts_settled()
         if vms_die_with_controller:
             for vm in list(self.vms.values()):  # a cluster forgets their nodes
                 await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
         await self.executor.shutdown()
         now = self.clock.now()
         batch = self.store.new_batch()
+        started, self._started = self._started, []
+        self._record_starts(started, batch, now)
         await self._handle_events(batch)
         keep_running = self.executor.attempts_outlive_controller and not vms_die_with_controller
         for attempt in [] if keep_running else list(self.attempts.values()):
@@ -257,19 +267,32 @@ class Scheduler(
             if status.state is not vm.state or noticed:
                 self._push(status)
 
-    async def tick(self) -> float | None:
+    async def tick(self, *, background_starts: bool = False) -> float | None:
         """One scheduling pass; returns when the scheduler next wants to run (or None).
 
-        If the pass fails, its inputs are put back (see `run`)."""
+        If the pass fails, its inputs are put back (see `run`).
+
+        `background_starts` (the daemon's loop, with an executor that runs attempts at
+        once): the pass hands its attempts to the executor and ends without waiting
+        for them to start (a fork and an exec each, for the local executor); what each
+        start returned is recorded by the next pass, which it wakes. Their intents are
+        written first, as always: nothing runs unrecorded, and an attempt whose start
+        is still under way is only ever STARTING, as after a crash in between (the
+        executor then re-adopts it or reports its end: recovery.py). Before the executor
+        is told to stop attempts, the starts under way are waited for
+        (`_starts_settled`)."""
         started = time.perf_counter()
         self.ticks += 1
         now = self.clock.now()
         events, self._inbox = self._inbox, []
         commands, self._commands = self._commands, []
+        starts_done, self._started = self._started, []
         try:
             batch = self.store.new_batch()
-            # Events first: what happened before a command (a job exiting 0 just
-            # before its bag is cancelled) keeps its outcome.
+            # What the executor returned for the last pass's starts, before any end of
+            # theirs; then events, before commands: what happened before a command (a
+            # job exiting 0 just before its bag is cancelled) keeps its outcome.
+            self._record_starts(starts_done, batch, now)
             await self._handle_events(batch, events)
             cancels = self._run_commands(batch, commands, now)
             cancels += self._migration_stops
@@ -287,12 +310,21 @@ class Scheduler(
         except BaseException:
             self._inbox = events + self._inbox
             self._commands = commands + self._commands
+            self._started = starts_done + self._started
             raise
 
         batch = self.store.new_batch()
         self._replan = False
         signals = self.checkpoints.due_signals(now)
-        await self._execute(starts, launches, cancels, decision.terminations, batch, signals)
+        await self._execute(
+            starts,
+            launches,
+            cancels,
+            decision.terminations,
+            batch,
+            signals,
+            background_starts=background_starts,
+        )
         await self.store.apply(batch)
         if self.metrics is not None:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)

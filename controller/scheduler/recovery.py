@@ -42,6 +42,7 @@ class RecoveryMixin(ActionsMixin):
         reconcile it with what the driver and executor still have, in phases: bags and
         their jobs, VMs against the driver's, attempts against the executor's, then
         what ended meanwhile and what was under way."""
+        await self._starts_settled()  # the executor has every attempt it was given
         self._forget_everything()
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.

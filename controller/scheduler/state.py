@@ -35,6 +35,7 @@ from controller.checkpoint_tables import TableCache
 from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
 from controller.executors.base import (
     AttemptEvent,
+    AttemptSpec,
     CallbackNoted,
     CheckpointEvent,
     Executor,
@@ -55,6 +56,9 @@ from drivers.base import Driver, VmStatus, VmType
 from policies.index import TypeMarket
 
 T = TypeVar("T")
+# What the executor returned for an attempt handed to it: (its spec, its reference there,
+# the error that kept it from starting, if one did).
+StartResult = tuple[AttemptSpec, str, Exception | None]
 
 
 class SchedulerState:
@@ -105,6 +109,10 @@ class SchedulerState:
         self._by_provider_id: dict[str, str] = {}
         self._inbox: list[VmStatus | ExecutorEvent] = []
         self._commands: list[Command] = []
+        # Starts handed to the executor in the background (actions.py), and what those
+        # that returned said, recorded by the next pass.
+        self._starting: set[asyncio.Task[None]] = set()
+        self._started: list[StartResult] = []
         # Bags written but still being handed over (admission.hand_over): whether a
         # cancel came meanwhile (it is replayed once the bag is admitted).
         self._handing_over: dict[str, bool] = {}
@@ -165,6 +173,14 @@ class SchedulerState:
         # poll_interval_s); it needs no pass of its own.
         if not isinstance(event, CallbackNoted):
             self._wake.set()
+
+    async def _starts_settled(self) -> None:
+        """Wait for the starts handed to the executor in the background (actions.py):
+        before it is told to stop attempts (a cancel, a VM lost, a shutdown, a
+        recovery), it has every attempt it was given, so none starts after it was
+        stopped."""
+        while self._starting:
+            await asyncio.wait(list(self._starting))
 
     def _push(self, item: VmStatus | AttemptEvent | CheckpointEvent) -> None:
         """An event the scheduler found itself (a VM's status seen on a poll or in a

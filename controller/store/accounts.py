@@ -39,7 +39,8 @@ class AccountQueries(Engine):
         def load(conn: sqlite3.Connection) -> LedgerState:
             return {
                 "accounts": dict_rows(conn, "SELECT * FROM accounts"),
-                # Kept by triggers on the ledger: as long as what is open, not the history.
+                # Kept beside the ledger (batch.insert_ledger): as long as what is open,
+                # not the history.
                 "sums": dict_rows(conn, "SELECT account, kind, cpu_h FROM ledger_balances"),
                 "open": dict_rows(conn, "SELECT key, account, cpu_h FROM ledger_open"),
             }

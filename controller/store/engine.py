@@ -179,6 +179,17 @@ class Engine:
         conn = _connect(self.path)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        if self._group_commit:
+            # A group-commit transaction changes more pages than the 2 MB page cache
+            # holds: SQLite then spills them to the WAL and writes them again and again
+            # (the 100,000-job simulation: 3.0 million page writes, 1.2-1.8 s of system
+            # time; without spilling 86,000 writes, 0.5 s, +37 MB peak memory). The
+            # transaction is bounded by GROUP_COMMIT_ROWS, so its pages stay in memory.
+            conn.execute("PRAGMA cache_spill = OFF")
+            # And the simulator's whole database fits in a 128 MB cache (~80 MB for the
+            # 100,000-job bench), where each write found most of its B-tree pages out of
+            # the 2 MB one and read them again: 27.5 -> 25.2 s CPU, +70 MB peak (370 MB).
+            conn.execute("PRAGMA cache_size = -131072")
         self._conn = conn
         if self._threaded:
             self._writer = _Writer(conn)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.config import ConfigError, load_config
 from controller.errors import SpotbagError
 from controller.price_trace import PriceTrace
 from controller.tools.checkpoint_plan import PlanError, parse_duration_h
@@ -173,6 +172,8 @@ def size_table(types_path: str | None, config_path: str | None) -> dict[str, VmS
     --config catalog, then the bundled EC2 and GCE table."""
     sizes = bundled_sizes()
     if config_path:
+        from controller.config import ConfigError, load_config  # pydantic: only for --config
+
         try:
             sizes |= catalog_sizes(load_config(config_path).vm_types)
         except ConfigError as exc:

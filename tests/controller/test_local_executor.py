@@ -90,6 +90,29 @@ async def test_runs_the_command_with_its_environment_and_log(executor, tmp_path)
     assert (tmp_path / "checkpoints" / "b0000000001" / "b0000000001-0").is_dir()
 
 
+@pytest.mark.parametrize("pidfds", [True, False])
+async def test_the_end_and_exit_status_are_seen_with_or_without_pidfds(
+    executor, tmp_path, monkeypatch, pidfds
+):
+    if not pidfds:  # an old kernel or a sandbox: a thread waits for each attempt
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    await executor.start(spec("sleep 0.2; exit 3", attempt_id="b0000000001-0.1"))
+    await executor.start(spec("kill -KILL $$", attempt_id="b0000000001-1.1"))
+    await run(executor, executor.events, 2)
+    by_id = {e.attempt_id: e for e in executor.events}
+    assert (by_id["b0000000001-0.1"].outcome, by_id["b0000000001-0.1"].exit_code) == (
+        Outcome.EXITED,
+        3,
+    )
+    killed = by_id["b0000000001-1.1"]
+    assert (killed.outcome, killed.exit_code) == (Outcome.EXITED, 137)
+    assert "signal 9" in killed.detail
+    # The wrapper wrote each status in place, whole, where a restart reads it.
+    log = Path(executor.log_path("b0000000001", "b0000000001-0", 1))
+    assert log.with_suffix(".exit").read_text() == "3\n"
+    assert executor.running_pids() == {}
+
+
 async def test_max_runtime_kills_the_whole_process_group(executor, tmp_path):
     marker = tmp_path / "child.pid"
     await executor.start(spec(f"sleep 60 & echo $! > {marker}; wait", max_runtime_s=0.5))

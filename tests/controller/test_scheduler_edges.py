@@ -331,3 +331,62 @@ async def test_a_rebuild_does_not_take_joined_vms_for_ones_that_never_booted(tmp
     assert {vm.id for vm in scheduler.vms.values() if vm.ready} == running
     assert len(scheduler.attempts) == 4
     await scheduler.store.close()
+
+
+class HeldStarts(SimExecutor):
+    """The sim executor with its starts held until `gate` opens: a start that takes long
+    (the local executor's fork and exec on a busy host)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.gate = asyncio.Event()
+
+    async def start(self, spec):
+        await self.gate.wait()
+        return await super().start(spec)
+
+
+async def test_starts_in_the_background_are_recorded_by_the_next_pass(tmp_path):
+    cfg = config(**{"scheduler.max_vms": 1})
+    clock = SimClock(0.0)
+    executor = HeldStarts(now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(2))
+    scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
+    await submit(scheduler, cfg, bag(2, runtime_s=600))
+    await run_until(scheduler, clock, 59)  # the VM boots until 60
+    clock.advance_to(61)
+    await scheduler.tick(background_starts=True)  # the pass ends, its starts under way
+    assert rows(tmp_path, "SELECT state FROM attempts") == [("starting",), ("starting",)]
+    executor.gate.set()
+    await asyncio.wait(list(scheduler._starting))
+    await scheduler.tick(background_starts=True)
+    assert rows(tmp_path, "SELECT state, ran_at FROM attempts") == [("running", 61.0)] * 2
+    await run_until(scheduler, clock, 3600)
+    await scheduler.store.close()
+    assert rows(tmp_path, "SELECT state FROM jobs") == [("succeeded",)] * 2
+    check_store_consistent(tmp_path)
+
+
+async def test_a_cancel_waits_for_the_starts_under_way_so_none_runs_after_it(tmp_path):
+    cfg = config(**{"scheduler.max_vms": 1})
+    clock = SimClock(0.0)
+    executor = HeldStarts(now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(2))
+    scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
+    bag_id = await submit(scheduler, cfg, bag(2, runtime_s=600))
+    await run_until(scheduler, clock, 59)
+    clock.advance_to(61)
+    await scheduler.tick(background_starts=True)
+    scheduler.cancel_requested(bag_id)
+    cancelling = asyncio.create_task(scheduler.tick(background_starts=True))
+    await asyncio.sleep(0.1)
+    # The executor is not told to stop attempts it has not got yet (it would not know
+    # them, and they would start after the cancel and run to their end).
+    assert not cancelling.done()
+    executor.gate.set()
+    await cancelling
+    await run_until(scheduler, clock, 3600)
+    await scheduler.store.close()
+    # Ended when cancelled, not when the jobs would have ended (661).
+    cancelled = ("cancelled", "cancelled", 61.0)
+    assert rows(tmp_path, "SELECT state, reason, ended_at FROM attempts") == [cancelled] * 2
+    assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
+    check_store_consistent(tmp_path)

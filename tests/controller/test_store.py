@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 import threading
 
@@ -252,7 +253,8 @@ async def test_a_restart_reads_the_open_work_not_the_whole_ledger(tmp_path):
 
 async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
     """A database from before the balance tables: the migration builds them from its
-    ledger, and from then on triggers keep them in step with every entry."""
+    ledger, and from then on they are kept in step with every entry (by triggers, then
+    by insert_ledger once a later migration drops them)."""
     path = tmp_path / "old.db"
     store = Store(path)
     await store.open()
@@ -260,8 +262,6 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
     with sqlite3.connect(path) as conn:  # back to the schema before the balance tables
         conn.executescript(
             "DROP TABLE ledger_balances; DROP TABLE ledger_open;"
-            "DROP TRIGGER ledger_balance_on_insert; DROP TRIGGER ledger_open_on_reserve;"
-            "DROP TRIGGER ledger_open_on_release;"
             # and the bags' columns of then, which later migrations rebuild and drop
             "ALTER TABLE bags ADD COLUMN vm_s REAL NOT NULL DEFAULT 0;"
             "ALTER TABLE bags ADD COLUMN spot_cost_usd REAL NOT NULL DEFAULT 0;"
@@ -380,3 +380,65 @@ async def test_a_batch_writes_each_kind_of_row_to_its_columns(tmp_path):
     [run] = (await store.load_active())["slurm_runs"]
     assert (run["user"], run["vm_id"], run["reserved_cpu_h"]) == ("u", "vm-2", 1.0)
     await store.close()
+
+
+LEDGER_TRIGGERS_DROPPED = _migration_before("no triggers on the ledger")
+
+
+def _database(path, migrations: int) -> sqlite3.Connection:
+    """A database with the first `migrations` migrations applied."""
+    from controller.store.schema import _statements
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    for _, script in MIGRATIONS[:migrations]:
+        for statement in _statements(script):
+            conn.execute(statement)
+    return conn
+
+
+def test_insert_ledger_keeps_the_balances_and_open_reservations_the_triggers_kept(tmp_path):
+    """The same entries, appended call by call, leave ledger_balances and ledger_open
+    exactly (to the last bit of every sum) as the triggers of the earlier schema did:
+    reservations released in the same call, in a later one, or never; credits; releases
+    of reservations made before; amounts whose sums round."""
+    from controller.store.batch import insert_ledger
+
+    rng = random.Random(5)
+    calls, reserved, key_no = [], [], 0
+    for _ in range(40):
+        rows = []
+        for _ in range(rng.randrange(0, 30)):
+            account = rng.choice("abc")
+            choice = rng.random()
+            if choice < 0.1:
+                rows.append((1.0, account, "credit", rng.random() * 100, "", "credit"))
+            elif choice < 0.5 or not reserved:
+                key_no += 1
+                key = f"b:{key_no}:1"
+                reserved.append((account, key))
+                rows.append((1.0, account, "reserve", rng.random() * 3, key, ""))
+            else:
+                account, key = reserved.pop(rng.randrange(len(reserved)))
+                used = rng.random()
+                rows.append((2.0, account, "charge", used, key, ""))
+                rows.append((2.0, account, "release", used * 1.7, key, ""))
+        calls.append(rows)
+    with_triggers = _database(tmp_path / "triggers.db", LEDGER_TRIGGERS_DROPPED)
+    without = _database(tmp_path / "code.db", len(MIGRATIONS))
+    for rows in calls:
+        with_triggers.executemany(
+            "INSERT INTO ledger (at, account, kind, cpu_h, key, note) VALUES (?,?,?,?,?,?)", rows
+        )
+        without.execute("BEGIN")
+        insert_ledger(without, iter(rows))
+        without.execute("COMMIT")
+
+    def state(conn):
+        return (
+            conn.execute("SELECT * FROM ledger ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM ledger_balances ORDER BY account, kind").fetchall(),
+            conn.execute("SELECT * FROM ledger_open ORDER BY key").fetchall(),
+        )
+
+    assert state(without) == state(with_triggers)
+    assert len(state(without)[2]) == len(reserved) > 0

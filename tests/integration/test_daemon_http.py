@@ -408,7 +408,7 @@ def test_idempotency_key_returns_the_first_bag(make_daemon):
 
 
 def test_openapi_document_matches_the_routes(make_daemon):
-    from controller.api import ROUTES
+    from controller.api.app import ROUTES
 
     client = make_daemon().start()
     document = client.request("GET", "/openapi.json")

@@ -405,7 +405,7 @@ def test_connection_caps_refuse_the_greedy_and_make_room_for_others(make_daemon)
     port = int(client.url.rsplit(":", 1)[1])
     if shutil.which("ss"):
         # The kernel queues 1,024 connections (a full queue drops SYNs: a 1 s retry),
-        # although asyncio accepts 64 at a time (controller/daemon.py `_listen`).
+        # although asyncio accepts 64 at a time (controller/service.py `_listen`).
         listening = subprocess.run(
             ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
         ).stdout.split()
@@ -437,7 +437,7 @@ def test_connection_caps_refuse_the_greedy_and_make_room_for_others(make_daemon)
 
 def test_a_descriptor_limit_that_leaves_too_few_connections_is_refused_at_start(make_daemon):
     daemon = make_daemon()
-    with pytest.raises(RuntimeError, match="exited with 78"):
+    with pytest.raises(RuntimeError, match="exited with status 78"):
         daemon.start(nofile=200)
     assert "RLIMIT_NOFILE 200" in daemon.log() and "reserved_fds (512)" in daemon.log()
 

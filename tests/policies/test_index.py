@@ -14,6 +14,7 @@ from policies.index import (
     Market,
     Need,
     Policy,
+    WindowStats,
     decide,
     gain,
     index_series,
@@ -21,6 +22,7 @@ from policies.index import (
     move_pays,
     normalized_prices,
     paper_trigger,
+    scores,
     window_stats,
 )
 
@@ -189,3 +191,92 @@ def test_window_statistics_index_matches_the_index_series():
     assert stats.index_mean == pytest.approx(np.nanmean(series))
     np.testing.assert_allclose(stats.mean_price, np.nanmean(prices, axis=0))
     np.testing.assert_allclose(stats.std_price, np.nanstd(prices, axis=0))
+
+
+def _rough_market(seed: int, steps: int) -> tuple[Fleet, np.ndarray]:
+    """Five VM types whose prices jump, go missing (NaN) and rise far above their bids."""
+    fleet = Fleet(
+        ("a", "b", "c", "d", "e"),
+        np.array([2.0, 4, 4, 8, 16]),
+        np.array([8.0, 16, 30, 32, 64]),
+        np.array([0.1, 0.2, 0.25, 0.4, 0.8]),
+        np.array([0.1, 0.2, 0.25, 0.4, 0.8]),
+    )
+    rng = np.random.default_rng(seed)
+    prices = synthetic_prices(
+        rng, [0.04, 0.07, 0.09, 0.15, 0.3], [0.03, 0.05, 0.04, 0.1, 0.2], steps
+    )
+    prices[rng.random(prices.shape) < 0.02] = np.nan
+    prices[rng.random(prices.shape) < 0.01] *= 40
+    return fleet, prices
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_a_replay_scores_every_step_as_one_decision_does(policy):
+    """The replay computes the policy's scores for a block of steps at once: at every
+    step, the best VM, whether it is usable at all, and the usable VMs are those of
+    `scores` over that step alone (the same element-wise arithmetic)."""
+    from policies.hopping import _SCORE_BLOCK, _need_series
+
+    steps = _SCORE_BLOCK + 500  # two blocks
+    fleet, prices = _rough_market(3, steps)
+    mean, std = rolling_mean_std(prices, 12)
+    series = _need_series(prices, mean, std, fleet, policy, 4.0, 16.0, 12, 10.0)
+    need = Need(4.0, 16.0, 10.0, 0.01)
+    for t in range(steps):
+        best, best_usable, usable = series.at(t)
+        now = prices[t]
+        market = Market(now[None, :], fleet.cpus, fleet.memory_gb, fleet.on_demand, fleet.bid)
+        expected_usable = (
+            series.fits & ~np.isnan(now) & (np.nan_to_num(now, nan=np.inf) <= fleet.bid)
+        )
+        stats = WindowStats(
+            series.fits,
+            expected_usable,
+            now,
+            mean[t],
+            std[t],
+            float(series.index[t]),
+            float(series.index_mean[t]),
+        )
+        score = scores(policy, market, need, stats)
+        assert best == int(np.argmin(score))
+        assert best_usable == bool(np.isfinite(score[best]))
+        assert usable.tolist() == expected_usable.tolist()
+
+
+# (policy, paper's trigger) -> cost, migrations, revocations, work hours: printed by the
+# replay before it scored steps in blocks (d7824d8), on _rough_market(0, 3000).
+ROUGH_REPLAYS = {
+    ("static", False): ("17.902804810990574", 1, 75, "247.7000000000107"),
+    ("cost", False): ("8.840857557649981", 1958, 72, "231.4666666666614"),
+    ("cost", True): ("26.499120471824323", 306, 101, "244.5083333333412"),
+    ("availability", False): ("12.847847677742765", 1112, 69, "238.59166666666798"),
+    ("balanced", False): ("14.220047941751753", 296, 72, "245.31666666667488"),
+    ("balanced", True): ("18.365635303381506", 85, 72, "247.07500000001008"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(ROUGH_REPLAYS))
+def test_replays_of_a_rough_market_are_those_of_the_previous_code(key):
+    policy, literal = key
+    fleet, prices = _rough_market(0, 3000)
+    result = replay(
+        prices,
+        1 / 12,
+        fleet,
+        [Phase(20, 2, 8), Phase(30, 4, 30), Phase(math.inf, 2, 4)],
+        Policy(policy),
+        window_steps=12,
+        decide_every=1,
+        literal_trigger=literal,
+        keep_log=True,
+        start_step=5,
+    )
+    cost, migrations, revocations, work_h = ROUGH_REPLAYS[key]
+    assert (repr(result.cost_usd), result.migrations, result.revocations, repr(result.work_h)) == (
+        cost,
+        migrations,
+        revocations,
+        work_h,
+    )

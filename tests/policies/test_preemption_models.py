@@ -248,3 +248,44 @@ def test_the_drawing_horizon_is_the_deadline_or_where_nearly_all_have_died():
     horizon = Exponential(mttf_h=5.0).drawing_horizon_h()
     assert Exponential(mttf_h=5.0).cdf(horizon) >= 0.99 and horizon < 64
     assert Exponential(mttf_h=5.0).drawing_horizon_h(oldest_age_h=100.0) == pytest.approx(110.0)
+
+
+def _log_likelihood_from_the_definition(model, t, event, window_h):
+    """The censored log-likelihood written with cdf, sf and pdf as before the split
+    evaluation (policies.preemption.LifetimeModel.split_log_likelihood)."""
+    start = model.L - window_h if model.L is not None else math.inf
+    at_deadline = t >= start
+    early, late, censored = event & ~at_deadline, event & at_deadline, ~event
+    if model.L is not None:
+        t = np.where(censored, np.minimum(t, model.L - 1e-9), t)
+    window_mass = float(model.sf(start)) if late.any() else 1.0
+    if window_mass <= 0:
+        return -math.inf
+    with np.errstate(divide="ignore"):
+        total = (
+            float(np.sum(np.log(model.pdf(t[early]))))
+            + float(late.sum()) * math.log(window_mass)
+            + float(np.sum(np.log(model.sf(t[censored]))))
+        )
+    return total if math.isfinite(total) else -math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(bathtubs, classics),
+    st.lists(
+        st.tuples(
+            # 0, negative and beyond-the-deadline lifetimes too: the masks cdf and pdf apply
+            st.one_of(st.floats(0.0, 30.0), st.sampled_from([0.0, -1.0, 23.9, 24.0, 25.0])),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.sampled_from([0.0, 0.25, 2.0]),
+)
+def test_the_split_log_likelihood_is_the_definitions_to_the_last_bit(model, rows, window_h):
+    t = np.array([lifetime for lifetime, _ in rows])
+    event = np.array([preempted for _, preempted in rows])
+    expected = _log_likelihood_from_the_definition(model, t, event, window_h)
+    assert model.log_likelihood(t, event, window_h) == expected

@@ -1,0 +1,113 @@
+"""A simulation's outcome for a seed is what it was before the simulator's performance
+work (issue 24): the same passes, attempts, preemptions, checkpoints, makespan, VM-hours
+and cost, in a lock-step run and in one with runtime jitter and checkpoints.
+
+The figures were printed by the code of d7824d8 (before that work). A change of the
+scheduler's behaviour that is meant changes them: print the new ones with `outcome()`
+and say in the commit why they moved."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.config import load_config
+from controller.simulation import simulate
+
+BEFORE = {
+    "lock-step": {
+        "ticks": 855,
+        "succeeded": 2000,
+        "elapsed_s": 96285.94657707214,
+        "attempts": 2168,
+        "interrupted_attempts": 168,
+        "checkpoints": 0,
+        "attempt_hours": 2079.066201114125,
+        "lost_hours": 79.06620111412472,
+        "vm_hours": 1042.7413468323152,
+        "spot_cost_usd": 20.229182128546935,
+        "vms": 131,
+        "vms_preempted": 85,
+    },
+    "jitter+checkpoints": {
+        "ticks": 6250,
+        "succeeded": 2000,
+        "elapsed_s": 98011.30042910576,
+        "attempts": 2169,
+        "interrupted_attempts": 169,
+        "checkpoints": 2000,
+        "attempt_hours": 2088.5957027555837,
+        "lost_hours": 43.86434520774417,
+        "vm_hours": 1055.7910303839724,
+        "spot_cost_usd": 20.48234598944899,
+        "vms": 131,
+        "vms_preempted": 85,
+    },
+}
+
+VARIANTS = {
+    "lock-step": {"runtime_cv": 0.0, "checkpointable": False},
+    "jitter+checkpoints": {"runtime_cv": 0.1, "checkpointable": True},
+}
+
+
+async def outcome(tmp_path, runtime_cv: float, checkpointable: bool) -> dict:
+    """2,000 one-hour jobs, two per VM, on at most 40 VMs that live 12 h on average."""
+    config = load_config(
+        None,
+        **{
+            "scheduler.max_vms": 40,
+            "scheduler.idle_timeout_s": 300.0,
+            "preemption.model": "exponential",
+            "preemption.mttf_h": 12.0,
+            "preemption.max_lifetime_h": 24.0,
+            "checkpoint.policy": "young-daly",
+            "vm_types": [
+                {
+                    "name": "n2-standard-2",
+                    "cpus": 2,
+                    "memory_gb": 8,
+                    "spot_price_per_hour": 0.0194,
+                    "on_demand_price_per_hour": 0.0971,
+                }
+            ],
+        },
+    )
+    bag = {
+        "account": "bench",
+        "command": "run {i}",
+        "parameters": {"i": {"range": [0, 2000]}},
+        "resources": {"cpus": 1, "memory_gb": 4},
+        "max_runtime_s": 14400,
+        "estimated_runtime_s": 3600,
+        "max_attempts": 10,
+        "simulation": {"runtime_cv": runtime_cv},
+    }
+    if checkpointable:
+        bag |= {"checkpointable": True, "checkpoint_cost_s": 60}
+    result = await simulate(bag, config, seed=7, state_dir=tmp_path)
+    usage = result.bag["usage"]
+    return {
+        "ticks": result.ticks,
+        "succeeded": result.bag["counts"]["succeeded"],
+        "elapsed_s": result.bag["elapsed_s"],
+        **{
+            k: usage[k]
+            for k in (
+                "attempts",
+                "interrupted_attempts",
+                "checkpoints",
+                "attempt_hours",
+                "lost_hours",
+                "vm_hours",
+                "spot_cost_usd",
+            )
+        },
+        "vms": result.fleet["total"]["vms"],
+        "vms_preempted": result.fleet["total"]["vms_preempted"],
+    }
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+async def test_the_outcome_for_a_seed_is_that_of_the_previous_code(tmp_path, variant):
+    found = await outcome(tmp_path, **VARIANTS[variant])
+    assert found == pytest.approx(BEFORE[variant], rel=1e-12)

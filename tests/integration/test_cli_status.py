@@ -1,0 +1,75 @@
+"""`spotbag status` imports only the HTTP client (issue 24: it paid 0.3 s of CPU for
+scipy, pydantic and rich), and says what README says it says; `spotbag cancel` of a
+cancelled bag is a no-op."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import run_cli_recording_modules, wait_for_bag
+
+pytestmark = pytest.mark.integration
+
+# Nothing `status` prints needs these (rich.console: its tables are plain text).
+NOT_FOR_STATUS = ("numpy", "scipy", "pydantic", "matplotlib", "yaml", "sqlite_utils", "aiohttp")
+
+
+def spotbag(client, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """`spotbag ARGS` run against the daemon of `client`, and the modules it imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBAG_")}
+    daemon = ["--url", client.url, "--token", client.token]
+    return run_cli_recording_modules(tmp_path, *daemon, *args, env=env)
+
+
+def test_status_imports_the_client_only_and_prints_the_fleet_line(make_daemon, tmp_path):
+    client = make_daemon().start()
+    bag = client.submit({"account": "a", "command": "true", "max_runtime_s": 30, "name": "one"})
+    wait_for_bag(client, bag["id"])
+
+    listing, listing_modules = spotbag(client, tmp_path, "status")
+    assert listing.returncode == 0, listing.stderr
+    header, row = listing.stdout.splitlines()
+    assert header.split() == [
+        "bag",
+        "name",
+        "state",
+        "done",
+        "succeeded",
+        "failed",
+        "running",
+        "queued",
+        "interrupted",
+        "spot",
+        "cost",
+    ]
+    assert row.split()[:5] == [bag["id"], "one", "succeeded", "100%", "1"]
+    one, one_modules = spotbag(client, tmp_path, "status", bag["id"])
+    assert one.returncode == 0, one.stderr
+    # README's summary, with the fleet's line that `watch` ends with too.
+    assert one.stdout.startswith(f"bag {bag['id']} (one): succeeded after")
+    assert "\n  all VMs     1 VMs of every bag so far, 0 of them preempted: " in one.stdout
+    for modules in (listing_modules, one_modules):
+        assert "controller.cli.client" in modules and "controller.cli.status" in modules
+        heavy = {m for m in modules if m.split(".")[0] in NOT_FOR_STATUS or m == "rich.console"}
+        assert not heavy, heavy
+        assert not {m for m in modules if m.startswith("controller.cli.bags")}
+
+
+def test_cancelling_a_cancelled_bag_is_a_no_op_that_says_so(make_daemon, tmp_path):
+    client = make_daemon().start()
+    bag = client.submit({"account": "a", "command": "sleep 30", "max_runtime_s": 60})
+    first, _ = spotbag(client, tmp_path, "cancel", bag["id"])
+    assert first.returncode == 0 and first.stdout.startswith(f"cancelling bag {bag['id']}")
+    assert wait_for_bag(client, bag["id"])["state"] == "cancelled"
+    again, _ = spotbag(client, tmp_path, "cancel", bag["id"])
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout == f"bag {bag['id']} is already cancelled: nothing to do\n"
+    # A bag that ended otherwise cannot be cancelled: that is still refused.
+    done = client.submit({"account": "a", "command": "true", "max_runtime_s": 30})
+    wait_for_bag(client, done["id"])
+    refused, _ = spotbag(client, tmp_path, "cancel", done["id"])
+    assert refused.returncode == 2
+    assert f"bag {done['id']} already finished (succeeded)" in refused.stderr
