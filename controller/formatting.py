@@ -10,41 +10,51 @@ The rules (issue 24):
   notation (6.521e-06 is $0.00000652).
 - Magnitudes below `NOISE` (1e-9) are zero: float noise of sums and differences of
   dollars (about 1e-16 of the sum) is never shown, and a zero never has a sign (no -0).
-- Rounding is of the exact binary value, half away from zero: what JavaScript's
-  toFixed and toExponential do, so that the pages print what this module prints.
+- Rounding is of the exact binary value, half away from zero (integer arithmetic on
+  the float's ratio): what JavaScript's toFixed and toExponential do, so that the pages
+  print what this module prints.
 - Durations pick their unit by size: ms below 1 s, s below 90 s, min below 90 min,
   h below 72 h, then days.
 
-Standard library only (decimal, math): the CLI imports it on every command.
+Standard library only (math): the CLI imports it on every command (`spotbag status`).
 """
 
 from __future__ import annotations
 
 import math
-from decimal import ROUND_HALF_UP, Context, Decimal
 
 # Below this magnitude a figure is zero: float noise, never a real amount (a spot VM at
 # $0.004/h costs 1e-9 dollars in under a millisecond).
 NOISE = 1e-9
-_ROUND = ROUND_HALF_UP  # of a Decimal: half away from zero, as JavaScript's toFixed
-_WIDE = Context(prec=400)  # room for every digit of the largest float and its decimals
+
+
+def _scaled(numerator: int, denominator: int, power: int) -> int:
+    """round(numerator / denominator * 10**power), half away from zero (all positive),
+    in exact integer arithmetic: JavaScript's toFixed rounds the same exact value."""
+    if power >= 0:
+        numerator *= 10**power
+    else:
+        denominator *= 10**-power
+    return (2 * numerator + denominator) // (2 * denominator)
 
 
 def _digits(magnitude: float, places: int, significant: int) -> str:
     """`magnitude` (>= NOISE, finite) with max(places, enough for `significant`
     significant digits) decimals, then trailing zeros beyond `places` dropped."""
-    exact = Decimal(magnitude)
-    # The decimal exponent after rounding to `significant` digits (0.0009996 -> 1.00e-3).
-    exponent = Context(prec=significant, rounding=_ROUND).plus(exact).adjusted()
+    n, d = magnitude.as_integer_ratio()  # exact: the float is n / d
+    # The decimal exponent after rounding to `significant` digits (0.0009996 -> 1.00e-3):
+    # from log10's estimate, corrected by the exact rounding.
+    exponent = math.floor(math.log10(magnitude))
+    while _scaled(n, d, significant - 1 - exponent) >= 10**significant:
+        exponent += 1
+    while _scaled(n, d, significant - 1 - exponent) < 10 ** (significant - 1):
+        exponent -= 1
     decimals = max(places, significant - 1 - exponent)
-    rounded = exact.quantize(Decimal(1).scaleb(-decimals), rounding=_ROUND, context=_WIDE)
-    text = f"{rounded:f}"
+    whole, fraction = divmod(_scaled(n, d, decimals), 10**decimals)
+    text = str(fraction).rjust(decimals, "0") if decimals else ""
     if decimals > places:
-        whole, _, fraction = text.partition(".")
-        fraction = fraction.rstrip("0").ljust(places, "0")
-        text = f"{whole}.{fraction}" if fraction else whole
-    whole, dot, fraction = text.partition(".")
-    return f"{int(whole):,}{dot}{fraction}"
+        text = text.rstrip("0").ljust(places, "0")
+    return f"{whole:,}.{text}" if text else f"{whole:,}"
 
 
 def number(value: float | None, places: int = 2, significant: int = 3) -> str:
