@@ -18,6 +18,8 @@ from policies.packing import Shape
 from policies.reuse import ReuseTable
 from policies.runtime_estimate import runtime_estimate_s
 
+RECENT_ENDS = 200  # job ends a bag's pace is measured over
+
 
 def shape_of(spec: BagSpec) -> Shape:
     r = spec.resources
@@ -42,6 +44,8 @@ class BagRun:
     live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
     held: HeldJobs = field(default_factory=HeldJobs)  # jobs waiting for credit, in order
     runtimes_s: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # recent successes
+    # When its last jobs finished (succeeded or failed): its recent pace (scheduler/waiting.py).
+    recent_ends: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ENDS))
     runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
     successes: int = 0
     allowed_types: tuple[str, ...] | None = field(init=False)  # resources.vm_types

@@ -33,6 +33,7 @@ from controller.api.schemas import Bag, BagList, Timeline
 from controller.bagspec import BagSpec
 from controller.errors import ApiError, Conflict, InvalidBag
 from controller.models import BagState
+from controller.scheduler.waiting import bag_pace
 from controller.store import job_id_of
 from controller.summary import bag_view
 
@@ -126,7 +127,11 @@ async def _view(request: web.Request, bag_id: str) -> dict:
     c = controller_of(request)
     bag = await visible_bag(request, bag_id)
     costs = await c.bag_costs.of([bag_id])
-    return bag_view(bag, c.clock.now(), costs[bag_id])
+    now = c.clock.now()
+    view = bag_view(bag, now, costs[bag_id])
+    scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
+    view["pace"] = bag_pace(scheduler, bag_id, now) if scheduler is not None else None
+    return view
 
 
 async def get_bag(request: web.Request) -> web.Response:

@@ -29,7 +29,8 @@ from controller.api.base import (
 from controller.api.schemas import Job, JobList
 from controller.bagspec import PARAM_NAME
 from controller.errors import ApiError, NotFound
-from controller.models import JobState
+from controller.models import AttemptState, JobState
+from controller.scheduler.waiting import waiting_reasons
 from controller.summary import job_view
 
 JOBS_LIMIT = bounded("limit", "At most this many jobs.", 1, 1000, 100)
@@ -102,9 +103,30 @@ async def list_jobs(request: web.Request) -> web.Response:
     params = param_terms(request)
     await visible_bag(request, bag_id)
     jobs = await c.store.list_jobs(bag_id, state=state, after_idx=after, limit=limit, params=params)
-    views = [job_view(j) for j in jobs]
+    retried = [j["idx"] for j in jobs if j["attempts"] > 1]
+    preempted = await c.store.preempted_attempts(bag_id, retried) if retried else {}
+    views = _with_waiting(c, [job_view(j) for j in jobs], preempted)
     next_after = jobs[-1]["idx"] if len(jobs) == limit else None
     return json_response({"jobs": views, "next_after": next_after})
+
+
+WAITING = (JobState.QUEUED.value, JobState.HELD.value)
+
+
+def _with_waiting(
+    c: Any, views: list[dict[str, Any]], preempted: dict[int, int]
+) -> list[dict[str, Any]]:
+    """Jobs' views (of one bag) with why each waits (from the scheduler's state; '' unless
+    queued or held) and how many of its attempts a preemption cut short."""
+    waiting = [v["index"] for v in views if v["state"] in WAITING]
+    scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
+    reasons: dict[int, str] = {}
+    if waiting and scheduler is not None:
+        reasons = waiting_reasons(scheduler, views[0]["bag_id"], waiting, c.clock.now())
+    for view in views:
+        view["preempted_attempts"] = preempted.get(view["index"], 0)
+        view["waiting"] = reasons.get(view["index"], "")
+    return views
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -114,7 +136,8 @@ async def get_job(request: web.Request) -> web.Response:
     job = await c.store.get_job(bag_id, idx)
     if job is None:
         raise NotFound(f"job {bag_id}-{idx} does not exist")
-    return json_response(job_view(job))
+    preempted = sum(a["state"] == AttemptState.PREEMPTED for a in job["attempt_list"])
+    return json_response(_with_waiting(c, [job_view(job)], {idx: preempted})[0])
 
 
 async def get_job_log(request: web.Request) -> web.Response:

@@ -172,6 +172,17 @@ class Usage(_Response):
     )
 
 
+class Pace(_Response):
+    """A bag's recent throughput and the ETA of its open jobs at that rate
+    (controller/scheduler/waiting.py)."""
+
+    jobs_per_hour: float = Field(description="Jobs ended per hour over its last over_jobs ends.")
+    over_jobs: int
+    open_jobs: int = Field(description="Jobs not yet finished (waiting or running).")
+    eta_s: float = Field(description="Seconds until they are done at that rate.")
+    as_of: float
+
+
 class Bag(_Response):
     id: str
     name: str
@@ -185,6 +196,11 @@ class Bag(_Response):
     counts: dict[JobState, int] = Field(description="Jobs per state.")
     progress: float = Field(description="Finished jobs / all jobs.")
     usage: Usage
+    pace: Pace | None = Field(
+        ABSENT,
+        description="Recent throughput and ETA (single bags only; null when the bag is not "
+        "running or fewer than two of its jobs have ended).",
+    )
     spec: BagSpec = Field(ABSENT, description="The spec as submitted (not in lists).")
 
 
@@ -247,6 +263,12 @@ class Job(_Response):
     log_path: str | None
     attempt_list: list[Attempt]
     transitions: list[dict[str, Any]]
+    waiting: str = Field(
+        "",
+        description="Why it waits (queued or held; else empty), from the scheduler's state: "
+        "held for credit, backing off, waiting for a VM to boot, for a free slot, ...",
+    )
+    preempted_attempts: int = Field(0, description="Its attempts a VM preemption cut short.")
 
 
 class JobList(_Response):

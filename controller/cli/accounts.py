@@ -13,6 +13,7 @@ from rich.table import Table
 
 from controller.cli.common import call, client_of, console, err_console
 from controller.cli.render import table_of, when
+from controller.formatting import number
 
 
 @click.group()
@@ -22,13 +23,13 @@ def accounts() -> None:
 
 def _balance_row(table: Table, view: dict[str, Any]) -> None:
     def hours(value: float | None) -> str:
-        return "unlimited" if value is None else f"{value:,.2f}"
+        return "unlimited" if value is None else number(value)
 
     table.add_row(
         view["account"],
         hours(view["allocation_cpu_h"]),
-        f"{view['charged_cpu_h']:,.2f}",
-        f"{view['reserved_cpu_h']:,.2f}",
+        number(view["charged_cpu_h"]),
+        number(view["reserved_cpu_h"]),
         hours(view["available_cpu_h"]),
         str(view["held_jobs"]),
     )
@@ -124,7 +125,7 @@ def accounts_ledger(ctx: click.Context, name: str, as_csv: bool, limit: int, as_
     table = table_of("id", "when", "kind", "CPU-hours", "reservation", "note", keep=3)
     for e in data["entries"]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
-        table.add_row(str(e["id"]), when, e["kind"], f"{e['cpu_h']:,.4f}", e["key"], e["note"])
+        table.add_row(str(e["id"]), when, e["kind"], number(e["cpu_h"]), e["key"], e["note"])
     console.print(table)
 
 

@@ -26,6 +26,7 @@ from controller.cli.common import (
     load_spec_file,
 )
 from controller.cli.render import render_summary, report_tables, table_of
+from controller.formatting import duration, number, usd
 
 
 @click.command()
@@ -150,8 +151,10 @@ def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json
         return
     table = table_of("job", "state", "attempts", "exit", "runtime", "params", "reason")
     for job in rows:
-        runtime = f"{job['runtime_s']:.1f} s" if job["runtime_s"] is not None else ""
+        runtime = duration(job["runtime_s"])
         exit_code = "" if job["exit_code"] is None else str(job["exit_code"])
+        # A waiting job: why it waits (the scheduler's view), before its last transition's.
+        why = "; ".join(filter(None, (job.get("waiting", ""), job["reason"])))
         table.add_row(
             job["id"],
             job["state"],
@@ -159,7 +162,7 @@ def jobs(ctx: click.Context, bag_id: str, state: str | None, limit: int, as_json
             exit_code,
             runtime,
             json.dumps(job["params"], ensure_ascii=False),
-            job["reason"],
+            why,
         )
     console.print(table)
 
@@ -223,7 +226,7 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    table = table_of("vm", "type", "state", "jobs", "launched", "hours", "cost $", "reason", keep=2)
+    table = table_of("vm", "type", "state", "jobs", "launched", "hours", "cost", "reason", keep=2)
     for vm in data["vms"]:
         launched = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(vm["requested_at"]))
         table.add_row(
@@ -232,15 +235,16 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
             vm["state"] + (" (terminating)" if vm["terminating"] else ""),
             f"Slurm node {vm['pool_node']}" if vm.get("pool_node") else str(vm["jobs"]),
             launched,
-            f"{vm['billed_hours']:.3f}",
-            f"{vm['cost_usd']:.4f}",
+            number(vm["billed_hours"]),
+            usd(vm["cost_usd"]),
             vm["reason"],
         )
     console.print(table)
     total = data["usage"]["total"]
     console.print(
-        f"all VMs so far: {total['vms']}, {total['vms_preempted']} preempted, {total['vm_hours']:.3f} VM-hours: "
-        f"spot ${total['spot_cost_usd']:.4f} vs on-demand ${total['on_demand_cost_usd']:.4f}",
+        f"all VMs so far: {total['vms']}, {total['vms_preempted']} preempted, "
+        f"{number(total['vm_hours'])} VM-hours: spot {usd(total['spot_cost_usd'])} vs on-demand "
+        f"{usd(total['on_demand_cost_usd'])}",
         highlight=False,
     )
 
@@ -262,20 +266,19 @@ def hopping(ctx: click.Context, limit: int, as_json: bool) -> None:
         highlight=False,
     )
     table = Table(title="market")
-    for column in ("VM type", "now $/h", "mean $/h", "std $/h", "on-demand $/h"):
+    for column in ("VM type", "now /h", "mean /h", "std /h", "on-demand /h"):
         table.add_column(column, justify="left" if column == "VM type" else "right")
-    fmt = "{:.4f}"
     for row in data["market"]:
         table.add_row(
             row["vm_type"],
             *(
-                "–" if row[k] is None else fmt.format(row[k])
+                "–" if row[k] is None else usd(row[k])
                 for k in ("price_now", "price_mean", "price_std", "on_demand")
             ),
         )
     console.print(table)
     moves = Table(title="migrations (newest first)")
-    for column in ("when", "VM", "from", "to", "$/h", "reason"):
+    for column in ("when", "VM", "from", "to", "price /h", "reason"):
         moves.add_column(column)
     for move in data["migrations"]:
         moves.add_row(
@@ -283,7 +286,7 @@ def hopping(ctx: click.Context, limit: int, as_json: bool) -> None:
             move["vm_id"],
             move["from_type"],
             move["to_type"],
-            f"{move['price_from']:.4f} -> {move['price_to']:.4f}",
+            f"{usd(move['price_from'])} -> {usd(move['price_to'])}",
             move["reason"],
         )
     console.print(moves)

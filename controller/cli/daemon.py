@@ -78,6 +78,7 @@ def config_check(path: str) -> None:
     """Validate a configuration file and who jobs run as (run_as: the users it names
     exist and are not root); with executor slurm, also check that Slurm is reachable
     and set up for spotbag (partitions, hooks, configless)."""
+    from controller.formatting import plural
     from controller.wiring import make_job_users
 
     try:
@@ -86,7 +87,7 @@ def config_check(path: str) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     console.print(
-        f"{path}: ok ({len(loaded.vm_types)} VM types, driver {loaded.driver.name}, "
+        f"{path}: ok ({plural(len(loaded.vm_types), 'VM type')}, driver {loaded.driver.name}, "
         f"executor {loaded.executor.name})",
         highlight=False,
     )

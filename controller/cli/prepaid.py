@@ -10,6 +10,7 @@ import sys
 import click
 from rich.table import Table
 
+from controller.formatting import percent, usd
 from controller.tools.prepaid_report import (
     DEFAULT_CURVE_POINTS,
     TERMS_Y,
@@ -25,10 +26,6 @@ from controller.tools.prepaid_report import (
     when_text,
     write_plot,
 )
-
-
-def _money(value: float) -> str:
-    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
 
 
 def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -> None:
@@ -56,8 +53,8 @@ def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -
     else:
         say("period: none (no intervals)")
     say(
-        f"on-demand ${report.on_demand_price:.4f} per core-hour; {price_text(report)}; "
-        f"break-even utilisation {100 * report.break_even:.1f}%"
+        f"on-demand {usd(report.on_demand_price)} per core-hour; {price_text(report)}; "
+        f"break-even utilisation {percent(report.break_even, 3)}"
     )
     say(
         "each prepaid core is paid for every hour of the span; the optimum is the largest x "
@@ -80,13 +77,13 @@ def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -
             name,
             f"{r.max_cores:,}",
             f"{r.all_core_hours:,.1f}",
-            _money(r.all_on_demand_cost),
+            usd(r.all_on_demand_cost),
             f"{r.optimal_cores:,}",
-            f"{100 * r.optimal_utilisation:.1f}%",
-            _money(r.prepaid_cost),
+            percent(r.optimal_utilisation, 3),
+            usd(r.prepaid_cost),
             f"{r.residual_core_hours:,.1f}",
-            _money(r.savings),
-            f"{100 * r.savings_fraction:.1f}%",
+            usd(r.savings),
+            percent(r.savings_fraction, 3),
         )
     console.print(summary)
     for name, r in report.results.items():
@@ -103,9 +100,9 @@ def render(report: PrepaidReport, console, points: int = DEFAULT_CURVE_POINTS) -
             value = float(r.curve_savings[i])
             curve.add_row(
                 f"{cores:,}" + (" *" if cores == r.optimal_cores else ""),
-                f"{100 * r.curve_utilisation[i]:.1f}%" if cores else "-",
-                _money(value),
-                f"{100 * value / cost:.1f}%" if cost > 0 else "-",
+                percent(float(r.curve_utilisation[i]), 3) if cores else "-",
+                usd(value),
+                percent(value / cost, 3) if cost > 0 else "-",
             )
         console.print(curve)
 

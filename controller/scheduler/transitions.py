@@ -236,6 +236,8 @@ class TransitionsMixin(SchedulerState):
         elif state in JobState.terminal():
             del self.jobs[(job.bag_id, job.idx)]
             bag.open_jobs -= 1
+            if state is not JobState.CANCELLED:
+                bag.recent_ends.append(at)
             if state is JobState.FAILED:
                 bag.failed_jobs += 1
             elif state is JobState.CANCELLED:

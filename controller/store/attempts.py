@@ -35,6 +35,25 @@ class AttemptQueries(Engine):
 
         return await self.read(get)
 
+    async def preempted_attempts(self, bag_id: str, idxs: list[int]) -> dict[int, int]:
+        """How many attempts of each of a bag's jobs `idxs` a preemption cut short (the
+        jobs with none are left out): one range of the attempts' primary key per job."""
+
+        def count(conn: sqlite3.Connection) -> dict[int, int]:
+            found: dict[int, int] = {}
+            for start in range(0, len(idxs), VM_IDS_PER_QUERY):
+                chunk = idxs[start : start + VM_IDS_PER_QUERY]
+                marks = ", ".join("?" * len(chunk))
+                for idx, n in conn.execute(
+                    f"SELECT idx, COUNT(*) FROM attempts WHERE bag_id = ? AND idx IN ({marks}) "
+                    "AND state = 'preempted' GROUP BY idx",
+                    (bag_id, *chunk),
+                ):
+                    found[idx] = n
+            return found
+
+        return await self.read(count)
+
     async def bag_timeline(self, bag_id: str, since: float, limit: int) -> BagTimeline:
         """A bag's attempts that were live at or after `since` (still running, or ended
         then or later), the newest `limit` of them by start, oldest first; their

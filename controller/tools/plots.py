@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from controller.formatting import percent, usd
 from policies.fitting import FitResult, KaplanMeier
 
 
@@ -48,20 +49,23 @@ def plot_fits(
             cdf_axis.plot(t, result.model.cdf(t), label=label)
             # Weibull's hazard is infinite at 0: start just after it.
             hazard_axis.plot(t[1:-1], result.model.hazard(t[1:-1]), label=name)
-        cdf_axis.set(
-            title=f"{title}: CDF of VM lifetime",
-            xlabel="hours since launch",
-            ylabel="P(preempted by t)",
-        )
-        cdf_axis.legend(fontsize=7)
+        cdf_axis.set(xlabel="hours since launch", ylabel="P(preempted by t)")
+        cdf_axis.set_title(f"{title}: CDF of VM lifetime", fontsize=9, wrap=True)
+        # The legend in a band above P = 1, where no CDF goes: it covers no curve.
+        cdf_axis.set_ylim(-0.02, 1.4)
+        cdf_axis.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        cdf_axis.legend(fontsize=7, loc="upper left", ncol=2)
         hazard_axis.set(
-            title=f"{title}: hazard rate (the deadline mass at L is not drawn)",
             xlabel="hours since launch",
             ylabel="preemptions per hour",
             yscale="log",
-            ylim=(1e-3, 20.0),
+            ylim=(1e-3, 200.0),  # above 20 per hour: the legend's band, over no curve
         )
-        hazard_axis.legend(fontsize=7)
+        # Two lines: one would be wider than its panel, and cut.
+        hazard_axis.set_title(
+            f"{title}: hazard rate\n(the deadline mass at L is not drawn)", fontsize=9
+        )
+        hazard_axis.legend(fontsize=7, loc="upper right", ncol=2)
     figure.tight_layout()
     figure.savefig(out, dpi=110)
     plt.close(figure)
@@ -122,7 +126,7 @@ def plot_checkpoint_plan(model, schedules, start_age_h: float, out: str | Path) 
                 )
         labels.append(
             f"{schedule.policy}\n{schedule.checkpoints} checkpoints, "
-            f"overhead {100 * schedule.overhead:.1f}%"
+            f"overhead {percent(schedule.overhead)}"
         )
     rows_axis.set_yticks(range(len(schedules)), list(reversed(labels)), fontsize=8)
     rows_axis.set_ylim(-0.6, len(schedules) - 0.4)
@@ -164,7 +168,7 @@ def plot_prepaid_savings(
         savings_axis.axhline(0.0, color="gray", lw=0.8)
         savings_axis.plot([optimum], [best], "o", color="tab:red")
         savings_axis.annotate(
-            f"{optimum:,} cores: \\${best:,.0f}",
+            f"{optimum:,} cores: {usd(best)}".replace("$", "\\$"),  # not mathtext
             (optimum, best),
             textcoords="offset points",
             xytext=(6, 6),
@@ -184,7 +188,7 @@ def plot_prepaid_savings(
             color="tab:red",
             linestyle="--",
             lw=1,
-            label=f"break-even {100 * break_even:.1f}%",
+            label=f"break-even {percent(break_even, 3)}",
         )
         busy_axis.axvline(optimum, color="tab:red", linestyle=":", lw=1)
         busy_axis.set(
@@ -226,7 +230,14 @@ def plot_index(
         ax.set_yscale("log")
         ax.set_ylabel("$/h per √(vCPU·GB)")
         ax.set_title(f"{by} {name}", fontsize=9)
-        ax.legend(fontsize=6, ncol=4, loc="upper left")
+        # Beside the plot, where it hides no price (the file is cut to fit it).
+        ax.legend(
+            fontsize=6,
+            ncol=1 + len(ax.get_lines()) // 16,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            borderaxespad=0.0,
+        )
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)

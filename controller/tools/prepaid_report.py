@@ -44,6 +44,7 @@ import numpy as np
 
 from controller import trace_io
 from controller.errors import SpotbagError
+from controller.formatting import percent, usd
 from controller.trace_io import TraceError, parse_time
 from policies.prepaid import (
     PrepaidOptimum,
@@ -294,14 +295,14 @@ def explanation(report: PrepaidReport, result: PrepaidOptimum) -> str | None:
         return None
     if result.prepaid_never_pays:
         return (
-            f"prepaid ${report.prepaid_price:.4g} >= on-demand ${report.on_demand_price:.4g} "
+            f"prepaid {usd(report.prepaid_price)} >= on-demand {usd(report.on_demand_price)} "
             "per core-hour: a prepaid core costs at least as much as the same hours on demand "
             "even if busy all the time, so buy none"
         )
     if result.all_core_hours == 0:
         return "no core-hours in the period: nothing to prepay"
     return (
-        f"no core is busy {100 * result.break_even_utilisation:.1f}% of the period "
+        f"no core is busy {percent(result.break_even_utilisation, 3)} of the period "
         "(the break-even utilisation): buy none"
     )
 
@@ -318,10 +319,10 @@ def price_text(report: PrepaidReport) -> str:
     term = f"{TERMS_Y[report.term]}-year term"
     if report.upfront is not None:
         return (
-            f"prepaid ${report.upfront:,.2f} upfront per core for a {term} = "
-            f"${report.prepaid_price:.4f} per core-hour"
+            f"prepaid {usd(report.upfront)} upfront per core for a {term} = "
+            f"{usd(report.prepaid_price)} per core-hour"
         )
-    return f"prepaid ${report.prepaid_price:.4f} per core-hour ({term})"
+    return f"prepaid {usd(report.prepaid_price)} per core-hour ({term})"
 
 
 def as_dict(report: PrepaidReport, points: int = DEFAULT_CURVE_POINTS) -> dict[str, Any]:

@@ -284,16 +284,16 @@ def test_the_table_per_core_type_and_its_curve(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "break-even utilisation 63.2%" in out
+    assert "break-even utilisation 63.2 %" in out
     assert "2020-03-02 14:49:39 UTC" in out and "2.0 h, the span of the history" in out
     # batch: 8 cores for all 2 h (and 2 more for a minute): prepay 8. gpu: 4 cores for
     # half the span, below the break-even: prepay none, and say why.
     assert "savings curve, partition batch (* the optimum):" in out
     assert "8 *" in out
-    assert "partition gpu: no core is busy 63.2% of the period" in out
+    assert "partition gpu: no core is busy 63.2 % of the period" in out
     lines = [line.split() for line in out.splitlines()]
     batch = next(words for words in lines if words[:2] == ["partition", "batch"])
-    assert batch[2:5] == ["10", "16.0", "$0.76"]  # peak, core-hours, all on demand
+    assert batch[2:5] == ["10", "16.0", "$0.762"]  # peak, core-hours, all on demand
     assert batch[5] == "8"
 
 

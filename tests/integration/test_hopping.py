@@ -179,5 +179,5 @@ def test_a_job_moves_to_the_type_that_became_cheaper_and_resumes(daemon):
     from tests.integration.test_cli import spotbag
 
     shown = spotbag("hopping", state_dir=daemon.state_dir).stdout
-    assert "policy cost" in shown and "a-2" in shown and "0.0900 -> 0.0500" in shown
+    assert "policy cost" in shown and "a-2" in shown and "$0.09 -> $0.05" in shown
     daemon.stop()

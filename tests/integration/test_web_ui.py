@@ -426,6 +426,8 @@ def money_page(browser: Any, daemon: Daemon, account: str | None = None) -> None
 def test_the_money_page_shows_an_accounts_balance_cost_and_ledger(page, daemon):
     from selenium.webdriver.common.by import By
 
+    from controller.formatting import number
+
     client = daemon.client()
     client.create_account("carol", cpu_hours=10)
     bag = client.submit(bag_spec("carol", "true", 2))
@@ -434,14 +436,20 @@ def test_the_money_page_shows_an_accounts_balance_cost_and_ledger(page, daemon):
     log_in(page, daemon, TOKEN)
     money_page(page, daemon, "carol")
     facts = text_of(page, "balance")
-    assert "Allocation\n10.00" in facts and f"Charged\n{balance['charged_cpu_h']:.2f}" in facts
-    assert f"Available\n{balance['available_cpu_h']:.2f}" in facts
+    assert "Allocation\n10.00" in facts and f"Charged\n{number(balance['charged_cpu_h'])}" in facts
+    assert f"Available\n{number(balance['available_cpu_h'])}" in facts
     wait_until(
         lambda: page.find_elements(By.CSS_SELECTOR, f"#cost-by-bag tr[data-bag='{bag['id']}']"),
         15,
         what="the bag's cost",
     )
     assert "Spot (paid)\n$" in text_of(page, "cost") and "On-demand" in text_of(page, "cost")
+    # Its cost over time: the CPU-hours charged and the spot cost, drawn (uPlot's canvas).
+    chart = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, "#over-time canvas"), 10, what="the chart"
+    )
+    assert chart[0].size["width"] > 200  # type: ignore[index]
+    assert "CPU-h charged" in page.find_element(By.CSS_SELECTOR, "#over-time .u-legend").text
     rows = page.find_elements(By.CSS_SELECTOR, "#ledger tbody tr")
     kinds = [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows]
     assert kinds[-1] == "credit" and "account created" in rows[-1].text  # newest first
@@ -660,7 +668,7 @@ def test_the_market_page_draws_each_types_prices_beside_the_index(page, daemon):
     assert page.find_elements(By.CSS_SELECTOR, "section.market-type[data-type='local-4']")
     row = page.find_element(By.CSS_SELECTOR, "#market-now tr[data-type='local-2']")
     cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-    assert cells[1] == "$0.02000" and cells[5] == f"{0.02 / 8**0.5:.3g}"
+    assert cells[1] == "$0.02" and cells[5] == f"{0.02 / 8**0.5:.3g}"
     assert cells[6].startswith("below")  # 0.0071 per unit against an index of 0.0080
     assert f"{index_now:.3g}" in text_of(page, "market-facts")
     assert "migration is off" in text_of(page, "no-moves")
@@ -735,7 +743,7 @@ def test_the_market_page_shows_the_hoppers_move_and_its_reason(browser, tmp_path
         )[0]  # type: ignore[index]
         cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
         assert cells[1] == move["vm_id"] and cells[2:5] == ["a-2", "b-2", "cost"]
-        assert cells[5] == "$0.09000" and cells[6] == "$0.05000"
+        assert cells[5] == "$0.09" and cells[6] == "$0.05"
         assert cells[8] == f"{bag['id']}-0" and cells[9] == move["reason"]
         assert move["reason"].startswith("cost: a-2 ")
         for vm_type in ("a-2", "b-2"):
@@ -748,7 +756,7 @@ def test_the_market_page_shows_the_hoppers_move_and_its_reason(browser, tmp_path
             r.get_attribute("data-type"): r.find_elements(By.TAG_NAME, "td")[1].text
             for r in browser.find_elements(By.CSS_SELECTOR, "#market-now tbody tr")
         }
-        assert now == {"a-2": "$0.09000", "b-2": "$0.05000"}
+        assert now == {"a-2": "$0.09", "b-2": "$0.05"}
         assert browser.execute_script("return window.notReloaded === true;")
         assert not severe_console_messages(browser)
         browser.set_window_size(1280, 1450)  # the charts and the moves below them
@@ -825,3 +833,242 @@ def test_the_bags_page_pages_through_every_bag(page, daemon):
     page.find_element(By.ID, "prev-page").click()
     wait_until(lambda: rows() == every[:50], 15, what="the first page again")
     assert page.find_element(By.ID, "prev-page").get_attribute("disabled") is not None
+
+
+# --- issue 24: figures that read right, pages that fit, waiting reasons ---------------------
+
+# A minus zero in any of its spellings (-0, -0.00, −0 %, -$0.00), and scientific notation.
+MINUS_ZERO = r"(?<![\w.,])[-−]\$?0(?:\.0+)?(?![\d.,]*[1-9])(?!\d)"
+EXPONENT = r"(?<![\w.])\d+(?:\.\d+)?e[-+]?\d+(?!\w)"  # 6.521e-06, not in an id (ba72f0a2c72)
+
+
+def page_text(browser: Any) -> str:
+    return browser.execute_script("return document.querySelector('main').innerText;")
+
+
+def assert_figures_read_right(browser: Any, where: str) -> None:
+    import re
+
+    text = page_text(browser)
+    assert not re.search(MINUS_ZERO, text), f"{where}: {re.search(MINUS_ZERO, text)!r} in {text}"
+    assert not re.search(EXPONENT, text), f"{where}: {re.search(EXPONENT, text)!r} in {text}"
+
+
+def test_the_pages_print_figures_as_the_cli_does(page, daemon):
+    """format.js (the pages') and controller/formatting.py (the CLI's, the reports') print
+    the same text for the same value: edge cases, then a few thousand random values."""
+    import random
+
+    from controller import formatting
+
+    log_in(page, daemon, TOKEN)
+    rng = random.Random(24)
+    values = [0.0, -0.0, 1e-12, -1e-17, 0.000836, 6.521e-06, 0.5625, 0.125, 0.0009996, 89.96]
+    values += [0.02, 1.005, 12345.678, -0.0213, 5400.0, 259199.0, 259200.0, 1e-9, -1e-9]
+    for _ in range(3000):
+        values.append(rng.choice([-1, 1]) * 10 ** rng.uniform(-10, 12))
+        values.append(round(rng.uniform(-100, 100), rng.randint(0, 6)))
+    got = page.execute_async_script(
+        "const [values, done] = arguments;"
+        "import('/ui/static/format.js').then((f) => done(values.map((v) => ["
+        "f.usd(v), f.number(v), f.percent(v), f.percent(v, 3), f.signedPercent(v), f.duration(v)"
+        "])), (e) => done(String(e)));",
+        values,
+    )
+    assert isinstance(got, list), got
+    for value, js in zip(values, got, strict=True):
+        python = [
+            formatting.usd(value),
+            formatting.number(value),
+            formatting.percent(value),
+            formatting.percent(value, 3),
+            formatting.signed_percent(value),
+            formatting.duration(value),
+        ]
+        assert js == python, (value, js, python)
+
+
+def test_a_waiting_job_shows_why_it_waits(page, daemon):
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    # Held for credit: the account cannot cover one attempt (120 s of one CPU).
+    client.create_account("gina", cpu_hours=0.01)
+    held = client.submit(bag_spec("gina", "true", 3, on_insufficient_balance="hold"))
+    # Queued behind a full fleet (max_vms = 2, a job of 2 CPUs fills a local-2 VM).
+    busy = client.submit(
+        bag_spec("web", "sleep 30", 6, name="busy", resources={"cpus": 2, "memory_gb": 1})
+    )
+    try:
+        log_in(page, daemon, TOKEN)
+        page.get(url_of(daemon, f"/ui/bags/{held['id']}"))
+        cell = wait_until(
+            lambda: page.find_elements(
+                By.CSS_SELECTOR, f"tr[data-job='{held['id']}-0'] td.waiting"
+            ),
+            15,
+            what="the held job's reason",
+        )[0]  # type: ignore[index]
+        assert "held for credit" in cell.text and "'gina' has 0.01 available" in cell.text
+        api_view = client.request("GET", f"/v1/jobs/{held['id']}-0")
+        assert api_view["state"] == "held" and api_view["waiting"].startswith("held for credit")
+        screenshot(page, "bag-held")
+
+        page.get(url_of(daemon, f"/ui/bags/{busy['id']}"))
+
+        def queued_reasons() -> list[str]:
+            return page.execute_script(
+                "return [...document.querySelectorAll('#jobs tbody tr')]"
+                ".filter((r) => r.querySelector('.badge.queued'))"
+                ".map((r) => r.querySelector('td.waiting .why')?.textContent || '');"
+            )
+
+        reasons = wait_until(lambda: queued_reasons() or None, 20, what="a queued job")
+        assert all(r.startswith("waiting") for r in reasons), reasons  # type: ignore[union-attr]
+        assert any("max_vms = 2" in r or "VM to boot" in r for r in reasons), reasons  # type: ignore[union-attr]
+        assert_figures_read_right(page, "the busy bag's page")
+        screenshot(page, "bag-waiting")
+    finally:
+        client.cancel(held["id"])
+        client.cancel(busy["id"])
+
+
+def test_the_fleet_page_lists_a_preempted_vm_after_its_bag_ended(page, daemon):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    client = daemon.client()
+    bag = client.submit(bag_spec("web", "sleep 4", 1, name="preempted", max_attempts=3))
+    job_id = f"{bag['id']}-0"
+    vm_id = running_vm_of(client, job_id)
+    client.preempt(vm_id)
+    done = wait_for_bag(client, bag["id"], 60)
+    assert done["state"] == "succeeded", daemon.log()
+    log_in(page, daemon, TOKEN)
+    page.get(url_of(daemon, "/ui/fleet"))
+    wait_until(lambda: "Updated" in text_of(page, "status"), 10, what="the fleet page")
+    assert not page.find_elements(By.CSS_SELECTOR, f"tr[data-vm='{vm_id}']")  # live only
+    Select(page.find_element(By.ID, "range")).select_by_value("all")
+    row = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-vm='{vm_id}']"),
+        10,
+        what="the preempted VM among all VMs",
+    )[0]  # type: ignore[index]
+    assert row.get_attribute("data-state") == "preempted" and "preempted" in row.text
+    assert page.current_url.endswith("?range=all")  # the range is in the address
+    assert_figures_read_right(page, "the fleet page (all VMs)")
+    screenshot(page, "fleet-all")
+    # The job that succeeded after the preemption is marked on its bag's page.
+    page.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+    mark = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] .badge.preempted"),
+        10,
+        what="the job's preemption mark",
+    )[0]  # type: ignore[index]
+    assert mark.text == "after 1 preemption"
+    assert not severe_console_messages(page)
+
+
+def test_every_page_fits_a_400_px_screen_and_no_figure_reads_wrong(page, daemon):
+    """At 400 px no page scrolls sideways (a table too wide scrolls inside itself), and
+    no page shows -0, scientific notation, or a non-zero cost as $0.00."""
+    from selenium.webdriver.common.by import By
+
+    from controller import formatting
+
+    client = daemon.client()
+    bag = client.submit(bag_spec("web", "echo a fairly long line of output {i}", 3, name="narrow"))
+    assert wait_for_bag(client, bag["id"], 60)["state"] == "succeeded"
+    job_id = f"{bag['id']}-1"
+    log_in(page, daemon, TOKEN)
+    page.set_window_size(400, 900)
+    try:
+        # A job's own address opens its panel, attempts and log.
+        page.get(url_of(daemon, f"/ui/bags/{bag['id']}?job={job_id}"))
+        wait_until(
+            lambda: "a fairly long line of output 1" in text_of(page, "log"), 15, what="the log"
+        )
+        assert text_of(page, "job-id") == job_id
+        raw = page.find_element(By.ID, "raw-log").get_attribute("href")
+        assert raw.endswith(f"/v1/jobs/{job_id}/log?attempt=1")
+
+        # Its cost is a fraction of a millionth of a dollar: shown as such, never as $0.00.
+        def cost_shown() -> str | None:
+            cost = client.bag(bag["id"])["usage"]["spot_cost_usd"]
+            shown = f"Spot cost\n{formatting.usd(cost)}\n"
+            return shown if cost > 0 and shown in text_of(page, "facts") + "\n" else None
+
+        assert "$0.00\n" not in str(wait_until(cost_shown, 15, what="the bag's cost"))
+        pages = {
+            "bags": "/ui/bags",
+            "bag": f"/ui/bags/{bag['id']}?job={job_id}",
+            "timeline": f"/ui/bags/{bag['id']}/timeline",
+            "fleet": "/ui/fleet?range=all",
+            "money": "/ui/money?account=web",
+            "market": "/ui/market",
+        }
+        for name, path in pages.items():
+            page.get(url_of(daemon, path))
+            wait_until(lambda: "Updated" in text_of(page, "status"), 15, what=f"the {name} page")
+            if name == "money":
+                wait_until(lambda: "Spot (paid)" in text_of(page, "cost"), 15, what="the cost")
+                balance = text_of(page, "balance")
+                assert "Used\n" in balance and "Used\n\n" not in balance + "\n", balance
+            widths = page.execute_script(
+                "const d = document.documentElement;"
+                "const wide = [...document.querySelectorAll('body *')]"
+                "  .filter((e) => e.getBoundingClientRect().right > d.clientWidth + 1)"
+                "  .filter((e) => !e.closest('table, .gantt, .chart, pre'))"
+                "  .slice(0, 5).map((e) => e.tagName + '#' + e.id + '.' + e.className);"
+                "return [d.scrollWidth, d.clientWidth, wide];"
+            )
+            assert widths[0] <= widths[1], (
+                f"{name} is {widths[0]} px wide at {widths[1]}: {widths[2]}"
+            )
+            assert_figures_read_right(page, f"the {name} page")
+            screenshot(page, f"narrow-{name}")
+        # The money page: no cost the report has as non-zero prints as $0.00.
+        report = client.request("GET", "/v1/reports?account=web")
+        page.get(url_of(daemon, "/ui/money?account=web"))
+        for row in report["by_bag"]:
+            if row["spot_cost_usd"] > 0:
+                cell = wait_until(
+                    lambda r=row: page.find_elements(
+                        By.CSS_SELECTOR,
+                        f"#cost-by-bag tr[data-bag='{r['bag_id']}'] td:nth-child(5)",
+                    ),
+                    15,
+                    what="the bag's cost",
+                )[0]  # type: ignore[index]
+                assert cell.get_attribute("textContent") not in ("$0.00", "$0.00000"), row
+        assert not severe_console_messages(page)
+    finally:
+        page.set_window_size(1280, 1000)
+
+
+def test_a_searched_jobs_row_follows_its_state(page, daemon):
+    """While a search is shown its rows are read less often (a search may scan the whole
+    bag), but never left behind: the row of the job shown below agrees with its panel,
+    and the page is read again soon when the bag's counts change."""
+    from selenium.webdriver.common.by import By
+
+    client = daemon.client()
+    bag = client.submit(bag_spec("web", "sleep 3", 4, name="stale"))
+    job_id = f"{bag['id']}-2"
+    log_in(page, daemon, TOKEN)
+    page.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+    page.find_element(By.ID, "param-filter").send_keys("i=2")
+
+    def row_state() -> str | None:
+        return page.execute_script(
+            "const row = document.querySelector(`#jobs tr[data-job='${arguments[0]}']`);"
+            "return row ? row.querySelector('.badge').textContent : null;",
+            job_id,
+        )
+
+    wait_until(lambda: row_state() in ("queued", "running"), 15, what="the searched job")
+    page.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button").click()
+    wait_until(lambda: client.job(job_id)["state"] == "succeeded", 30, what="the job to end")
+    # Within two refreshes (and a request's time): not the ten seconds of a search's pace.
+    wait_until(lambda: row_state() == "succeeded", 6, 0.1, "the row to say succeeded")
+    assert "State\nsucceeded" in text_of(page, "job-facts")

@@ -1,6 +1,10 @@
 // What every page shares: calls to the daemon's /v1 JSON API (the one the CLI uses),
 // authenticated by the session cookie, with the CSRF token on state-changing calls;
-// polling that pauses while the tab is hidden; small DOM and formatting helpers.
+// polling that pauses while the tab is hidden; small DOM helpers. Figures are printed
+// by format.js (the twin of controller/formatting.py), re-exported here.
+import { percent } from "/ui/static/format.js";
+
+export { duration, number, percent, plural, signedPercent, usd } from "/ui/static/format.js";
 
 const CSRF_COOKIE = "spotbag_csrf";
 
@@ -95,17 +99,6 @@ export function when(seconds) {
   return new Date(seconds * 1000).toLocaleString();
 }
 
-export function duration(seconds) {
-  if (seconds === null || seconds === undefined) return "";
-  if (seconds < 90) return `${seconds.toFixed(1)} s`;
-  if (seconds < 5400) return `${(seconds / 60).toFixed(1)} min`;
-  return `${(seconds / 3600).toFixed(1)} h`;
-}
-
-export function percent(fraction) {
-  return `${(100 * fraction).toFixed(fraction > 0 && fraction < 0.1 ? 1 : 0)} %`;
-}
-
 // "succeeded 3 · running 2": the states that have jobs, in the API's order.
 export function countsText(counts) {
   return Object.entries(counts)
@@ -116,11 +109,4 @@ export function countsText(counts) {
 
 export function progressBar(fraction, label) {
   return el("progress", { max: 1, value: fraction, "aria-label": label, title: percent(fraction) });
-}
-
-// US dollars: cents for sums, more digits for the fractions of a cent a short VM costs.
-export function usd(amount) {
-  if (amount === null || amount === undefined) return "";
-  const digits = Math.abs(amount) >= 1 || amount === 0 ? 2 : 5;
-  return `$${amount.toFixed(digits)}`;
 }

@@ -1,16 +1,21 @@
 // A bag's page: its progress and usage, its jobs (paged, by state, searched by parameter
 // value: GET /v1/bags/{id}/jobs?param=name=value), one job's attempts and its log (the
 // tail, then followed), and a cancel button; refreshed by polling the same /v1 API the
-// CLI uses.
+// CLI uses. A waiting job says why it waits (the API's `waiting`, from the scheduler); the
+// bag's pace and ETA come with the bag. The job shown has its own address
+// (?job=<id>&attempt=<n>), and its log a raw one (/v1/jobs/<id>/log?attempt=<n>).
 import {
   ApiError,
   api,
   countsText,
   duration,
   el,
+  number,
   percent,
+  plural,
   poll,
   setStatus,
+  usd,
   when,
 } from "/ui/static/api.js";
 
@@ -18,7 +23,8 @@ const REFRESH_MS = 2000;
 const PAGE_SIZE = 50;
 const TAIL_BYTES = 64 * 1024;
 const LOG_MAX_CHARS = 512 * 1024; // what the page keeps of a followed log
-const SEARCH_EVERY = 5; // refreshes (10 s) between two reads of a search's page
+const SEARCH_EVERY = 5; // refreshes (10 s) between two reads of a search's page at most
+const SEARCH_CHANGED_EVERY = 2; // ... and at least, while the bag's counts change (4 s)
 
 const bagId = decodeURIComponent(window.location.pathname.split("/").pop());
 const $ = (id) => document.getElementById(id);
@@ -31,10 +37,21 @@ let nextAfter = null;
 let jobs = [];
 let jobsWanted = true; // read the jobs' page at the next refresh, search or not
 let searchTicks = 0;
+let countsSeen = ""; // the bag's counts when the jobs' page was last read
 // The job shown below the table, and where its log was read to.
 let shown = { jobId: null, attempt: null, pinned: false, offset: 0 };
 
 // --- the bag ---------------------------------------------------------------------------
+
+// Recent jobs per hour while the bag runs (the API's pace); once it has ended, its mean.
+function throughputText(bag, pace) {
+  if (pace) return `${number(pace.jobs_per_hour, 0, 3)} jobs/h (its last ${plural(pace.over_jobs, "job")})`;
+  const finished = bag.job_count * bag.progress;
+  if (bag.state !== "active" && finished > 0 && bag.elapsed_s > 0) {
+    return `${number((3600 * finished) / bag.elapsed_s, 0, 3)} jobs/h (whole bag)`;
+  }
+  return "not yet known";
+}
 
 function renderBag() {
   document.title = `spotbag · ${bag.name}`;
@@ -49,16 +66,19 @@ function renderBag() {
   $("cancel").hidden = bag.state !== "active" || bag.cancel_requested;
   $("counts").textContent = countsText(bag.counts);
   const u = bag.usage;
+  const pace = bag.pace;
   const facts = [
     ["Account", bag.account],
     ["Created", when(bag.created_at)],
     ["Elapsed", duration(bag.elapsed_s)],
+    ["Throughput", throughputText(bag, pace)],
+    ["ETA", bag.state !== "active" ? "done" : pace ? `${duration(pace.eta_s)} (${plural(pace.open_jobs, "open job")})` : "not yet known"],
     ["Attempts", `${u.attempts} (${u.interrupted_attempts} preempted)`],
-    ["Attempt hours", u.attempt_hours.toFixed(2)],
-    ["Lost hours", u.lost_hours.toFixed(2)],
+    ["Attempts ran", duration(u.attempt_hours * 3600)],
+    ["Work lost", duration(u.lost_hours * 3600)],
     ["Checkpoints", u.checkpoints],
-    ["Spot cost", `$${u.spot_cost_usd.toFixed(4)}`],
-    ["On demand", `$${u.on_demand_cost_usd.toFixed(4)}`],
+    ["Spot cost", usd(u.spot_cost_usd)],
+    ["On demand", usd(u.on_demand_cost_usd)],
   ];
   $("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
@@ -92,18 +112,35 @@ function paramTerms() {
   return $("param-filter").value.trim().split(/\s+/).filter(Boolean);
 }
 
+// A job that succeeded after a VM preemption cut an attempt short: marked in its row.
+function preemptedMark(job) {
+  if (!job.preempted_attempts) return null;
+  const text = job.state === "succeeded"
+    ? `after ${plural(job.preempted_attempts, "preemption")}`
+    : plural(job.preempted_attempts, "preemption");
+  return el("span", { class: "badge preempted", title: "attempts a VM preemption cut short" }, text);
+}
+
+function reasonCell(job) {
+  if (job.waiting) {
+    return el("td", { class: "waiting" }, el("span", { class: "why" }, job.waiting),
+      job.reason ? el("span", { class: "hint" }, ` (${job.reason})`) : null);
+  }
+  return el("td", {}, job.reason);
+}
+
 function jobRow(job) {
   const open = el("button", { type: "button", class: "link", onclick: () => showJob(job.id, null) }, job.id);
   return el(
     "tr",
     { "data-job": job.id, class: job.id === shown.jobId ? "selected" : null },
     el("td", {}, open),
-    el("td", {}, el("span", { class: `badge ${job.state}` }, job.state)),
+    el("td", {}, el("span", { class: `badge ${job.state}` }, job.state), " ", preemptedMark(job)),
     el("td", { class: "params" }, paramsText(job.params)),
     el("td", {}, job.attempts),
     el("td", {}, job.exit_code ?? ""),
     el("td", {}, duration(job.runtime_s)),
-    el("td", {}, job.reason),
+    reasonCell(job),
   );
 }
 
@@ -122,6 +159,7 @@ async function loadJobs() {
   if ($("job-state").value) query.set("state", $("job-state").value);
   for (const term of paramTerms()) query.append("param", term);
   const page = await api(`/v1/bags/${enc(bagId)}/jobs?${query}`);
+  countsSeen = JSON.stringify(bag ? bag.counts : null);
   jobs = page.jobs;
   nextAfter = page.next_after;
   renderJobs();
@@ -147,6 +185,9 @@ function attemptRow(job, attempt) {
     el("td", {}, attempt.exit_code ?? ""),
     el("td", {}, attempt.reason ?? ""),
     el("td", {}, attempt.log_path ? view : ""),
+    el("td", {}, attempt.log_path
+      ? el("a", { href: `/v1/jobs/${enc(job.id)}/log?attempt=${attempt.number}`, target: "_blank", rel: "noopener" }, "raw")
+      : ""),
   );
 }
 
@@ -195,9 +236,22 @@ async function refreshJob() {
   }
   $("job").hidden = false;
   $("job-id").textContent = job.id;
+  // The row of the job in the table agrees with its panel (a search's page is read less often).
+  const i = jobs.findIndex((j) => j.id === job.id);
+  if (i >= 0 && (jobs[i].state !== job.state || jobs[i].attempts !== job.attempts)) {
+    jobs[i] = job;
+    renderJobs();
+  }
+  $("job-link").href = jobAddress(job.id, shown.pinned ? shown.attempt : null);
+  if (shown.attempt !== null) {
+    $("raw-log").href = `/v1/jobs/${enc(job.id)}/log?attempt=${shown.attempt}`;
+  }
+  $("raw-log").hidden = shown.attempt === null;
   $("log-attempt").textContent = shown.attempt === null ? "" : `(attempt ${shown.attempt})`;
   const facts = [
     ["State", job.state],
+    ...(job.waiting ? [["Waiting", job.waiting]] : []),
+    ...(job.preempted_attempts ? [["Preempted", plural(job.preempted_attempts, "attempt")]] : []),
     ["Parameters", paramsText(job.params)],
     ["Started", when(job.started_at)],
     ["Ended", when(job.ended_at)],
@@ -209,9 +263,16 @@ async function refreshJob() {
   if (shown.offset === null || $("follow").checked) await readLog();
 }
 
+function jobAddress(jobId, attempt) {
+  const query = new URLSearchParams({ job: jobId });
+  if (attempt !== null) query.set("attempt", String(attempt));
+  return `/ui/bags/${enc(bagId)}?${query}`;
+}
+
 async function showJob(jobId, attempt) {
   shown = { jobId, attempt, pinned: attempt !== null, offset: null };
   $("log").textContent = "";
+  window.history.replaceState(null, "", jobAddress(jobId, attempt)); // its own address
   renderJobs();
   try {
     await refreshJob();
@@ -229,7 +290,9 @@ async function refresh() {
     renderBag();
     // A search may scan the whole bag (parameters are not indexed): while one is shown,
     // its page is read again every SEARCH_EVERY refreshes, or at once after a user action.
-    if (jobsWanted || !paramTerms().length || ++searchTicks % SEARCH_EVERY === 0) {
+    ++searchTicks;
+    const changed = JSON.stringify(bag.counts) !== countsSeen && searchTicks % SEARCH_CHANGED_EVERY === 0;
+    if (jobsWanted || !paramTerms().length || changed || searchTicks % SEARCH_EVERY === 0) {
       jobsWanted = false;
       await loadJobs();
     }
@@ -249,6 +312,12 @@ async function refresh() {
   }
 }
 
+// A job's own address: open it at once (and its attempt's log, when one is named).
+const asked = new URLSearchParams(window.location.search);
+if (asked.get("job")) {
+  const attempt = Number(asked.get("attempt"));
+  shown = { jobId: asked.get("job"), attempt: attempt > 0 ? attempt : null, pinned: attempt > 0, offset: null };
+}
 const poke = poll(refresh, REFRESH_MS);
 function now() {
   jobsWanted = true;

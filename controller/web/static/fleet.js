@@ -2,10 +2,16 @@
 // so far, and per type the preemption model the scheduler assumes (GET /v1/models): its
 // survival and hazard curves (computed by the daemon) drawn with uPlot (vendored; the
 // global `uPlot`), each live VM placed on the curve at its age. Refreshed by polling; a chart is updated in place.
-import { ApiError, api, duration, el, percent, poll, setStatus, usd } from "/ui/static/api.js";
+// The range selector adds the VMs that ended (GET /v1/vms?all=true, as `spotbag vms --all`):
+// in the last hour, the last day, or all of the newest 1,000; kept in the address (?range=).
+import { ApiError, api, duration, el, number, percent, poll, setStatus, usd } from "/ui/static/api.js";
 
 const REFRESH_MS = 2000;
+const ALL_LIMIT = 1000;
 const types = new Map(); // vm_type -> {section, chart, table}
+const range = document.getElementById("range");
+range.value = new URLSearchParams(window.location.search).get("range") || "live";
+if (!range.value) range.value = "live"; // an unknown value in the address
 
 // The curves come from the API (GET /v1/models: `curves` per model key, and per VM its
 // survival to now and expected remaining life), computed by policies/preemption.py: the
@@ -16,8 +22,11 @@ const types = new Map(); // vm_type -> {section, chart, table}
 function ageHours(vm, inUse, nowS) {
   const view = inUse.get(vm.id);
   if (view) return view.age_h; // model hours (the driver's time scale applied)
-  return (Math.max(0, nowS - vm.requested_at) * (vm.time_scale || 1)) / 3600;
+  const end = vm.ended_at ?? nowS; // an ended VM: the age it reached
+  return (Math.max(0, end - vm.requested_at) * (vm.time_scale || 1)) / 3600;
 }
+
+const LIVE = new Set(["pending", "running"]);
 
 function isHotSpare(vm, view) {
   // The planner keeps an idle VM past its risky start as a hot spare (docs/design.md#reuse); the API
@@ -43,7 +52,7 @@ function makeChart(container, title) {
   const dots = (color) => ({ show: true, size: 9, fill: color, stroke: color });
   const options = {
     title,
-    width: Math.max(320, Math.min(container.clientWidth || 760, 900)),
+    width: Math.max(280, Math.min(container.clientWidth || 760, 900)),
     height: 240,
     scales: { x: { time: false }, S: { range: [0, 1.02] }, h: { auto: true } },
     axes: [
@@ -52,7 +61,7 @@ function makeChart(container, title) {
       { scale: "h", side: 1, label: "hazard (per h)", grid: { show: false } },
     ],
     series: [
-      { label: "age (h)", value: (u, v) => (v === null ? "" : v.toFixed(2)) },
+      { label: "age", value: (u, v) => (v === null ? "" : duration(v * 3600)) },
       { label: "S(t)", scale: "S", stroke: "#1f6feb", width: 2 },
       { label: "h(t)", scale: "h", stroke: "#9a6700", width: 1, dash: [5, 4] },
       { label: "VMs", scale: "S", stroke: "#c62828", paths: () => null, points: dots("#c62828") },
@@ -68,7 +77,7 @@ function vmRow(vm) {
     ? "unbounded" : duration(view.expected_remaining_h * 3600);
   return el(
     "tr",
-    { "data-vm": vm.id },
+    { "data-vm": vm.id, "data-state": vm.state, class: LIVE.has(vm.state) ? null : "ended" },
     el("td", {}, el("code", {}, vm.id)),
     el("td", {}, vm.zone),
     el("td", {}, el("span", { class: `badge ${vm.state}` }, vm.terminating ? "terminating" : vm.state),
@@ -79,7 +88,7 @@ function vmRow(vm) {
     el("td", {}, usd(vm.cost_usd)),
     el("td", {}, view && view.survival !== null ? percent(view.survival) : ""),
     el("td", {}, remaining),
-    el("td", {}, verdict(vm.view)),
+    el("td", {}, LIVE.has(vm.state) ? verdict(vm.view) : vm.reason || `${vm.state}`),
   );
 }
 
@@ -89,7 +98,7 @@ function typeSection(vmType) {
     "table",
     { class: "vms" },
     el("thead", {}, el("tr", {}, ...["VM", "Zone", "State", "Market", "Age", "Jobs", "Cost so far",
-      "Survives to now", "Expected remaining life", "Reuse policy"].map((h) => el("th", {}, h)))),
+      "Survives to now", "Expected remaining life", "Reuse policy (live) or how it ended"].map((h) => el("th", {}, h)))),
     el("tbody"),
   );
   const section = el("section", { class: "vm-type", "data-type": vmType },
@@ -101,7 +110,7 @@ function typeSection(vmType) {
 function modelText(view) {
   if (!view) return "No model in use for this type (no live VM the scheduler tracks).";
   const params = Object.entries(view.parameters || {})
-    .map(([k, v]) => `${k} = ${Number(v).toPrecision(3)}`)
+    .map(([k, v]) => `${k} = ${number(Number(v), 0, 3)}`)
     .join(", ");
   return `Model: ${view.model}${params ? ` (${params})` : ""} · key ${view.key} · from ${view.source}`;
 }
@@ -127,10 +136,20 @@ function render(vms, models, usage) {
     types.set(vmType, entry);
     const view = group.map((v) => v.view).find(Boolean);
     const spares = group.filter((v) => v.spare).length;
+    const live = group.filter((v) => LIVE.has(v.state)).length;
+    const ended = group.length - live;
+    const preempted = group.filter((v) => v.state === "preempted").length;
     entry.section.querySelector("h2 .counts").textContent =
-      `${group.length} live${spares ? ` · ${spares} hot spare${spares > 1 ? "s" : ""}` : ""}`;
+      `${live} live${spares ? ` · ${spares} hot spare${spares > 1 ? "s" : ""}` : ""}` +
+      (ended ? ` · ${ended} ended${preempted ? ` (${preempted} preempted)` : ""}` : "");
     entry.section.querySelector("p.model").textContent = modelText(view);
-    entry.table.tBodies[0].replaceChildren(...group.sort((a, b) => b.age - a.age).map(vmRow));
+    // Live VMs first, oldest first; then the ended ones, the last to end first.
+    const order = (v) => (LIVE.has(v.state) ? [0, -v.age] : [1, -(v.ended_at || 0)]);
+    group.sort((a, b) => {
+      const [x, y] = [order(a), order(b)];
+      return x[0] - y[0] || x[1] - y[1];
+    });
+    entry.table.tBodies[0].replaceChildren(...group.map(vmRow));
     const curve = view ? models.curves[view.key] : null;
     if (curve) {
       const key = `${view.model}:${JSON.stringify(view.parameters)}`;
@@ -144,11 +163,16 @@ function render(vms, models, usage) {
     }
   }
   document.getElementById("empty").hidden = vms.length > 0;
+  document.getElementById("empty").textContent =
+    range.value === "live" ? "No live VMs." : "No VMs in this range.";
+  const liveCount = vms.filter((v) => LIVE.has(v.state)).length;
+  document.getElementById("ended-hint").hidden = liveCount === vms.length;
   const total = usage.total;
   const c = models.configured;
   const facts = [
-    ["Live VMs", vms.length],
-    ["VM-hours (all)", total.vm_hours.toFixed(2)],
+    ["Live VMs", liveCount],
+    ["Preempted (all)", total.vms_preempted],
+    ["VM-hours (all)", number(total.vm_hours)],
     ["Spot cost (all)", usd(total.spot_cost_usd)],
     ["On-demand equivalent", usd(total.on_demand_cost_usd)],
     ["Configured model", c.model],
@@ -160,8 +184,14 @@ function render(vms, models, usage) {
 
 async function refresh() {
   try {
-    const [{ vms, usage }, models] = await Promise.all([api("/v1/vms"), api("/v1/models")]);
-    render(vms, models, usage);
+    const all = range.value !== "live";
+    const [{ vms, usage }, models] = await Promise.all([
+      api(all ? `/v1/vms?all=true&limit=${ALL_LIMIT}` : "/v1/vms"),
+      api("/v1/models"),
+    ]);
+    const since = range.value === "live" || range.value === "all" ? null : Date.now() / 1000 - Number(range.value);
+    const shown = since === null ? vms : vms.filter((v) => LIVE.has(v.state) || (v.ended_at ?? Infinity) >= since);
+    render(shown, models, usage);
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
     if (error instanceof ApiError && error.status === 403) {
@@ -172,4 +202,10 @@ async function refresh() {
   }
 }
 
-poll(refresh, REFRESH_MS);
+const now = poll(refresh, REFRESH_MS);
+range.addEventListener("change", () => {
+  const url = new URL(window.location.href);
+  url.searchParams.set("range", range.value);
+  window.history.replaceState(null, "", url);
+  now();
+});

@@ -3,13 +3,13 @@
 // drawn with uPlot (vendored; the global `uPlot`) with the hopper's moves marked; the
 // market now and every move with its reason (GET /v1/hopping). Refreshed by polling;
 // charts are updated in place.
-import { ApiError, api, el, percent, poll, setStatus, usd, when } from "/ui/static/api.js";
+import { ApiError, api, el, number, poll, setStatus, signedPercent, usd, when } from "/ui/static/api.js";
 
 const REFRESH_MS = 5000; // prices change once per hopper round (minutes on a real cloud)
 const $ = (id) => document.getElementById(id);
 const charts = new Map(); // vm_type -> {section, chart}
 
-const perUnit = (x) => (x === null || x === undefined ? "" : x.toPrecision(3));
+const perUnit = (x) => number(x, 0, 3);
 
 function sinceOf(nowS) {
   const range = $("range").value;
@@ -74,7 +74,7 @@ function renderCharts(prices, moves) {
     const entry = charts.get(type.vm_type) || typeSection(type.vm_type);
     charts.set(type.vm_type, entry);
     entry.section.querySelector(".counts").textContent =
-      `${type.cpus} vCPUs · ${type.memory_gb} GB · unit ${type.size.toPrecision(3)} · ${type.at.length} samples`;
+      `${type.cpus} vCPUs · ${type.memory_gb} GB · unit ${number(type.size, 0, 3)} · ${type.at.length} samples`;
     if (!entry.chart) entry.chart = makeChart(entry.box, `${type.vm_type}: price per unit and the index`);
     entry.chart.setData(chartData(type, prices.index, moves));
   }
@@ -91,7 +91,9 @@ function renderCharts(prices, moves) {
 function versusIndex(normalized, index) {
   if (normalized === null || index === null || index === undefined) return "";
   const diff = normalized / index - 1;
-  return `${diff <= 0 ? "below" : "above"} (${diff > 0 ? "+" : "−"}${percent(Math.abs(diff))})`;
+  const change = signedPercent(diff);
+  if (change === "0 %") return "at the index";
+  return `${diff < 0 ? "below" : "above"} (${change})`;
 }
 
 function renderNow(rows, indexNow) {
