@@ -400,6 +400,14 @@ def test_the_fleet_page_places_a_running_vm_on_its_model(page, daemon):
     assert page.execute_script("return window.notReloaded === true;")
     assert not severe_console_messages(page)
     screenshot(page, "fleet")
+    # A preemption notice shows on its row until the VM ends (issue 26).
+    client.preempt(vm_id, notice_s=600)
+    badge = wait_until(
+        lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-vm='{vm_id}'] .badge.notice"),
+        15,
+        what="the notice on the VM's row",
+    )
+    assert badge[0].text.startswith("notice: ends by ")
     client.cancel(bag["id"])
 
 

@@ -4,7 +4,7 @@
 // global `uPlot`), each live VM placed on the curve at its age. Refreshed by polling; a chart is updated in place.
 // The range selector adds the VMs that ended (GET /v1/vms?all=true, as `spotbag vms --all`):
 // in the last hour, the last day, or all of the newest 1,000; kept in the address (?range=).
-import { ApiError, api, duration, el, number, percent, poll, setStatus, usd } from "/ui/static/api.js";
+import { ApiError, api, duration, el, number, percent, poll, setStatus, usd, when } from "/ui/static/api.js";
 
 const REFRESH_MS = 2000;
 const ALL_LIMIT = 1000;
@@ -81,7 +81,12 @@ function vmRow(vm) {
     el("td", {}, el("code", {}, vm.id)),
     el("td", {}, vm.zone),
     el("td", {}, el("span", { class: `badge ${vm.state}` }, vm.terminating ? "terminating" : vm.state),
-      vm.spare ? el("span", { class: "badge spare" }, "hot spare") : null),
+      vm.spare ? el("span", { class: "badge spare" }, "hot spare") : null,
+      // A preemption notice: the provider takes it by then (it takes no new job).
+      LIVE.has(vm.state) && vm.notice_until
+        ? el("span", { class: "badge notice", title: "preemption notice" },
+          `notice: ends by ${when(vm.notice_until)}`)
+        : null),
     el("td", {}, vm.spot ? "spot" : "on-demand"),
     el("td", {}, duration(vm.age * 3600)),
     el("td", {}, vm.jobs),
