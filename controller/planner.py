@@ -352,6 +352,9 @@ def _launches(
             assert problem is not None  # no allowed type holds a job: it says why
             unplaceable.append(Unplaceable(group.bag_id, problem))
             continue
+        if budget <= 0:  # max_vms reached: no type to rank (every pass of a full fleet)
+            short = True
+            continue
         open_types = [t for t in fitting if snapshot.blocked_until.get(t.name, 0.0) <= now]
         choice = None
         if snapshot.market is not None:
