@@ -290,6 +290,7 @@ class MotoCloud:
         # VM hosts in network namespaces reach it at the bridge's address (its Secrets
         # Manager holds their munge key).
         self._server = _LayeredMotoServer(ip_address=host, port=0, verbose=False)
+        self._interruptions: list[threading.Timer] = []  # notices' interruptions to come
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"
@@ -350,6 +351,7 @@ class MotoCloud:
             return
         timer = threading.Timer(lead_s, self.interrupt, args=(instance_id,))
         timer.daemon = True
+        self._interruptions.append(timer)
         timer.start()
 
     def interrupt(self, instance_id: str) -> None:
@@ -390,6 +392,8 @@ class MotoCloud:
         self.layer.spot_prices = list(samples)
 
     def close(self) -> None:
+        for timer in self._interruptions:  # the cloud goes away with its instances
+            timer.cancel()
         try:
             requests.post(f"{self.endpoint_url}/moto-api/reset", timeout=10)
         finally:
