@@ -224,7 +224,18 @@ UNIT
     fi
 }
 
-if pgrep -f "slurmd.* -N $SPOTBAG_SLURM_NODE( |$)" >/dev/null 2>&1; then
+slurmd_runs_here() {  # this node's slurmd, on this host: in this network namespace (the
+    # local driver's VM hosts share one kernel's process table, and another cluster's
+    # VM host may run a node of the same name)
+    local pid here
+    here=$(readlink /proc/self/ns/net)
+    for pid in $(pgrep -f "slurmd.* -N $SPOTBAG_SLURM_NODE( |$)"); do
+        [ "$(readlink "/proc/$pid/ns/net" 2>/dev/null)" = "$here" ] && return 0
+    done
+    return 1
+}
+
+if slurmd_runs_here; then
     say "slurmd already runs as $SPOTBAG_SLURM_NODE"
     exit 0
 fi
