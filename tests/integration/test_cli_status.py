@@ -45,7 +45,8 @@ def test_status_imports_the_client_only_and_prints_the_fleet_line(make_daemon, t
         "spot",
         "cost",
     ]
-    assert row.split()[:5] == [bag["id"], "one", "succeeded", "100%", "1"]
+    # Percentages print as every figure does (controller/formatting.py): "100 %".
+    assert row.split()[:6] == [bag["id"], "one", "succeeded", "100", "%", "1"]
     one, one_modules = spotbag(client, tmp_path, "status", bag["id"])
     assert one.returncode == 0, one.stderr
     # README's summary, with the fleet's line that `watch` ends with too.
