@@ -32,8 +32,8 @@ from controller.executors.base import (
 )
 from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
-from controller.runtime import VmRun
 from controller.scheduler.events import EventsMixin
+from controller.scheduler.runs import VmRun
 from controller.scheduler.state import StartResult
 from controller.store import WriteBatch
 from drivers.base import DriverError, LaunchRequest, VmState, VmStatus

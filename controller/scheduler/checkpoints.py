@@ -26,7 +26,7 @@ from collections.abc import Callable
 from controller.checkpoint_tables import TableCache
 from controller.config import CheckpointConfig
 from controller.models import AttemptState
-from controller.runtime import AttemptRun, BagRun, VmRun
+from controller.scheduler.runs import AttemptRun, BagRun, VmRun
 from policies.checkpoint import next_checkpoint_h, planned_work_left
 
 

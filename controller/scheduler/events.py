@@ -30,7 +30,7 @@ from controller.executors.base import (
 )
 from controller.models import AttemptState, JobState, check_transition
 from controller.planner import Terminate
-from controller.runtime import AttemptRun, VmRun
+from controller.scheduler.runs import AttemptRun, VmRun
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import WriteBatch
 from drivers.base import VmState, VmStatus

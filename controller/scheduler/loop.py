@@ -55,7 +55,6 @@ from controller.bagspec import BagSpec
 from controller.executors.base import ExecutorEvent
 from controller.models import AttemptState, JobState
 from controller.planner import plan
-from controller.runtime import BagRun, shape_of
 from controller.scheduler.actions import ActionsMixin
 from controller.scheduler.events import EventsMixin
 from controller.scheduler.inputs import (
@@ -69,6 +68,7 @@ from controller.scheduler.inputs import (
 )
 from controller.scheduler.planning import PlanningMixin
 from controller.scheduler.recovery import RecoveryMixin
+from controller.scheduler.runs import BagRun, shape_of
 from controller.scheduler.slurm_pools import PoolsMixin
 from controller.scheduler.transitions import TransitionsMixin
 from controller.store import StoreUnavailable, WriteBatch

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from controller.ledger import UnknownAccount
 from controller.planner import Terminate, pool_vm_type
-from controller.runtime import VmRun, capacity_of
 from controller.scheduler.inputs import PoolPower, PoolRunEvent
+from controller.scheduler.runs import VmRun, capacity_of
 from controller.scheduler.transitions import TransitionsMixin
 from controller.slurm.pools import RUN_STATES, run_account, run_key
 from controller.store import WriteBatch

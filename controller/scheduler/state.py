@@ -45,10 +45,10 @@ from controller.ledger import Accounts
 from controller.metrics import Metrics
 from controller.model_book import ModelBook
 from controller.planner import CatalogType, Terminate
-from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of
 from controller.scheduler.backoff import Backoff
 from controller.scheduler.checkpoints import CheckpointTimer
 from controller.scheduler.inputs import Clock, Command, IdSource
+from controller.scheduler.runs import AttemptRun, BagRun, JobRun, VmRun, capacity_of
 from controller.slurm.pools import PoolBook
 from controller.store import Store
 from controller.store.rows import SlurmRunRow

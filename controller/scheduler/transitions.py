@@ -22,7 +22,7 @@ import json
 import logging
 
 from controller.models import AttemptState, BagState, JobState, check_transition
-from controller.runtime import AttemptRun, BagRun, JobRun, VmRun
+from controller.scheduler.runs import AttemptRun, BagRun, JobRun, VmRun
 from controller.scheduler.state import SchedulerState
 from controller.store import WriteBatch
 from drivers.base import VmState

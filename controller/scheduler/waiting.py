@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.formatting import duration, number, plural
-from controller.runtime import BagRun
+from controller.scheduler.runs import BagRun
 from controller.scheduler.state import SchedulerState
 from policies.packing import zone_allowed
 

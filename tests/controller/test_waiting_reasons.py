@@ -9,7 +9,7 @@ import pytest
 from controller.admission import admit
 from controller.clock import SimClock
 from controller.executors.base import ExecutorUnavailable
-from controller.runtime import VmRun, capacity_of
+from controller.scheduler.runs import VmRun, capacity_of
 from controller.scheduler.waiting import bag_pace, waiting_reason
 from drivers.base import VmState
 from tests.controller.simworld import bag, config, run_until, world
