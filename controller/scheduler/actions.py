@@ -123,7 +123,7 @@ class Actions:
 
     def _start_in_background(self, starts: list[AttemptSpec]) -> None:
         """Hand attempts to the executor without waiting for it: the pass goes on, and
-        the next one records what each start returned (`_record_starts`), within
+        the next one records what each start returned (`record_starts`), within
         START_RECORD_DELAY_S (at once if one failed). Their intents are written already."""
 
         async def start_all() -> None:

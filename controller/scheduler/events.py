@@ -152,7 +152,7 @@ class Events:
         is asked to checkpoint now if the checkpoint can be written before the VM ends
         and there is work since the last one, then stopped and queued again to resume
         (a migration), and the planner launches a VM for the VM's jobs at once
-        (`_snapshot`'s expected demand), so their retries need not wait a boot."""
+        (`Planning.snapshot`'s expected demand), so their retries need not wait a boot."""
         world = self.world
         if vm.state not in (VmState.PENDING, VmState.RUNNING) or vm.terminating:
             return

@@ -350,9 +350,8 @@ class Scheduler:
                 await self._pause(min(5.0, self.settings.poll_interval_s * failures))
                 continue
             timeout = self.settings.poll_interval_s
-            if (
-                self.calls.starting or self.actions.started
-            ):  # recorded soon, with whatever else comes
+            # Starts under way or returned are recorded soon, with whatever else comes.
+            if self.calls.starting or self.actions.started:
                 soon = self.clock.now() + START_RECORD_DELAY_S
                 next_at = soon if next_at is None else min(next_at, soon)
             if next_at is not None:
@@ -463,9 +462,9 @@ class Scheduler:
             self.commands.admit_held(batch, now)
             pool_wake_at = self.slurm_pools.release_unfit(now)
             decision = plan(self.planning.snapshot(now))
-            if self._terminate_now:
+            if self._terminate_now:  # the list Events and SlurmPools append to: kept
                 decision.terminations.extend(self._terminate_now)
-                self._terminate_now = []
+                self._terminate_now.clear()
             starts, launches = self.planning.record_plan(decision, batch, now)
             launches += self.slurm_pools.take_launches()
             await self.store.apply(batch)

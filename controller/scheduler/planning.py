@@ -1,6 +1,6 @@
 """Planning: what the pure planner sees, and its decision recorded as intents.
 
-`_snapshot` describes the open world to `controller.planner.plan` (which places jobs
+`snapshot` describes the open world to `controller.planner.plan` (which places jobs
 by the VM reuse policy, docs/design.md#reuse, and picks types by price or by the hopping market): the
 demand per bag (queued jobs, their shape, allowed types and regions, runtime estimate
 in model hours), the VMs that can take work (pending, roomy or idle, draining; with an
@@ -8,7 +8,7 @@ executor that queues attempts, full VMs too, up to `queue_ahead` of their capaci
 the catalog, the limits, the VM types backed off and the hopping market. While the
 executor cannot take attempts nothing is placed or launched for.
 
-`_record_plan` records the decision's intents in the pass's batch *before* anything is
+`record_plan` records the decision's intents in the pass's batch *before* anything is
 acted on: unplaceable jobs fail, placed jobs get STARTING attempts, launches get
 PENDING VMs, terminations mark their VMs; so a crash never leaves a VM or a process
 the store does not know.

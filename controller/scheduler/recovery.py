@@ -291,7 +291,7 @@ class Recovery:
                 host.free = host.free.minus(attempt.shape)
                 if attempt.state is AttemptState.RUNNING and not on_missing_vm:
                     self.checkpoints.plan(attempt, now)
-                continue  # on a missing VM: `_end_vm` ends it, or waits for its end
+                continue  # on a missing VM: `World.end_vm` ends it, or waits for its end
             if attempt.id in adopted and attempt.vm_gone and self.executor.confirms_ends:
                 gone_vms.add(attempt.vm_id)  # its end comes once its job is gone
                 continue

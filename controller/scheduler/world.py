@@ -342,7 +342,7 @@ class World:
         attempt still waiting in the executor's queue never ran: it is lost (not counted).
 
         With an executor that confirms ends (Slurm), the attempts end only when it says
-        their jobs can never run any more (`_on_attempt_end`): until then they stay open,
+        their jobs can never run any more (`Events.on_attempt_end`): until then they stay open,
         marked with their VM's end, and their jobs are not retried."""
         # Drivers word a reason as "preempted: sampled lifetime ..."; the attempt's
         # reason names the VM and its state once ("VM vm-1 preempted: sampled ...").
