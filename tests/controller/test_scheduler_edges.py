@@ -390,3 +390,23 @@ async def test_a_cancel_waits_for_the_starts_under_way_so_none_runs_after_it(tmp
     assert rows(tmp_path, "SELECT state, reason, ended_at FROM attempts") == [cancelled] * 2
     assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
     check_store_consistent(tmp_path)
+
+
+async def test_nodes_that_break_in_successive_passes_are_each_terminated(tmp_path):
+    """VMs to terminate at once reach the pass through one list the event handlers
+    append to: a node that breaks after an earlier pass took that list is terminated
+    too (issue 25: a pass once replaced the list, and the handlers kept the old one)."""
+    cfg = config()
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    resources = {"cpus": 2, "memory_gb": 1, "vm_types": ["small"]}
+    await submit(scheduler, cfg, bag(2, runtime_s=7200, resources=resources))
+    await run_until(scheduler, clock, 120)
+    vm_ids = sorted(v.id for v in scheduler.world.vms.values() if v.state is VmState.RUNNING)
+    assert len(vm_ids) == 2
+    for vm_id in vm_ids:
+        scheduler.note(NodeEvent(vm_id, clock.now(), False, "slurmd died"))
+        await run_until(scheduler, clock, clock.now() + 5)
+    ended = rows(tmp_path, f"SELECT state, reason FROM vms WHERE id IN {tuple(vm_ids)} ORDER BY id")
+    assert ended == [("terminated", "its node broke: slurmd died")] * 2
+    await scheduler.store.close()
