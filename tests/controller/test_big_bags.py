@@ -24,6 +24,9 @@ from controller.waiting_jobs import FreshParams, HeldJobs, HeldQueue, JobQueue, 
 from policies.ledger_rules import reservation_key
 from tests.controller.simworld import bag, config, rows, world
 
+# A 100,000-job bag each: in `make test`, left out of `make test-fast` (marker slow).
+pytestmark = pytest.mark.slow
+
 
 async def admit_bag(scheduler, cfg, n: int, bag_id: str = "b0000000001") -> None:
     await admit(

@@ -149,6 +149,7 @@ def test_a_replayed_trace_gives_the_price_in_effect_at_the_drivers_time(tmp_path
     assert first[0].price_per_hour == r3a[0] and ten_minutes_on[0].price_per_hour == r3a[1]
 
 
+@pytest.mark.slow
 def test_the_real_trace_cost_centric_moves_far_more_than_balanced():
     result = CliRunner().invoke(
         simulate_hopping_command,

@@ -329,6 +329,7 @@ def test_a_history_of_zero_length_intervals_prepays_nothing(tmp_path):
     assert "all: no core-hours in the period: nothing to prepay" in result.output
 
 
+@pytest.mark.slow
 def test_the_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "prepaid.png"
