@@ -27,7 +27,6 @@ from controller.executors.base import (
     WorkdirChecks,
 )
 from controller.executors.job_users import JobUsers
-from controller.executors.slurm import SlurmExecutor
 from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
@@ -39,6 +38,7 @@ from controller.report import CostRule
 from controller.scheduler import Scheduler
 from controller.service import logged_step
 from controller.slurm.events import SlurmCallbacks
+from controller.slurm.executor import SlurmExecutor
 from controller.slurm.pools import PoolBook
 from controller.store import Store
 from controller.tokens import Tokens

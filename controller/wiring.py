@@ -172,7 +172,7 @@ async def make_executor(
             kill_grace_s=config.executor.kill_grace_s,
             users=make_job_users(config, state_dir),
         )
-    from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
+    from controller.slurm.executor import SlurmExecutor, SlurmExecutorSettings
 
     slurm = config.slurm
     if not slurm.munge_key:
