@@ -16,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.bag_cost import BagCosts
 from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
+from controller.costs.bag_cost import BagCosts
+from controller.costs.fleet_cost import FleetCosts
+from controller.costs.report import CostRule
 from controller.executors.base import (
     AdmissionChecks,
     Executor,
@@ -27,14 +29,12 @@ from controller.executors.base import (
     WorkdirChecks,
 )
 from controller.executors.job_users import JobUsers
-from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
 from controller.learning import Learner
 from controller.loop_lag import LoopLagMonitor
 from controller.metrics import Metrics
 from controller.price_trace import TraceError, TraceReplay, read_trace
-from controller.report import CostRule
 from controller.scheduler import Scheduler
 from controller.service import logged_step
 from controller.slurm.events import SlurmCallbacks

@@ -90,7 +90,7 @@ CORE_NEVER = (*CLI, "controller.tools", "click", "rich", "matplotlib")
 TOOLS_NEVER = ("controller.scheduler", "controller.api")
 # The HTML cost report the API serves draws its charts with matplotlib, imported in the
 # function that draws them (the transitive test below shows the daemon does not load it).
-LAZY_MATPLOTLIB = {REPO / "controller" / "report_render.py"}
+LAZY_MATPLOTLIB = {REPO / "controller" / "costs" / "report_render.py"}
 
 
 def module_names(path: Path) -> set[str]:

@@ -31,11 +31,11 @@ from controller.api.base import (
 )
 from controller.api.schemas import Bag, BagList, Timeline
 from controller.bagspec import BagSpec
+from controller.costs.summary import bag_view
 from controller.errors import ApiError, Conflict, InvalidBag
 from controller.models import BagState
 from controller.scheduler.waiting import bag_pace
 from controller.store import job_id_of
-from controller.summary import bag_view
 
 # RFC 8941 sf-string-like: printable ASCII, no spaces at either end (HTTP trims them).
 IDEMPOTENCY_KEY = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")
