@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
 from controller.costs.bag_cost import BagCosts
@@ -31,9 +30,10 @@ from controller.executors.base import (
 from controller.executors.job_users import JobUsers
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
-from controller.learning import Learner
 from controller.loop_lag import LoopLagMonitor
 from controller.metrics import Metrics
+from controller.preemption.checkpoint_tables import TableCache, planned_notices
+from controller.preemption.learning import Learner
 from controller.price_trace import TraceError, TraceReplay, read_trace
 from controller.scheduler import Scheduler
 from controller.service import logged_step

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from controller.admission import admit
-from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import SimClock
 from controller.config import Config
 from controller.costs.bag_cost import compute_bag_costs
@@ -32,6 +31,7 @@ from controller.costs.summary import bag_view, fleet_view
 from controller.errors import SpotbagError
 from controller.executors.sim import SimExecutor
 from controller.ids import SequentialIds
+from controller.preemption.checkpoint_tables import TableCache, planned_notices
 from controller.scheduler import Scheduler
 from controller.store import Store
 from controller.wiring import make_driver, make_model_book

@@ -15,7 +15,7 @@ import numpy as np
 from controller.config import Config, ConfigError
 from controller.executors.base import Executor
 from controller.executors.job_users import ACCOUNT, JobUserError, JobUsers
-from controller.model_book import ModelBook
+from controller.preemption.model_book import ModelBook
 from drivers import driver_class
 from drivers.base import Driver, VmType
 
