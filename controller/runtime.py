@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.bagspec import BagSpec
-from controller.models import AttemptState, JobState
 from controller.preemption.model_book import Belief
+from controller.states import AttemptState, JobState
 from controller.store import job_id_of
 from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from drivers.base import VmState, VmType

@@ -33,8 +33,8 @@ from controller.api.schemas import Bag, BagList, Timeline
 from controller.bagspec import BagSpec
 from controller.costs.summary import bag_view
 from controller.errors import ApiError, Conflict, InvalidBag
-from controller.models import BagState
 from controller.scheduler.waiting import bag_pace
+from controller.states import BagState
 from controller.store import job_id_of
 
 # RFC 8941 sf-string-like: printable ASCII, no spaces at either end (HTTP trims them).

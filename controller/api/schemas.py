@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.bagspec import ACCOUNT_NAME, BagSpec
 from controller.errors import ApiError
-from controller.models import BagState, JobState
+from controller.states import BagState, JobState
 
 ACCOUNT_NAME_PATTERN = ACCOUNT_NAME  # as a bag names it
 MAX_CPU_HOURS = 1e15

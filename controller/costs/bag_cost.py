@@ -50,7 +50,7 @@ from typing import Any
 from controller.costs.report import CostRule, compute_report
 from controller.costs.shared_result import settle
 from controller.errors import SpotbagError
-from controller.models import BagState
+from controller.states import BagState
 from controller.store import Store
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 
 from controller.costs.bag_cost import BagCost
 from controller.costs.fleet_cost import FleetCost
-from controller.models import JobState
+from controller.states import JobState
 from controller.store import job_id_of
 
 

@@ -53,7 +53,6 @@ from collections.abc import Sequence
 
 from controller.bagspec import BagSpec
 from controller.executors.base import ExecutorEvent
-from controller.models import AttemptState, JobState
 from controller.planner import plan
 from controller.runtime import BagRun, shape_of
 from controller.scheduler.actions import ActionsMixin
@@ -71,6 +70,7 @@ from controller.scheduler.planning import PlanningMixin
 from controller.scheduler.recovery import RecoveryMixin
 from controller.scheduler.slurm_pools import PoolsMixin
 from controller.scheduler.transitions import TransitionsMixin
+from controller.states import AttemptState, JobState
 from controller.store import StoreUnavailable, WriteBatch
 from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from drivers.base import VmState, VmStatus
