@@ -32,9 +32,9 @@ from charts import plot_reuse_evaluation  # noqa: E402  (bench/charts.py)
 from targets import against  # noqa: E402  (bench/targets.py)
 
 from controller.blas import one_blas_thread  # noqa: E402
-from controller.reference_data import LIFETIMES  # noqa: E402
 from controller.tools.lifetime_data import read_lifetimes  # noqa: E402
 from controller.tools.plots import plot_fits  # noqa: E402
+from controller.traces.reference_data import LIFETIMES  # noqa: E402
 from policies.fitting import at_deadline, fit, fit_all, kaplan_meier  # noqa: E402
 from policies.reuse import ReuseTable, failure_probability, should_reuse  # noqa: E402
 

@@ -34,7 +34,6 @@ from controller.loop_lag import LoopLagMonitor
 from controller.metrics import Metrics
 from controller.preemption.checkpoint_tables import TableCache, planned_notices
 from controller.preemption.learning import Learner
-from controller.price_trace import TraceError, TraceReplay, read_trace
 from controller.scheduler import Scheduler
 from controller.service import logged_step
 from controller.slurm.events import SlurmCallbacks
@@ -42,6 +41,7 @@ from controller.slurm.executor import SlurmExecutor
 from controller.slurm.pools import PoolBook
 from controller.store import Store
 from controller.tokens import Tokens
+from controller.traces.price_trace import TraceError, TraceReplay, read_trace
 from controller.wiring import make_driver, make_executor, make_model_book
 from drivers.base import Driver, HostedDriver, PreemptionInjector, PriceSample
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from controller.preemption.model_book import load_registry
-from controller.reference_data import LIFETIMES
+from controller.traces.reference_data import LIFETIMES
 from policies.fitting import fit
 from policies.preemption import Bathtub, Exponential
 from policies.registry import (
