@@ -30,8 +30,8 @@ from controller.executors.base import (
 from controller.executors.job_users import JobUsers
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
-from controller.loop_lag import LoopLagMonitor
-from controller.metrics import Metrics
+from controller.plumbing.loop_lag import LoopLagMonitor
+from controller.plumbing.metrics import Metrics
 from controller.preemption.checkpoint_tables import TableCache, planned_notices
 from controller.preemption.learning import Learner
 from controller.scheduler import Scheduler

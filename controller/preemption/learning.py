@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.blas import one_blas_thread
 from controller.config import PreemptionConfig
+from controller.plumbing.blas import one_blas_thread
 from controller.preemption.model_book import ModelBook
 from controller.store import Store
 from policies.fitting import FitResult, drift_test, fit

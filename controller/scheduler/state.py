@@ -41,8 +41,8 @@ from controller.executors.base import (
     ExecutorEvent,
 )
 from controller.ledger import Accounts
-from controller.metrics import Metrics
 from controller.planner import CatalogType, Terminate
+from controller.plumbing.metrics import Metrics
 from controller.preemption.checkpoint_tables import TableCache
 from controller.preemption.model_book import ModelBook
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of
