@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.config import Config
 from controller.costs.bag_cost import compute_bag_costs

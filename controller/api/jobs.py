@@ -27,7 +27,7 @@ from controller.api.base import (
     visible_bag,
 )
 from controller.api.schemas import Job, JobList
-from controller.bagspec import PARAM_NAME
+from controller.bags.spec import PARAM_NAME
 from controller.costs.summary import job_view
 from controller.errors import ApiError, NotFound
 from controller.scheduler.waiting import waiting_reasons

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.costs.bag_cost import BagCosts
 from controller.costs.report import CostRule, build_report

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.costs.fleet_cost import FleetCosts, compute_fleet_cost
 from controller.costs.report import CostRule, build_report

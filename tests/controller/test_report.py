@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.cli.render import report_tables
 from controller.clock import SimClock
 from controller.costs import report_render

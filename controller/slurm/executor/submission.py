@@ -25,6 +25,7 @@ import math
 from collections import OrderedDict
 from pathlib import Path
 
+from controller.bags.job_command import job_environment
 from controller.executors.attempt_files import (
     IGNORE_CHECKPOINT_SIGNAL,
     WRAPPER_BODY,
@@ -35,7 +36,6 @@ from controller.executors.attempt_files import (
 )
 from controller.executors.base import AttemptSpec, ExecutorError, ExecutorUnavailable
 from controller.executors.job_users import JobUser, JobUserError
-from controller.job_command import job_environment
 from controller.slurm.commands import SlurmError, SlurmRefused, SlurmTools, SlurmUnavailable
 from controller.slurm.executor.state import Attempt, Node, SlurmExecutorSettings, SlurmState
 from controller.slurm.executor.watch import Watcher
