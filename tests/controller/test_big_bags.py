@@ -40,10 +40,14 @@ async def admit_bag(scheduler, cfg, n: int, bag_id: str = "b0000000001") -> None
 def walked_containers(at_least: int, *, besides: tuple[object, ...]) -> list[str]:
     """The containers the garbage collector tracks that hold `at_least` items."""
     found = []
+    kinds = (list, tuple, deque, dict, set)
     for obj in gc.get_objects():
-        if any(obj is b for b in besides) or not isinstance(obj, list | tuple | deque | dict | set):
+        kind = next((k for k in kinds if isinstance(obj, k)), None)
+        if kind is None or any(obj is b for b in besides):
             continue
-        if len(obj) >= at_least:
+        # The base type's length, not len(): a subclass may compute its own (platform's
+        # uname_result runs `uname -p` when its length is first asked).
+        if kind.__len__(obj) >= at_least:
             found.append(f"{type(obj).__name__} of {len(obj)}")
     return found
 
