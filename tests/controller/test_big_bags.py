@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller import admission as admission_module
-from controller.admission import admit
-from controller.bagspec import parse_bag
+from controller.bags import admission as admission_module
+from controller.bags.admission import admit
+from controller.bags.spec import parse_bag
+from controller.bags.waiting_jobs import FreshParams, HeldJobs, HeldQueue, JobQueue, PackedParams
 from controller.clock import SimClock
 from controller.ledger import first_attempt_keys
-from controller.waiting_jobs import FreshParams, HeldJobs, HeldQueue, JobQueue, PackedParams
 from policies.ledger_rules import reservation_key
 from tests.controller.simworld import bag, config, rows, world
 

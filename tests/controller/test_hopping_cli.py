@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from controller.cli import cli
 from controller.cli.hopping import index_command, simulate_hopping_command
-from controller.price_trace import TraceReplay, read_trace
-from controller.reference_data import SPOT_PRICES
 from controller.tools.hopping_report import parse_job
-from controller.trace_io import TraceError
+from controller.traces.price_trace import TraceReplay, read_trace
+from controller.traces.reference_data import SPOT_PRICES
+from controller.traces.trace_io import TraceError
 from policies.hopping import Phase
 
 REAL_TRACE = SPOT_PRICES

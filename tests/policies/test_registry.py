@@ -7,8 +7,8 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from controller.model_book import load_registry
-from controller.reference_data import LIFETIMES
+from controller.preemption.model_book import load_registry
+from controller.traces.reference_data import LIFETIMES
 from policies.fitting import fit
 from policies.preemption import Bathtub, Exponential
 from policies.registry import (
