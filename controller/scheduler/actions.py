@@ -33,9 +33,8 @@ from controller.executors.base import (
     Outcome,
     start_error,
 )
-from controller.metrics import Metrics
-from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
+from controller.plumbing.metrics import Metrics
 from controller.scheduler.backoff import Backoff
 from controller.scheduler.calls import Calls
 from controller.scheduler.checkpoints import CheckpointTimer
@@ -43,6 +42,7 @@ from controller.scheduler.events import Events
 from controller.scheduler.inputs import Clock, Inbox
 from controller.scheduler.runs import VmRun
 from controller.scheduler.world import World
+from controller.states import AttemptState, check_transition
 from controller.store import WriteBatch
 from drivers.base import Driver, DriverError, LaunchRequest, VmState, VmStatus
 

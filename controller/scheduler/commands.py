@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import itertools
 
+from controller.bags.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from controller.ledger import Accounts
-from controller.models import JobState
 from controller.scheduler.inputs import Command, Inbox, PoolPower, PoolRunEvent, _Admit, _Cancel
 from controller.scheduler.runs import BagRun, shape_of
 from controller.scheduler.slurm_pools import SlurmPools
 from controller.scheduler.world import World
+from controller.states import JobState
 from controller.store import WriteBatch
-from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
 
 CANCEL_CHUNK = 500  # waiting jobs cancelled per pass (~10-25 ms of the loop on a small VM)
 

@@ -34,13 +34,13 @@ from controller.executors.base import (
     NodeEvent,
     Outcome,
 )
-from controller.models import AttemptState, JobState, check_transition
 from controller.planner import Terminate
 from controller.scheduler.calls import Calls
 from controller.scheduler.checkpoints import CheckpointTimer
 from controller.scheduler.inputs import Clock, Inbox
 from controller.scheduler.runs import AttemptRun, VmRun
 from controller.scheduler.world import World
+from controller.states import AttemptState, JobState, check_transition
 from controller.store import WriteBatch
 from drivers.base import Driver, VmState, VmStatus
 

@@ -57,15 +57,14 @@ import logging
 import time
 from collections.abc import Sequence
 
-from controller.bagspec import BagSpec
-from controller.checkpoint_tables import TableCache
+from controller.bags.spec import BagSpec
 from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
 from controller.executors.base import Executor, ExecutorEvent
 from controller.ledger import Accounts
-from controller.metrics import Metrics
-from controller.model_book import ModelBook
-from controller.models import AttemptState
 from controller.planner import Terminate, plan
+from controller.plumbing.metrics import Metrics
+from controller.preemption.checkpoint_tables import TableCache
+from controller.preemption.model_book import ModelBook
 from controller.scheduler.actions import Actions
 from controller.scheduler.backoff import Backoff
 from controller.scheduler.calls import Calls
@@ -86,6 +85,7 @@ from controller.scheduler.recovery import Recovery
 from controller.scheduler.slurm_pools import SlurmPools
 from controller.scheduler.world import World
 from controller.slurm.pools import PoolBook
+from controller.states import AttemptState
 from controller.store import Store, StoreUnavailable
 from drivers.base import Driver, VmState, VmStatus, VmType
 

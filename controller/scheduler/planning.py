@@ -22,18 +22,18 @@ source for new VMs. It owns no state of its own.
 
 from __future__ import annotations
 
+from controller.bags.job_command import render_command
+from controller.bags.waiting_jobs import JobQueue
 from controller.config import SchedulerConfig
 from controller.executors.base import AttemptSpec, Executor
-from controller.job_command import render_command
-from controller.model_book import ModelBook
-from controller.models import AttemptState, JobState
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
+from controller.preemption.model_book import ModelBook
 from controller.scheduler.backoff import Backoff
 from controller.scheduler.inputs import IdSource
 from controller.scheduler.runs import AttemptRun, BagRun, VmRun, capacity_of
 from controller.scheduler.world import World
+from controller.states import AttemptState, JobState
 from controller.store import WriteBatch
-from controller.waiting_jobs import JobQueue
 from drivers.base import VmState
 from policies.packing import Shape
 

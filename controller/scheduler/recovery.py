@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 import logging
 
-from controller.bagspec import BagSpec
+from controller.bags.spec import BagSpec
+from controller.bags.waiting_jobs import FreshParams, JobQueue
 from controller.executors.base import AttemptEvent, Executor, LiveAttempt, Outcome
 from controller.ledger import Accounts
-from controller.models import AttemptState, JobState
 from controller.scheduler.calls import Calls
 from controller.scheduler.checkpoints import CheckpointTimer
 from controller.scheduler.events import Events
@@ -36,10 +36,10 @@ from controller.scheduler.inputs import Clock, Inbox, _Cancel
 from controller.scheduler.runs import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
 from controller.scheduler.slurm_pools import SlurmPools
 from controller.scheduler.world import World
+from controller.states import AttemptState, JobState
 from controller.store import Store
 from controller.store.batch import WriteBatch
 from controller.store.rows import ActiveBag, LiveAttemptRow, OpenJob, VmRow
-from controller.waiting_jobs import FreshParams, JobQueue
 from drivers.base import Driver, VmState, VmType
 
 log = logging.getLogger("spotbag.scheduler")

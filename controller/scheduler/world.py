@@ -37,11 +37,11 @@ from collections.abc import Sequence
 
 from controller.executors.base import Executor
 from controller.ledger import Accounts
-from controller.metrics import Metrics
-from controller.model_book import ModelBook
-from controller.models import AttemptState, BagState, JobState, check_transition
 from controller.planner import CatalogType
+from controller.plumbing.metrics import Metrics
+from controller.preemption.model_book import ModelBook
 from controller.scheduler.runs import AttemptRun, BagRun, JobRun, VmRun, capacity_of
+from controller.states import AttemptState, BagState, JobState, check_transition
 from controller.store import WriteBatch
 from drivers.base import VmState, VmType
 from policies.index import TypeMarket
