@@ -238,7 +238,7 @@ class LocalExecutor:
         exit_status = str(exit_status_path(log_path))
         try:
             return subprocess.Popen(
-                ["/bin/sh", "-c", LOCAL_WRAPPER, "spotbag-job", spec.command, exit_status],
+                ["/bin/sh", "-c", LOCAL_WRAPPER, "/bin/sh", spec.command, exit_status],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -322,3 +322,102 @@ def test_temporary_files_do_not_count_as_a_checkpoint(tmp_path):
     (tmp_path / "next.tmp").write_text("again")
     (tmp_path / "next.tmp").replace(tmp_path / "state.json")
     assert checkpoint_fingerprint(tmp_path) != first
+
+
+# --- what a job's shell sees (attempt_files.LOCAL_WRAPPER, docs/architecture.md#job-shell) --
+
+
+async def _ended(executor, attempt: AttemptSpec) -> tuple[AttemptEvent, str, str]:
+    """The attempt's end event, its log and its exit-status file, once it ended."""
+    while not any(
+        isinstance(e, AttemptEvent) and e.attempt_id == attempt.attempt_id
+        for e in executor.events
+    ):
+        await asyncio.sleep(0.02)
+    (end,) = [
+        e
+        for e in executor.events
+        if isinstance(e, AttemptEvent) and e.attempt_id == attempt.attempt_id
+    ]
+    log = Path(executor.log_path(attempt.bag_id, attempt.job_id, attempt.number))
+    return end, log.read_text(), log.with_suffix(".exit").read_text()
+
+
+async def test_a_job_sees_sh_c_without_arguments_and_its_exit_is_recorded(executor):
+    attempt = spec('echo "$0 $# [$1] [$2] [$*]"; exit 5')
+    await executor.start(attempt)
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert log == "/bin/sh 0 [] [] []\n"
+    assert (end.outcome, end.exit_code, status) == (Outcome.EXITED, 5, "5\n")
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "output"),
+    [
+        ("exec sh -c 'exit 9'", 9, ""),  # exec replaces the job's shell: its status counts
+        ("echo before; if", 2, "Syntax error"),  # a command that does not parse
+        ("f() { return 4; }; f", 4, ""),  # functions, `return`
+        ("sh -c 'kill -TERM $$'", 143, ""),  # a program killed by a signal: 128 + N
+    ],
+)
+async def test_exit_statuses_of_job_shells(executor, command, code, output):
+    attempt = spec(command)
+    await executor.start(attempt)
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert (end.exit_code, status) == (code, f"{code}\n")
+    assert output in log
+
+
+async def test_dollar_dollar_is_the_jobs_process_group(executor, tmp_path):
+    """$$ is the wrapper's process id: the job's process group and session (`kill -- -$$`
+    reaches every process of the job), and the id `running_pids` gives."""
+    marker = tmp_path / "pid"
+    attempt = spec(f"echo $$ $(ps -o pgid= -o sid= -p $$) > {marker}; sleep 0.5")
+    await executor.start(attempt)
+    pid = executor.running_pids()[attempt.attempt_id]
+    await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert marker.read_text().split() == [str(pid)] * 3
+
+
+async def test_a_handled_term_gets_its_grace_under_a_compound_command(executor, tmp_path):
+    """Cancelled: TERM to the job's process group. The program that handles it finishes
+    within kill_grace_s (1 s here) instead of being killed with the shell around it;
+    the job then ends with 143 (the rest of its command line does not run)."""
+    program = tmp_path / "graceful.py"
+    program.write_text(
+        "import signal, sys, time\n"
+        "def stop(*_):\n"
+        "    time.sleep(0.3)\n"
+        "    print('saved', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    attempt = spec(f"cd {tmp_path} && python3 {program}; echo after")
+    await executor.start(attempt)
+    log_path = Path(executor.log_path(attempt.bag_id, attempt.job_id, 1))
+    await _wait_for_line(log_path, "ready")
+    await executor.cancel(attempt.attempt_id)
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert (end.outcome, end.detail, end.exit_code) == (Outcome.KILLED, "cancelled", 143)
+    assert log == "ready\nsaved\n" and status == "143\n"
+
+
+async def test_a_shell_job_may_trap_the_checkpoint_signal_itself(executor):
+    """The command line's shell may trap SIGUSR1 (the wrapper's sub-shell did not inherit
+    it ignored). What it runs then gets the signal's default action, as under any shell
+    that traps it: here a `sleep` dies of it, and the loop goes on."""
+    attempt = spec(
+        'trap \'echo at "$(date +%s)" > "$SPOTBAG_CHECKPOINT_DIR/state"; echo saved\' USR1; '
+        "echo ready; i=0; while [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done"
+    )
+    await executor.start(attempt)
+    log_path = Path(executor.log_path(attempt.bag_id, attempt.job_id, 1))
+    await _wait_for_line(log_path, "ready")
+    await executor.signal_checkpoint(attempt.attempt_id, timeout_s=10)
+    (event,) = await _checkpoint_events(executor, 1)
+    assert event.ok
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert (end.exit_code, status) == (0, "0\n")
+    assert log.startswith("ready\n") and log.endswith("saved\n")
