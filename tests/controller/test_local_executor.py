@@ -330,8 +330,7 @@ def test_temporary_files_do_not_count_as_a_checkpoint(tmp_path):
 async def _ended(executor, attempt: AttemptSpec) -> tuple[AttemptEvent, str, str]:
     """The attempt's end event, its log and its exit-status file, once it ended."""
     while not any(
-        isinstance(e, AttemptEvent) and e.attempt_id == attempt.attempt_id
-        for e in executor.events
+        isinstance(e, AttemptEvent) and e.attempt_id == attempt.attempt_id for e in executor.events
     ):
         await asyncio.sleep(0.02)
     (end,) = [
