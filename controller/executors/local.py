@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -101,6 +102,18 @@ class _Child:
 
 
 @dataclass
+class _Spawn:
+    """An attempt to start, on its way to a worker thread (`LocalExecutor._spawn`)."""
+
+    spec: AttemptSpec
+    log_path: str
+    checkpoint_dir: str
+    env: dict[str, str]
+    user: JobUser | None
+    done: asyncio.Future[None]  # set once its process is watched, or with its error
+
+
+@dataclass
 class _Running:
     spec: AttemptSpec
     process: _Child
@@ -140,6 +153,7 @@ class LocalExecutor:
         self._running: dict[str, _Running] = {}
         self._stoppers: set[asyncio.Task] = set()
         self._listeners: list[AttemptListener] = []
+        self._to_spawn: list[_Spawn] = []  # starts gathered for one worker-thread trip
         # Jobs inherit the daemon's environment minus its own settings (the API token
         # among them) and systemd's notification socket (jobs are not the service).
         self._base_env = {
@@ -203,39 +217,76 @@ class LocalExecutor:
             raise ExecutorError(str(exc)) from None
         if user is not None:  # its own identity, not the daemon's
             env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
-        # Directories, the log and the process in one trip to a worker thread.
-        popen = await asyncio.to_thread(
-            self._spawn, spec, Path(log_path), Path(checkpoint_dir), env, user
-        )
-        process = _Child(popen)
-        running = _Running(spec, process)
-        self._running[spec.attempt_id] = running
-        running.watcher = asyncio.create_task(self._watch(running), name=f"watch {spec.attempt_id}")
+        loop = asyncio.get_running_loop()
+        request = _Spawn(spec, log_path, checkpoint_dir, env, user, loop.create_future())
+        # The starts a pass hands over together take one trip to a worker thread: they
+        # are gathered until the loop runs its next callbacks (`_spawn_gathered`).
+        self._to_spawn.append(request)
+        if len(self._to_spawn) == 1:
+            loop.call_soon(self._spawn_gathered)
+        await asyncio.shield(request.done)
         return ""
 
-    def _spawn(
+    def _spawn_gathered(self) -> None:
+        requests, self._to_spawn = self._to_spawn, []
+        trip = asyncio.get_running_loop().run_in_executor(None, self._spawn_all, requests)
+        trip.add_done_callback(functools.partial(self._spawned, requests))
+
+    def _spawn_all(self, requests: list[_Spawn]) -> list[subprocess.Popen[bytes] | BaseException]:
+        """Each attempt's directories, log and process (on a worker thread)."""
+        results: list[subprocess.Popen[bytes] | BaseException] = []
+        for request in requests:
+            try:
+                results.append(self._spawn(request))
+            except BaseException as exc:  # that attempt's error, handed to its start()
+                results.append(exc)
+        return results
+
+    def _spawned(
         self,
-        spec: AttemptSpec,
-        log_path: Path,
-        checkpoint_dir: Path,
-        env: dict[str, str],
-        user: JobUser | None,
-    ) -> subprocess.Popen[bytes]:
-        """Make the attempt's directories and log and start its wrapper, which records the
-        command's exit status beside the log (on a worker thread: several syscalls, a
-        fork and an exec)."""
+        requests: list[_Spawn],
+        trip: asyncio.Future[list[subprocess.Popen[bytes] | BaseException]],
+    ) -> None:
+        """Watch the processes started (here, on the loop, even if a start() that waits
+        for one was cancelled meanwhile: none runs unwatched), and wake their starts."""
         try:
-            _prepare_dirs(log_path.parent, checkpoint_dir)
-            if user is not None:
+            results = trip.result()
+        except BaseException as exc:  # the thread pool is gone (shutting down)
+            results = [exc] * len(requests)
+        for request, result in zip(requests, results, strict=True):
+            if isinstance(result, BaseException):
+                request.done.set_exception(result)
+                continue
+            running = _Running(request.spec, _Child(result))
+            self._running[request.spec.attempt_id] = running
+            running.watcher = asyncio.create_task(
+                self._watch(running), name=f"watch {request.spec.attempt_id}"
+            )
+            request.done.set_result(None)
+
+    def _spawn(self, request: _Spawn) -> subprocess.Popen[bytes]:
+        """Make the attempt's checkpoint directory and log and start its wrapper, which
+        records the command's exit status beside the log (several syscalls, a fork and
+        an exec). Directories are made when missing: the first attempt of a bag makes
+        its log directory, each job's first its checkpoint directory."""
+        spec, user = request.spec, request.user
+        log_path, checkpoint_dir = request.log_path, request.checkpoint_dir
+        exit_status = os.path.splitext(log_path)[0] + ".exit"  # exit_status_path's
+        try:
+            if user is None:
+                _make_dir(checkpoint_dir)
+            else:
                 hand_over(
-                    self._state_dir, checkpoint_dir, user, markers=[exit_status_path(log_path)]
+                    self._state_dir,
+                    Path(checkpoint_dir),
+                    user,
+                    markers=[Path(exit_status)],
                 )
             # The daemon opens the log: the job writes to it without reaching the
             # state directory.
-            log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
+            log = _open_log(log_path)
         except OSError as exc:
             raise start_error("cannot prepare log/checkpoint directories", exc) from exc
-        exit_status = str(exit_status_path(log_path))
         try:
             return subprocess.Popen(
                 ["/bin/sh", "-c", LOCAL_WRAPPER, "/bin/sh", spec.command, exit_status],
@@ -243,14 +294,14 @@ class LocalExecutor:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=spec.workdir or None,
-                env=env,
+                env=request.env,
                 start_new_session=True,
                 **self._user_arguments(user),
             )
         except OSError as exc:
             raise start_error(f"cannot start /bin/sh in workdir {spec.workdir!r}", exc) from exc
         finally:
-            log.close()
+            os.close(log)
 
     async def _watch(self, running: _Running) -> None:
         spec, process = running.spec, running.process
@@ -400,9 +451,25 @@ class LocalExecutor:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
 
 
-def _prepare_dirs(*paths: Path) -> None:
-    for path in paths:
-        path.mkdir(parents=True, exist_ok=True)
+def _make_dir(path: str) -> None:
+    """`path` made if missing, with its parents (one mkdir when only it is missing)."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(path, exist_ok=True)
+
+
+def _open_log(path: str) -> int:
+    """A descriptor appending to the log at `path` (made, with its directory, if
+    missing), as open(path, "ab") opens it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, 0o666)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
