@@ -82,6 +82,10 @@ class _Child:
         future that a caller's cancellation leaves alone."""
         return asyncio.shield(self._ended)
 
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call `callback` on the loop once it ended (before those waiting in `wait`)."""
+        self._ended.add_done_callback(lambda _: callback())
+
     def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
         if self._popen.poll() is None:  # a pidfd turns readable only once it ended
             return
@@ -117,7 +121,8 @@ class _Spawn:
 class _Running:
     spec: AttemptSpec
     process: _Child
-    watcher: asyncio.Task | None = None
+    deadline: asyncio.TimerHandle | None = None  # its max_runtime_s, until it ends
+    timed_out: bool = False
     stop_reason: str = ""  # set when we stopped it on purpose
     killed: asyncio.Event = field(default_factory=asyncio.Event)
     checkpoint: asyncio.Task | None = None  # waiting for a checkpoint it was asked for
@@ -257,11 +262,7 @@ class LocalExecutor:
             if isinstance(result, BaseException):
                 request.done.set_exception(result)
                 continue
-            running = _Running(request.spec, _Child(result))
-            self._running[request.spec.attempt_id] = running
-            running.watcher = asyncio.create_task(
-                self._watch(running), name=f"watch {request.spec.attempt_id}"
-            )
+            self._watch(_Running(request.spec, _Child(result)))
             request.done.set_result(None)
 
     def _spawn(self, request: _Spawn) -> subprocess.Popen[bytes]:
@@ -303,29 +304,38 @@ class LocalExecutor:
         finally:
             os.close(log)
 
-    async def _watch(self, running: _Running) -> None:
-        spec, process = running.spec, running.process
-        timed_out = False
-        try:
-            try:
-                await asyncio.wait_for(process.wait(), timeout=spec.max_runtime_s)
-            except TimeoutError:
-                timed_out = True
-                await self._stop(running, "timed out", grace_s=self._grace_s)
-                await process.wait()
-        finally:
-            # Whatever happened, the scheduler hears of the end exactly once.
-            self._running.pop(spec.attempt_id, None)
-            self._emit(
-                end_event(
-                    spec.attempt_id,
-                    spec.max_runtime_s,
-                    process.returncode,
-                    running.stop_reason,
-                    timed_out,
-                    self._now(),
-                )
+    def _watch(self, running: _Running) -> None:
+        """Its end reported once it ended; stopped past its max_runtime_s (callbacks on
+        the loop, not a task an attempt)."""
+        self._running[running.spec.attempt_id] = running
+        loop = asyncio.get_running_loop()
+        running.deadline = loop.call_later(running.spec.max_runtime_s, self._time_out, running)
+        running.process.on_end(functools.partial(self._ended, running))
+
+    def _time_out(self, running: _Running) -> None:
+        if running.process.returncode is not None:  # ended; its end is on its way
+            return
+        running.timed_out = True
+        task = asyncio.create_task(self._stop(running, "timed out", grace_s=self._grace_s))
+        self._stoppers.add(task)
+        task.add_done_callback(self._stoppers.discard)
+
+    def _ended(self, running: _Running) -> None:
+        """Whatever happened, the scheduler hears of the end exactly once."""
+        spec = running.spec
+        if running.deadline is not None:
+            running.deadline.cancel()
+        self._running.pop(spec.attempt_id, None)
+        self._emit(
+            end_event(
+                spec.attempt_id,
+                spec.max_runtime_s,
+                running.process.returncode,
+                running.stop_reason,
+                running.timed_out,
+                self._now(),
             )
+        )
 
     def _emit(self, event: AttemptEvent | CheckpointEvent) -> None:
         for listener in self._listeners:
@@ -443,9 +453,8 @@ class LocalExecutor:
             *(self._stop(r, "controller stopping", grace_s=self._grace_s) for r in running),
             *list(self._stoppers),
         )
-        watchers = [r.watcher for r in running if r.watcher is not None]
-        if watchers:
-            await asyncio.gather(*watchers, return_exceptions=True)
+        # Their ends are reported before the waits on them return (`_Child.on_end`).
+        await asyncio.gather(*(r.process.wait() for r in running))
 
     def running_pids(self) -> dict[str, int]:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
