@@ -150,7 +150,7 @@ def profiler(pid: int, path: Path) -> subprocess.Popen | None:
         return None
     fmt = "raw" if path.suffix == ".txt" else "flamegraph"
     return subprocess.Popen(
-        [py_spy, "record", "--pid", str(pid), "--rate", "250", *(["--gil"] if os.environ.get("BENCH_GIL") else []), "--format", fmt, "-o", str(path)],
+        [py_spy, "record", "--pid", str(pid), "--rate", "250", "--format", fmt, "-o", str(path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
