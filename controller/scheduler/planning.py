@@ -19,6 +19,8 @@ state (bags, jobs, attempts, VMs and their indexes).
 
 from __future__ import annotations
 
+import logging
+
 from controller.executors.base import AttemptSpec
 from controller.job_command import render_command
 from controller.models import AttemptState, JobState
@@ -29,6 +31,8 @@ from controller.store import WriteBatch
 from controller.waiting_jobs import JobQueue
 from drivers.base import VmState
 from policies.packing import Shape
+
+log = logging.getLogger("spotbag.scheduler")
 
 
 def _queue_room(vm: VmRun, queue_ahead: float) -> Shape:
@@ -58,7 +62,8 @@ class PlanningMixin(TransitionsMixin):
                 DemandGroup(
                     bag.id,
                     bag.shape,
-                    len(bag.queue),
+                    # At most what its budgets leave room for (controller/budgets.py).
+                    self.budgets.launchable(bag, len(bag.queue), self.catalog_view, now),
                     bag.allowed_types,
                     bag.regions,
                     bag.runtime_estimate_s * to_hours,
@@ -149,8 +154,13 @@ class PlanningMixin(TransitionsMixin):
             bag = self.bags[place.bag_id]
             vm = self.vms[place.vm_id]
             for _ in range(place.count):
-                starts.append(self._new_attempt(bag, vm, bag.queue.popleft(), now, batch))
+                idx = bag.queue.popleft()
+                if not self._budget_reserved(bag, vm, idx, now, batch):
+                    bag.queue.appendleft(idx)  # held: budget (it waits, queued)
+                    break
+                starts.append(self._new_attempt(bag, vm, idx, now, batch))
             self._refresh_vm_sets(vm)
+        self._budget_holds(batch, now)
         launches: list[VmRun] = []
         for launch in decision.launches:
             vm_type = self.catalog[launch.vm_type]
@@ -176,6 +186,29 @@ class PlanningMixin(TransitionsMixin):
             ending.reason = termination.reason
             self._refresh_vm_sets(ending)
         return starts, launches
+
+    # --- budgets (controller/budgets.py): checked and reserved before every attempt ------
+
+    def _budget_reserved(
+        self, bag: BagRun, vm: VmRun, idx: int, now: float, batch: WriteBatch
+    ) -> bool:
+        """Reserve the attempt's worst case under its bag's and account's budgets, in
+        this pass's batch (the transaction that records the attempt); False holds the bag."""
+        job = self.jobs.get((bag.id, idx))
+        number = (job.attempts if job is not None else 0) + 1
+        entries = self.budgets.reserve_attempt(bag, vm, idx, number, now)
+        if entries is None:
+            return False
+        batch.budget_entries(now, entries)
+        return True
+
+    def _budget_holds(self, batch: WriteBatch, now: float) -> None:
+        """Bags a budget has just held: budget_reached, once per hold."""
+        for bag_id, _account, why in self.budgets.take_new_holds():
+            bag = self.bags.get(bag_id)
+            if bag is not None:
+                log.info("bag %s held: budget: %s", bag_id, why)
+                self.notices.budget_reached(bag, why, now, batch)
 
     def _new_attempt(
         self, bag: BagRun, vm: VmRun, idx: int, now: float, batch: WriteBatch

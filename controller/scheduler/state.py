@@ -15,7 +15,8 @@ and so declares with their types:
 - what a pass leaves for its acting half or for the next pass (stops for migrations,
   VMs to terminate now, pool launches, refusals and releases, the hooks' verdicts);
 - the collaborators: `backoff` (actions.py), `checkpoints` (checkpoints.py) and
-  `accounts` (controller/ledger.py).
+  `accounts` (controller/ledger.py), `budgets` (controller/budgets.py) and `notices`
+  (controller/notify/emit.py).
 
 The mixins are layered so that each inherits the methods it calls: transitions on the
 state; planning, pool handling and events on transitions; actions on events (a start
@@ -31,8 +32,9 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from controller.budgets import Budgets
 from controller.checkpoint_tables import TableCache
-from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
+from controller.config import CheckpointConfig, LedgerConfig, NotifyConfig, SchedulerConfig
 from controller.executors.base import (
     AttemptEvent,
     AttemptSpec,
@@ -44,6 +46,7 @@ from controller.executors.base import (
 from controller.ledger import Accounts
 from controller.metrics import Metrics
 from controller.model_book import ModelBook
+from controller.notify.emit import Notices
 from controller.planner import CatalogType, Terminate
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of
 from controller.scheduler.backoff import Backoff
@@ -81,6 +84,7 @@ class SchedulerState:
         checkpointing: CheckpointConfig | None = None,
         tables: TableCache | None = None,
         ledger: LedgerConfig | None = None,
+        notify: NotifyConfig | None = None,
     ) -> None:
         self.store = store
         self.book = book  # preemption models; None: no reuse policy, no hot spares
@@ -157,6 +161,9 @@ class SchedulerState:
         self.accounts = Accounts(
             ledger or LedgerConfig()
         )  # CPU-hour balances (docs/design.md#ledger)
+        # Dollar budgets (controller/budgets.py) and events (controller/notify/emit.py).
+        self.budgets = Budgets(time_scale=time_scale)
+        self.notices = Notices(notify)
         self.ticks = 0
         driver.subscribe(self._on_vm_status)
         executor.subscribe(self._on_attempt_event)

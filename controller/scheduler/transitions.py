@@ -129,6 +129,12 @@ class TransitionsMixin(SchedulerState):
             ),
             f"attempt {attempt.number} {state}",
         )
+        batch.budget_entries(  # its dollars too (controller/budgets.py)
+            at,
+            self.budgets.settle_attempt(
+                bag, attempt.idx, attempt.number, at - attempt.started_at, at
+            ),
+        )
         if self.metrics is not None:
             self.metrics.attempts.labels(state=str(state)).inc()
 
@@ -256,6 +262,8 @@ class TransitionsMixin(SchedulerState):
             state = BagState.SUCCEEDED
         batch.bag_finished(bag.id, state, at)
         batch.transition(at, "bag", bag.id, BagState.ACTIVE, state, "")
+        self.notices.bag_ended(bag, state, at, batch)  # finished or failed
+        self.budgets.bag_ended(bag.id)
         del self.bags[bag.id]
         log.info("bag %s finished: %s", bag.id, state)
 
@@ -294,8 +302,10 @@ class TransitionsMixin(SchedulerState):
             vm.running_at = min(vm.running_at, at)
         batch.vm(vm.row(self.driver.name, self.time_scale))
         self._untrack_vm(vm)
-        if self.metrics is not None and state is VmState.PREEMPTED:
-            self.metrics.preemptions.inc()
+        if state is VmState.PREEMPTED:
+            self.notices.preempted(vm.id, vm.vm_type.name, at, batch, self.bags.values())
+            if self.metrics is not None:
+                self.metrics.preemptions.inc()
 
     def _await_confirmed_end(self, attempt: AttemptRun, vm: VmRun, why: str, at: float) -> None:
         """The attempt's VM is gone, and its executor will say when its job has ended for

@@ -197,6 +197,33 @@ class CallbackRecord:
     subject: str
 
 
+@dataclass(slots=True)
+class BudgetRow:
+    """One dollar ledger entry (INSERT INTO budget_ledger): an attempt's reservation,
+    charge or release against its bag's and account's budgets."""
+
+    at: float
+    account: str
+    bag_id: str
+    kind: str
+    usd: float
+    key: str
+    month: str
+
+
+@dataclass(slots=True)
+class EventRecord:
+    """An event and the webhooks to deliver it to (INSERT INTO events, event_deliveries)."""
+
+    id: str
+    created_at: float
+    kind: str
+    bag_id: str | None
+    account: str | None
+    payload: str  # JSON
+    urls: tuple[str, ...] = ()
+
+
 def _columns(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
@@ -209,6 +236,7 @@ TRANSITION_COLUMNS = _columns(Transition)
 CHECKPOINT_COLUMNS = _columns(CheckpointRecord)
 LEDGER_COLUMNS = _columns(LedgerRow)
 CALLBACK_COLUMNS = _columns(CallbackRecord)
+BUDGET_COLUMNS = _columns(BudgetRow)
 
 # Columns a VM row may leave out (added by later migrations).
 _VM_DEFAULTS: dict[str, Any] = {"time_scale": 1.0, "ready_at": None, "pool_node": ""}
@@ -226,6 +254,7 @@ _TRANSITION_PARAMS = _params_in_order(TRANSITION_COLUMNS)
 _CHECKPOINT_PARAMS = _params_in_order(CHECKPOINT_COLUMNS)
 _LEDGER_PARAMS = _params_in_order(LEDGER_COLUMNS)
 _CALLBACK_PARAMS = _params_in_order(CALLBACK_COLUMNS)
+_BUDGET_PARAMS = _params_in_order(BUDGET_COLUMNS)
 _USAGE_PARAMS = _params_in_order(_columns(Usage))
 _CHECKPOINT_TOTAL_PARAMS = _params_in_order(_columns(CheckpointTotals))
 
@@ -253,6 +282,8 @@ class WriteBatch:
     callbacks: dict[str, CallbackRecord] = field(default_factory=dict)
     accounts: list[dict[str, Any]] = field(default_factory=list)  # opened by this batch
     slurm_runs: dict[str, SlurmRunRow] = field(default_factory=dict)
+    budget: list[BudgetRow] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -268,6 +299,8 @@ class WriteBatch:
             or self.callbacks
             or self.accounts
             or self.slurm_runs
+            or self.budget
+            or self.events
         )
 
     def size(self) -> int:
@@ -293,6 +326,8 @@ class WriteBatch:
         self.checkpoints.extend(later.checkpoints)
         for bag_id, totals in later.checkpoint_deltas.items():
             self.checkpoint_deltas.setdefault(bag_id, CheckpointTotals()).add(totals)
+        self.budget.extend(later.budget)
+        self.events.extend(later.events)
 
     def job(
         self,
@@ -435,6 +470,16 @@ class WriteBatch:
         """A callback was handled (with whatever else this batch changes because of it)."""
         self.callbacks.setdefault(key, CallbackRecord(key, at, kind, subject))
 
+    def budget_entries(self, at: float, entries: Iterable[Any]) -> None:
+        """Dollar ledger entries (policies.budget_rules.Entry) caused by this batch's changes."""
+        self.budget.extend(
+            BudgetRow(at, e.account, e.bag_id, e.kind, e.usd, e.key, e.month) for e in entries
+        )
+
+    def event(self, record: EventRecord) -> None:
+        """An event raised by this batch's changes, with its deliveries."""
+        self.events.append(record)
+
     def work_lost(self, bag_id: str, lost_s: float) -> None:
         """Work a preemption threw away (since the job's last checkpoint)."""
         self.checkpoint_deltas.setdefault(bag_id, CheckpointTotals()).lost_s += lost_s
@@ -451,6 +496,7 @@ _INSERT_CHECKPOINT = _insert_sql("checkpoints", CHECKPOINT_COLUMNS)
 _INSERT_CALLBACK = _insert_sql("callbacks", CALLBACK_COLUMNS, "INSERT OR IGNORE")
 _INSERT_TRANSITION = _insert_sql("transitions", TRANSITION_COLUMNS)
 _INSERT_LEDGER = _insert_sql("ledger", LEDGER_COLUMNS)
+_INSERT_BUDGET = _insert_sql("budget_ledger", BUDGET_COLUMNS)
 
 
 def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
@@ -509,6 +555,30 @@ def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
         conn.executemany(_INSERT_CALLBACK, map(_CALLBACK_PARAMS, batch.callbacks.values()))
     if batch.transitions:
         conn.executemany(_INSERT_TRANSITION, map(_TRANSITION_PARAMS, batch.transitions))
+    _apply_money_and_events(conn, batch)
+
+
+def _apply_money_and_events(conn: sqlite3.Connection, batch: WriteBatch) -> None:
+    """The dollar ledger's entries and the events (docs/notifications.md) of a batch."""
+    if batch.budget:
+        conn.executemany(_INSERT_BUDGET, map(_BUDGET_PARAMS, batch.budget))
+    if batch.events:
+        insert_events(conn, batch.events)
+
+
+def insert_events(conn: sqlite3.Connection, events: Iterable[EventRecord]) -> None:
+    """Events and one pending delivery per webhook, due at once."""
+    for event in events:
+        conn.execute(
+            "INSERT INTO events (id, created_at, kind, bag_id, account, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (event.id, event.created_at, event.kind, event.bag_id, event.account, event.payload),
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO event_deliveries (event_id, url, state, next_try_at) "
+            "VALUES (?, ?, 'pending', ?)",
+            [(event.id, url, event.created_at) for url in event.urls],
+        )
 
 
 def insert_ledger(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:

@@ -406,6 +406,63 @@ MIGRATIONS: list[tuple[str, str]] = [
         DROP TRIGGER ledger_open_on_release;
         """,
     ),
+    (
+        "bag options (deadline, budget, on-demand, confidence), account budgets, the dollar "
+        "ledger budgets are enforced with, and events with their webhook deliveries",
+        """
+        ALTER TABLE bags ADD COLUMN deadline_at REAL;  -- epoch s (a duration resolved)
+        ALTER TABLE bags ADD COLUMN budget_usd REAL;  -- NULL: no cap; PATCH changes it
+        ALTER TABLE bags ADD COLUMN on_demand TEXT NOT NULL DEFAULT 'never';
+        ALTER TABLE bags ADD COLUMN deadline_confidence REAL NOT NULL DEFAULT 0.95;
+        ALTER TABLE accounts ADD COLUMN budget_usd REAL;  -- per calendar month (UTC)
+        CREATE TABLE budget_ledger (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            account TEXT NOT NULL,
+            bag_id TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('reserve', 'charge', 'release')),
+            usd REAL NOT NULL CHECK (usd >= 0),
+            key TEXT NOT NULL,  -- the attempt: bag:job:attempt
+            month TEXT NOT NULL  -- YYYY-MM (UTC) a charge counts in
+        );
+        CREATE UNIQUE INDEX budget_once ON budget_ledger(key, kind);
+        CREATE INDEX budget_by_bag ON budget_ledger(bag_id, kind);
+        CREATE INDEX budget_by_account_month ON budget_ledger(account, month, kind);
+        CREATE TABLE events (
+            seq INTEGER PRIMARY KEY,  -- the order events were recorded in (a cursor)
+            id TEXT NOT NULL UNIQUE,  -- sent as X-Spotbag-Event-Id: receivers de-duplicate
+            created_at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            bag_id TEXT,  -- NULL: the fleet's (preemption_storm)
+            account TEXT,
+            payload TEXT NOT NULL  -- JSON
+        );
+        CREATE INDEX events_by_bag ON events(bag_id, seq);
+        CREATE INDEX events_by_time ON events(created_at);
+        CREATE TABLE event_deliveries (
+            id INTEGER PRIMARY KEY,
+            event_id TEXT NOT NULL,
+            url TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_try_at REAL NOT NULL,
+            last_status INTEGER,  -- HTTP status of the last attempt (NULL: none came)
+            last_error TEXT NOT NULL DEFAULT '',
+            delivered_at REAL,
+            UNIQUE (event_id, url)
+        );
+        CREATE INDEX deliveries_due ON event_deliveries(next_try_at) WHERE state = 'pending';
+        CREATE TABLE delivery_attempts (
+            id INTEGER PRIMARY KEY,
+            delivery_id INTEGER NOT NULL,
+            at REAL NOT NULL,
+            status INTEGER,  -- NULL: no answer (refused, timed out)
+            error TEXT NOT NULL DEFAULT '',
+            duration_s REAL NOT NULL
+        );
+        CREATE INDEX delivery_attempts_by_delivery ON delivery_attempts(delivery_id);
+        """,
+    ),
 ]
 
 

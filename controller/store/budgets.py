@@ -1,0 +1,100 @@
+"""Budgets in dollars (docs/bags.md#budgets): the caps of bags and accounts, and the
+dollar ledger (budget_ledger) that attempts reserve, charge and release in, written
+by the scheduler's batch (batch.py) in the same transaction as the CPU-hour ledger's
+entries. A restart rebuilds the in-memory book (controller/budgets.py) from here."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from controller.store.engine import Engine, dict_rows
+
+
+class BudgetQueries(Engine):
+    """Queries of the budget_ledger table and the budget columns of bags and accounts."""
+
+    async def budget_state(self, month: str) -> dict[str, Any]:
+        """What rebuilds the budget book: the caps of active bags and of accounts, the
+        active bags' charges, the accounts' charges in `month`, and the reservations
+        not yet settled."""
+
+        def load(conn: sqlite3.Connection) -> dict[str, Any]:
+            return {
+                "bag_caps": dict(
+                    conn.execute(
+                        "SELECT id, budget_usd FROM bags WHERE state = 'active'"
+                    ).fetchall()
+                ),
+                "bag_accounts": dict(
+                    conn.execute("SELECT id, account FROM bags WHERE state = 'active'").fetchall()
+                ),
+                "account_caps": dict(
+                    conn.execute("SELECT name, budget_usd FROM accounts").fetchall()
+                ),
+                "bag_spent": dict(
+                    conn.execute(
+                        "SELECT b.id, sum(l.usd) FROM bags b JOIN budget_ledger l "
+                        "ON l.bag_id = b.id AND l.kind = 'charge' WHERE b.state = 'active' "
+                        "GROUP BY b.id"
+                    ).fetchall()
+                ),
+                "account_spent": dict(
+                    conn.execute(
+                        "SELECT account, sum(usd) FROM budget_ledger "
+                        "WHERE month = ? AND kind = 'charge' GROUP BY account",
+                        (month,),
+                    ).fetchall()
+                ),
+                "open": dict_rows(
+                    conn,
+                    "SELECT key, bag_id, account, usd FROM budget_ledger WHERE kind = 'reserve' "
+                    "AND key NOT IN (SELECT key FROM budget_ledger WHERE kind = 'release')",
+                ),
+            }
+
+        return await self.read(load)
+
+    async def bag_budget_sums(self, bag_id: str) -> tuple[float, float]:
+        """(charged, reserved and not yet settled) dollars of one bag."""
+
+        def sums(conn: sqlite3.Connection) -> tuple[float, float]:
+            rows = dict(
+                conn.execute(
+                    "SELECT kind, sum(usd) FROM budget_ledger WHERE bag_id = ? GROUP BY kind",
+                    (bag_id,),
+                ).fetchall()
+            )
+            reserved = rows.get("reserve", 0.0) - rows.get("charge", 0.0) - rows.get("release", 0.0)
+            return rows.get("charge", 0.0), max(0.0, reserved)
+
+        return await self.read(sums)
+
+    async def account_month_charged(self, account: str, month: str) -> float:
+        def total(conn: sqlite3.Connection) -> float:
+            row = conn.execute(
+                "SELECT sum(usd) FROM budget_ledger WHERE account = ? AND month = ? "
+                "AND kind = 'charge'",
+                (account, month),
+            ).fetchone()
+            return row[0] or 0.0
+
+        return await self.read(total)
+
+    async def set_bag_budget(self, bag_id: str, budget_usd: float | None) -> None:
+        await self.write(
+            lambda conn: conn.execute(
+                "UPDATE bags SET budget_usd = ? WHERE id = ?", (budget_usd, bag_id)
+            )
+        )
+
+    async def set_account_budget(self, account: str, budget_usd: float | None) -> bool:
+        """Set an account's monthly budget; False when the account does not exist."""
+
+        def update(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE accounts SET budget_usd = ? WHERE name = ?", (budget_usd, account)
+            )
+            return cursor.rowcount > 0
+
+        return await self.write(update)
