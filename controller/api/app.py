@@ -1,7 +1,7 @@
 """The HTTP API's application: the route table, the middlewares and `build_app`.
 
 The routes live with their resource (bags.py, jobs.py, vms.py, market.py,
-accounts.py, account_tokens.py, reports.py, slurm_events.py, health.py); `ROUTES`
+accounts.py, account_tokens.py, reports.py, events.py, slurm_events.py, health.py); `ROUTES`
 joins them, and builds both the router and the OpenAPI document (openapi.py), so the
 two cannot drift apart. Middlewares turn every error into
 `{"error": {"code", "message", "detail"}}` with a fitting status, check the bearer
@@ -30,6 +30,7 @@ from controller.api import (
     account_tokens,
     accounts,
     bags,
+    events,
     health,
     jobs,
     market,
@@ -58,6 +59,7 @@ ROUTES: tuple[Route, ...] = (
     *slurm_events.ROUTES,
     *accounts.ROUTES,
     *reports.ROUTES,
+    *events.ROUTES,
     *account_tokens.ROUTES,
 )
 
