@@ -131,6 +131,7 @@ def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) ->
         f"  cost        spot {usd(u['spot_cost_usd'])} vs on-demand {usd(u['on_demand_cost_usd'])}"
         f" for the same hours: saved {usd(saved)} ({percent(fraction)})",
     ]
+    lines += _option_lines(view)
     if fleet is not None:
         t = fleet["total"]
         fleet_saved = t["on_demand_cost_usd"] - t["spot_cost_usd"]
@@ -140,3 +141,37 @@ def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) ->
             f"{usd(t['on_demand_cost_usd'])} (saved {usd(fleet_saved)})"
         )
     return "\n".join(lines)
+
+
+def _option_lines(view: dict[str, Any]) -> list[str]:
+    """The bag's deadline, on-demand choice and budget, when it has any
+    (docs/bags.md#options)."""
+    options = view.get("options") or {}
+    budget = view.get("budget") or {}
+    lines = []
+    if options.get("deadline_at") is not None:
+        lines.append(
+            f"  deadline    {when(options['deadline_at'])} ({options['deadline']}), "
+            f"on-demand {options['on_demand']}, confidence {options['deadline_confidence']:g}"
+        )
+    elif options.get("on_demand") not in (None, "never"):
+        lines.append(f"  on-demand   {options['on_demand']}")
+    cap = budget.get("budget_usd")
+    account_cap = budget.get("account_budget_usd")
+    if cap is not None or account_cap is not None or budget.get("held"):
+        text = (
+            f"  budget      {usd(budget.get('charged_usd', 0.0))} charged + "
+            f"{usd(budget.get('reserved_usd', 0.0))} reserved of "
+            f"{'no cap' if cap is None else usd(cap)}"
+        )
+        if account_cap is not None:
+            text += (
+                f" (account: {usd(budget.get('account_month_charged_usd', 0.0))} of "
+                f"{usd(account_cap)} this month)"
+            )
+        lines.append(text)
+        if budget.get("held"):
+            lines.append(f"  waiting     {budget['held']}")
+    if options.get("notify"):
+        lines.append(f"  webhooks    {', '.join(w['url'] for w in options['notify'])}")
+    return lines
