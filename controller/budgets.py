@@ -58,6 +58,8 @@ class Budgets:
     # reservation settled.
     generation: int = 0
     new_holds: list[tuple[str, str, str]] = field(default_factory=list)  # bag, account, why
+    # Bags told of (budget_reached) since their budgets last changed: bag -> account.
+    told: dict[str, str] = field(default_factory=dict)
     month: str = ""
 
     # --- caps -------------------------------------------------------------------------
@@ -68,10 +70,12 @@ class Budgets:
 
     def set_bag_cap(self, bag_id: str, cap_usd: float | None) -> None:
         self.book.bag_caps[bag_id] = cap_usd
+        self.told.pop(bag_id, None)
         self.generation += 1
 
     def set_account_cap(self, account: str, cap_usd: float | None) -> None:
         self.book.account_caps[account] = cap_usd
+        self.told = {b: a for b, a in self.told.items() if a != account}
         self.generation += 1
 
     def limited(self, bag: BagRun) -> bool:
@@ -175,6 +179,7 @@ class Budgets:
 
     def bag_ended(self, bag_id: str) -> None:
         self.held.pop(bag_id, None)
+        self.told.pop(bag_id, None)
         self.book.forget_bag(bag_id)
 
     def take_new_holds(self) -> list[tuple[str, str, str]]:
@@ -182,7 +187,11 @@ class Budgets:
         return held
 
     def _hold(self, bag: BagRun, why: str) -> None:
-        if bag.id not in self.held:
+        """Hold the bag until something changes; the first hold since its budgets last
+        changed is told (budget_reached), not every one: while attempts of the bag run,
+        one may be refused and the next, after one ended, admitted."""
+        if bag.id not in self.told:
+            self.told[bag.id] = bag.spec.account
             self.new_holds.append((bag.id, bag.spec.account, why))
         self.held[bag.id] = Hold(why, self.generation)
 
@@ -191,6 +200,7 @@ class Budgets:
         if month != self.month:
             if self.month:
                 self.generation += 1  # a new month: accounts' budgets start again
+                self.told.clear()
             self.month = month
 
     # --- views and recovery -----------------------------------------------------------
