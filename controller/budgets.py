@@ -35,6 +35,12 @@ def month_of(at: float) -> str:
     return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m")
 
 
+def month_start(at: float) -> float:
+    """The first instant of the calendar month (UTC) of `at`, epoch seconds."""
+    when = dt.datetime.fromtimestamp(at, dt.UTC)
+    return when.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
 def share_of(shape: Shape, capacity: Shape) -> float:
     return vm_share(
         shape.cpus, shape.gpus, shape.memory_gb, capacity.cpus, capacity.gpus, capacity.memory_gb
@@ -228,10 +234,11 @@ class Budgets:
         }
 
     def load(self, state: dict[str, Any], now: float) -> None:
-        """Rebuild from the store (Store.budget_state of month_of(now))."""
+        """Rebuild from the store (Store.budget_state(month_of(now), month_start(now)))."""
         self.book = BudgetBook()
         self.held = {}
         self.month = month_of(now)
+        self.told = dict(state["told"])  # not told again after a restart
         self.book.bag_caps.update(state["bag_caps"])
         self.book.account_caps.update(state["account_caps"])
         self.book.bag_spent.update(state["bag_spent"])

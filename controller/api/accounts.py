@@ -76,7 +76,7 @@ async def create_account(request: web.Request) -> web.Response:
     ):
         raise Conflict(f"account {body.name!r} exists already", code="account_exists")
     if body.budget_usd is not None:
-        await c.store.set_account_budget(body.name, body.budget_usd)
+        await c.store.set_account_budget(body.name, body.budget_usd, c.clock.now())
         c.running_scheduler.budgets.set_account_cap(body.name, body.budget_usd)
     c.running_scheduler.credited()
     return json_response(account_view(c, body.name), status=201)
@@ -87,7 +87,7 @@ async def set_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
     body = parse_body(BudgetChange, await json_body(request))
-    await c.store.set_account_budget(name, body.budget_usd)
+    await c.store.set_account_budget(name, body.budget_usd, c.clock.now())
     c.running_scheduler.budgets.set_account_cap(name, body.budget_usd)
     c.running_scheduler.credited()  # wake it: held bags may go on
     return json_response(account_view(c, name))

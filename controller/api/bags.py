@@ -162,7 +162,7 @@ async def set_bag(request: web.Request) -> web.Response:
         raise Conflict(
             f"bag {bag_id} already finished ({bag['state']})", detail={"state": bag["state"]}
         )
-    await c.store.set_bag_budget(bag_id, body.budget_usd)
+    await c.store.set_bag_budget(bag_id, body.budget_usd, c.clock.now())
     scheduler = c.running_scheduler
     scheduler.budgets.set_bag_cap(bag_id, body.budget_usd)
     scheduler.credited()  # wake it: held bags may go on

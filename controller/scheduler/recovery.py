@@ -21,7 +21,7 @@ import json
 import logging
 
 from controller.bagspec import BagSpec
-from controller.budgets import month_of
+from controller.budgets import month_of, month_start
 from controller.executors.base import AttemptEvent, LiveAttempt, Outcome
 from controller.models import AttemptState, JobState
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
@@ -48,7 +48,7 @@ class RecoveryMixin(ActionsMixin):
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
         self.accounts.load(await self.store.ledger_state())
-        self.budgets.load(await self.store.budget_state(month_of(now)), now)
+        self.budgets.load(await self.store.budget_state(month_of(now), month_start(now)), now)
         state = await self.store.load_active()
         batch = self.store.new_batch()
         self._load_bags(state["bags"])

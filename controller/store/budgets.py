@@ -14,13 +14,24 @@ from controller.store.engine import Engine, dict_rows
 class BudgetQueries(Engine):
     """Queries of the budget_ledger table and the budget columns of bags and accounts."""
 
-    async def budget_state(self, month: str) -> dict[str, Any]:
+    async def budget_state(self, month: str, month_start: float) -> dict[str, Any]:
         """What rebuilds the budget book: the caps of active bags and of accounts, the
-        active bags' charges, the accounts' charges in `month`, and the reservations
-        not yet settled."""
+        active bags' charges, the accounts' charges in `month`, the reservations not
+        yet settled, and the active bags told budget_reached since their budgets (and
+        their accounts') last changed, within the month (`month_start`, epoch s)."""
 
         def load(conn: sqlite3.Connection) -> dict[str, Any]:
             return {
+                "told": dict(
+                    conn.execute(
+                        "SELECT DISTINCT b.id, b.account FROM events e "
+                        "JOIN bags b ON b.id = e.bag_id LEFT JOIN accounts a ON a.name = b.account "
+                        "WHERE e.kind = 'budget_reached' AND b.state = 'active' "
+                        "AND e.created_at >= ? AND e.created_at >= coalesce(b.budget_changed_at, 0) "
+                        "AND e.created_at >= coalesce(a.budget_changed_at, 0)",
+                        (month_start,),
+                    ).fetchall()
+                ),
                 "bag_caps": dict(
                     conn.execute(
                         "SELECT id, budget_usd FROM bags WHERE state = 'active'"
@@ -81,19 +92,21 @@ class BudgetQueries(Engine):
 
         return await self.read(total)
 
-    async def set_bag_budget(self, bag_id: str, budget_usd: float | None) -> None:
+    async def set_bag_budget(self, bag_id: str, budget_usd: float | None, at: float) -> None:
         await self.write(
             lambda conn: conn.execute(
-                "UPDATE bags SET budget_usd = ? WHERE id = ?", (budget_usd, bag_id)
+                "UPDATE bags SET budget_usd = ?, budget_changed_at = ? WHERE id = ?",
+                (budget_usd, at, bag_id),
             )
         )
 
-    async def set_account_budget(self, account: str, budget_usd: float | None) -> bool:
+    async def set_account_budget(self, account: str, budget_usd: float | None, at: float) -> bool:
         """Set an account's monthly budget; False when the account does not exist."""
 
         def update(conn: sqlite3.Connection) -> bool:
             cursor = conn.execute(
-                "UPDATE accounts SET budget_usd = ? WHERE name = ?", (budget_usd, account)
+                "UPDATE accounts SET budget_usd = ?, budget_changed_at = ? WHERE name = ?",
+                (budget_usd, at, account),
             )
             return cursor.rowcount > 0
 

@@ -414,7 +414,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE bags ADD COLUMN budget_usd REAL;  -- NULL: no cap; PATCH changes it
         ALTER TABLE bags ADD COLUMN on_demand TEXT NOT NULL DEFAULT 'never';
         ALTER TABLE bags ADD COLUMN deadline_confidence REAL NOT NULL DEFAULT 0.95;
+        -- When a budget was last changed: a budget_reached raised since is not raised again
+        ALTER TABLE bags ADD COLUMN budget_changed_at REAL;
         ALTER TABLE accounts ADD COLUMN budget_usd REAL;  -- per calendar month (UTC)
+        ALTER TABLE accounts ADD COLUMN budget_changed_at REAL;
         CREATE TABLE budget_ledger (
             id INTEGER PRIMARY KEY,
             at REAL NOT NULL,

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 )
 
 from controller.bagspec import parse_bag
-from controller.budgets import Budgets, month_of
+from controller.budgets import Budgets, month_of, month_start
 from controller.runtime import BagRun, VmRun, shape_of
 from controller.store import Store
 from controller.waiting_jobs import FreshParams, JobQueue
@@ -57,7 +57,7 @@ class BudgetMachine(RuleBasedStateMachine):
         self.run(self.store.create_account({"name": "a", "unlimited": True, "created_at": NOW}, []))
         self.budgets = Budgets()
         self.account_cap = account_cap
-        self.run(self.store.set_account_budget("a", account_cap))
+        self.run(self.store.set_account_budget("a", account_cap, NOW))
         self.budgets.set_account_cap("a", account_cap)
         self.bags: dict[str, BagRun] = {}
         self.caps: dict[str, float | None] = {}
@@ -164,14 +164,14 @@ class BudgetMachine(RuleBasedStateMachine):
         bag_id = data.draw(st.sampled_from(sorted(self.bags)))
         cap = self.caps[bag_id]
         new = None if more is None or cap is None else cap + more
-        self.run(self.store.set_bag_budget(bag_id, new))
+        self.run(self.store.set_bag_budget(bag_id, new, NOW))
         self.budgets.set_bag_cap(bag_id, new)
         self.caps[bag_id] = new
 
     @rule(more=st.one_of(st.none(), st.floats(0.0, 1.0)))
     def raise_the_account_budget(self, more):
         new = None if more is None or self.account_cap is None else self.account_cap + more
-        self.run(self.store.set_account_budget("a", new))
+        self.run(self.store.set_account_budget("a", new, NOW))
         self.budgets.set_account_cap("a", new)
         self.account_cap = new
 
@@ -179,7 +179,7 @@ class BudgetMachine(RuleBasedStateMachine):
     def restart(self):
         before = self.budgets.book
         budgets = Budgets()
-        budgets.load(self.run(self.store.budget_state(MONTH)), NOW)
+        budgets.load(self.run(self.store.budget_state(MONTH, month_start(NOW))), NOW)
         after = budgets.book
         assert after.open.keys() == before.open.keys()
         assert after.bag_caps == {b: c for b, c in before.bag_caps.items()}

@@ -251,7 +251,13 @@ async def test_a_restart_reads_the_open_work_not_the_whole_ledger(tmp_path):
     assert steps[1] <= steps[0] + 2, steps
 
 
-BAG_OPTION_COLUMNS = ("deadline_at", "budget_usd", "on_demand", "deadline_confidence")
+BAG_OPTION_COLUMNS = (
+    "deadline_at",
+    "budget_usd",
+    "on_demand",
+    "deadline_confidence",
+    "budget_changed_at",
+)
 
 
 async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
@@ -274,6 +280,7 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             # and what the budgets and events migration added
             + "".join(f"ALTER TABLE bags DROP COLUMN {c};" for c in BAG_OPTION_COLUMNS)
             + "ALTER TABLE accounts DROP COLUMN budget_usd;"
+            "ALTER TABLE accounts DROP COLUMN budget_changed_at;"
             "DROP TABLE budget_ledger; DROP TABLE events; DROP TABLE event_deliveries;"
             "DROP TABLE delivery_attempts;"
         )
