@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from controller.bagspec import ACCOUNT_NAME
 from controller.errors import SpotbagError
 from controller.executors.job_users import ACCOUNT, template_problem
+from controller.notify.kinds import EventKind
 from drivers.base import VmType
 
 
@@ -632,8 +633,10 @@ class SlurmConfig(_Section):
 
 
 class NotifyWebhookConfig(_Section):
-    url: str = Field(description="http(s) URL every matching event is POSTed to.")
-    events: tuple[str, ...] = Field(
+    url: str = Field(
+        pattern=r"^https?://[^/?#\s]+", description="http(s) URL every matching event is POSTed to."
+    )
+    events: tuple[EventKind, ...] = Field(
         (),
         description="Kinds to send (finished, failed, deadline_at_risk, budget_reached, "
         "preemption_storm); empty: all.",
