@@ -71,6 +71,7 @@ DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
 UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
 MAX_DEADLINE_S = 366 * 86_400.0  # a year from submission at most
 MAX_BUDGET_USD = 1e9
+MIN_BUDGET_USD = 0.01  # a cent: smaller is a mistake (and no attempt costs less)
 MAX_WEBHOOKS = 10
 
 
@@ -301,7 +302,7 @@ class BagSpec(_Strict):
     )
     budget_usd: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_BUDGET_USD,
         le=MAX_BUDGET_USD,
         description="Most the bag may cost, US dollars (spot and on-demand together): "
         "attempts that would pass it do not start, the bag waits (held: budget).",
@@ -313,8 +314,8 @@ class BagSpec(_Strict):
     )
     deadline_confidence: float = Field(
         0.95,
-        gt=0,
-        lt=1,
+        ge=0.5,
+        le=0.9999,
         description="With a deadline: the probability with which it should be met.",
     )
     notify: list[Webhook] = Field(

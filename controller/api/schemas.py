@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.bagspec import ACCOUNT_NAME, MAX_BUDGET_USD, BagSpec, Webhook
+from controller.bagspec import ACCOUNT_NAME, MAX_BUDGET_USD, MIN_BUDGET_USD, BagSpec, Webhook
 from controller.errors import ApiError
 from controller.models import BagState, JobState
 
@@ -82,7 +82,7 @@ class AccountCreate(_Request):
     note: str = _NOTE
     budget_usd: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_BUDGET_USD,
         le=MAX_BUDGET_USD,
         description="Most its bags may cost per calendar month (UTC), US dollars; null: no cap.",
     )
@@ -101,7 +101,7 @@ class BudgetChange(_Request):
     /v1/accounts/{account}): US dollars, or null for none."""
 
     budget_usd: float | None = Field(
-        gt=0, le=MAX_BUDGET_USD, description="The new cap, US dollars; null: no cap."
+        ge=MIN_BUDGET_USD, le=MAX_BUDGET_USD, description="The new cap, US dollars; null: no cap."
     )
 
     messages: ClassVar[dict[str, tuple[str, str | None]]] = {"budget_usd": _BUDGET_MESSAGE}

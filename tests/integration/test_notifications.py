@@ -215,8 +215,8 @@ def test_a_restart_keeps_undelivered_events_and_budgets(make_daemon):
         {
             "account": "lab",
             "command": "true",
-            "max_runtime_s": 3600,
-            "budget_usd": 0.001,  # less than one attempt: held at once
+            "max_runtime_s": 7200,  # half a local-2 VM for 2 h: $0.02 reserved
+            "budget_usd": 0.01,  # less than one attempt: held at once
             "notify": [{"url": f"http://127.0.0.1:{port}/hook"}],
         }
     )
@@ -236,7 +236,7 @@ def test_a_restart_keeps_undelivered_events_and_budgets(make_daemon):
         wait_until(lambda: event["id"] in receiver.delivered(), 30, 0.1, "delivery after restart")
         assert client.account("lab")["budget"]["budget_usd"] == 7.0
         view = client.bag(bag["id"])
-        assert view["options"]["budget_usd"] == 0.001
+        assert view["options"]["budget_usd"] == 0.01
         assert view["budget"]["held"].startswith("held: budget") and view["counts"]["queued"] == 1
         assert receiver.delivered()[event["id"]]["kind"] == "budget_reached"
         # The undelivered event was sent once more after the restart, with the same id.
