@@ -490,3 +490,20 @@ def _no_processes_in_the_fast_tier(monkeypatch):
         )
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+def pytest_collection_modifyitems(config, items):
+    """In the fast tier, property tests try a fifth of their examples (at least 10):
+    the tier is the edit-test loop, `make test` runs every example."""
+    if not FAST_TIER:
+        return
+    from hypothesis import settings
+
+    for item in items:
+        test = getattr(item, "obj", None)
+        chosen = getattr(test, "_hypothesis_internal_use_settings", None)
+        if chosen is None:
+            continue
+        fewer = max(10, chosen.max_examples // 5)
+        if fewer < chosen.max_examples:
+            test._hypothesis_internal_use_settings = settings(chosen, max_examples=fewer)

@@ -22,11 +22,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from controller.bagspec import parse_bag
+from controller.bags.spec import parse_bag
+from controller.bags.waiting_jobs import FreshParams, JobQueue
 from controller.budgets import Budgets, month_of, month_start
 from controller.runtime import BagRun, VmRun, shape_of
 from controller.store import Store
-from controller.waiting_jobs import FreshParams, JobQueue
 from drivers.base import VmState, VmType
 from policies.budget_rules import cost_usd, would_cross
 

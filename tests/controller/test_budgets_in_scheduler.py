@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from tests.controller.simworld import bag, config, rows, run_until, world
 

@@ -16,7 +16,6 @@ import os
 import pwd
 
 from controller.executors.base import NodeEvent
-from controller.executors.slurm.state import Attempt, Node, SlurmState
 from controller.slurm.commands import (
     SlurmError,
     SlurmRefused,
@@ -24,6 +23,7 @@ from controller.slurm.commands import (
     key_values,
     split_rows,
 )
+from controller.slurm.executor.state import Attempt, Node, SlurmState
 from controller.slurm.naming import vm_of_node
 from drivers.base import VmType
 
