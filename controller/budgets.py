@@ -41,6 +41,17 @@ def month_start(at: float) -> float:
     return when.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
 
 
+def month_end(at: float) -> float:
+    """The first instant of the next calendar month (UTC), epoch seconds."""
+    when = dt.datetime.fromtimestamp(month_start(at), dt.UTC)
+    following = (
+        when.replace(year=when.year + 1, month=1)
+        if when.month == 12
+        else when.replace(month=when.month + 1)
+    )
+    return following.timestamp()
+
+
 def share_of(shape: Shape, capacity: Shape) -> float:
     return vm_share(
         shape.cpus, shape.gpus, shape.memory_gb, capacity.cpus, capacity.gpus, capacity.memory_gb
@@ -67,6 +78,11 @@ class Budgets:
     # Bags told of (budget_reached) since their budgets last changed: bag -> account.
     told: dict[str, str] = field(default_factory=dict)
     month: str = ""
+    # The month's bounds (epoch s): the month is worked out again only outside them (a
+    # datetime per attempt was a tenth of the budgets' cost in a simulation).
+    month_from: float = 0.0
+    month_until: float = 0.0
+    _worst_case: dict[tuple[str, str, float], float] = field(default_factory=dict)  # attempt_usd
 
     # --- caps -------------------------------------------------------------------------
 
@@ -144,10 +160,18 @@ class Budgets:
 
     # --- attempts ---------------------------------------------------------------------
 
-    def attempt_usd(self, bag: BagRun, vm: VmRun) -> tuple[float, float]:
-        """(the job's share of the VM's price per hour, its worst case in dollars)."""
-        per_h = vm.vm_type.spot_price_per_hour * share_of(bag.shape, vm.capacity)
-        return per_h, cost_usd(per_h, 1.0, bag.spec.max_runtime_s, self.time_scale)
+    def attempt_usd(self, bag: BagRun, vm: VmRun) -> float:
+        """An attempt's worst case in dollars on this VM (kept per bag and VM type: one a
+        start, in the scheduler's pass)."""
+        vm_type = vm.vm_type
+        key = (bag.id, vm_type.name, vm_type.spot_price_per_hour)
+        usd = self._worst_case.get(key)
+        if usd is None:
+            per_h = vm_type.spot_price_per_hour * share_of(bag.shape, vm.capacity)
+            usd = self._worst_case[key] = cost_usd(
+                per_h, 1.0, bag.spec.max_runtime_s, self.time_scale
+            )
+        return usd
 
     def reserve_attempt(
         self, bag: BagRun, vm: VmRun, idx: int, number: int, now: float
@@ -157,7 +181,7 @@ class Budgets:
         if not self.limited(bag):
             return []
         self._roll_month(now)
-        _, usd = self.attempt_usd(bag, vm)
+        usd = self.attempt_usd(bag, vm)
         account = bag.spec.account
         refusal = self.book.refusal(bag.id, account, usd, self.month)
         if refusal is not None:
@@ -185,6 +209,8 @@ class Budgets:
 
     def bag_ended(self, bag_id: str) -> None:
         self.held.pop(bag_id, None)
+        for key in [k for k in self._worst_case if k[0] == bag_id]:
+            del self._worst_case[key]
         self.told.pop(bag_id, None)
         self.book.forget_bag(bag_id)
 
@@ -202,7 +228,10 @@ class Budgets:
         self.held[bag.id] = Hold(why, self.generation)
 
     def _roll_month(self, now: float) -> None:
+        if self.month_from <= now < self.month_until:
+            return
         month = month_of(now)
+        self.month_from, self.month_until = month_start(now), month_end(now)
         if month != self.month:
             if self.month:
                 self.generation += 1  # a new month: accounts' budgets start again
@@ -238,6 +267,7 @@ class Budgets:
         self.book = BudgetBook()
         self.held = {}
         self.month = month_of(now)
+        self.month_from, self.month_until = month_start(now), month_end(now)
         self.told = dict(state["told"])  # not told again after a restart
         self.book.bag_caps.update(state["bag_caps"])
         self.book.account_caps.update(state["account_caps"])
@@ -245,4 +275,4 @@ class Budgets:
         for account, spent in state["account_spent"].items():
             self.book.account_spent[(account, self.month)] = spent
         for row in state["open"]:
-            self.book.reserve(row["bag_id"], row["account"], row["key"], row["usd"], self.month)
+            self.book.reserve(row["bag_id"], row["account"], row["key"], row["usd"], row["month"])

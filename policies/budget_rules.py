@@ -25,6 +25,7 @@ exactly, to the last rounding error, still admits the attempt that reaches it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 TOLERANCE = 1e-9
 
@@ -54,9 +55,9 @@ def would_cross(spent: float, committed: float, amount: float, cap: float | None
     return total > cap + TOLERANCE * max(1.0, abs(cap))
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One budget ledger entry: reserve, charge or release of `usd` under `key`."""
+class Entry(NamedTuple):
+    """One budget ledger entry: reserve, charge or release of `usd` under `key` (a tuple:
+    one is made per attempt start and two per end, in the scheduler's pass)."""
 
     account: str
     bag_id: str
@@ -64,6 +65,9 @@ class Entry:
     usd: float
     key: str
     month: str  # the calendar month (UTC, YYYY-MM) a charge counts in
+    # A charge in another month than its reservation's (an attempt running over a month's
+    # end): the stored row's month changes (otherwise it stays, and no index moves).
+    new_month: bool = False
 
 
 @dataclass
@@ -94,9 +98,8 @@ class BudgetBook:
     bag_committed: dict[str, float] = field(default_factory=dict)
     account_spent: dict[tuple[str, str], float] = field(default_factory=dict)  # (account, month)
     account_committed: dict[str, float] = field(default_factory=dict)
-    open: dict[str, tuple[str, str, float]] = field(
-        default_factory=dict
-    )  # key -> bag, account, usd
+    # key -> bag, account, usd, the month it was reserved in
+    open: dict[str, tuple[str, str, float, str]] = field(default_factory=dict)
 
     def refusal(self, bag_id: str, account: str, usd: float, month: str) -> Refusal | None:
         """Why reserving `usd` for an attempt of the bag would pass a cap, or None."""
@@ -115,7 +118,7 @@ class BudgetBook:
         """Reserve (the caller checked `refusal`); a key reserved already raises."""
         if key in self.open:
             raise ValueError(f"budget reservation {key} is open already")
-        self.open[key] = (bag_id, account, usd)
+        self.open[key] = (bag_id, account, usd, month)
         self.bag_committed[bag_id] = self.bag_committed.get(bag_id, 0.0) + usd
         self.account_committed[account] = self.account_committed.get(account, 0.0) + usd
         return Entry(account, bag_id, "reserve", usd, key, month)
@@ -126,7 +129,7 @@ class BudgetBook:
         found = self.open.pop(key, None)
         if found is None:
             return []
-        bag_id, account, reserved = found
+        bag_id, account, reserved, reserved_in = found
         charged = min(max(0.0, used_usd), reserved)
         self.bag_committed[bag_id] = self.bag_committed.get(bag_id, 0.0) - reserved
         self.account_committed[account] = self.account_committed.get(account, 0.0) - reserved
@@ -135,7 +138,7 @@ class BudgetBook:
             self.account_spent.get((account, month), 0.0) + charged
         )
         return [
-            Entry(account, bag_id, "charge", charged, key, month),
+            Entry(account, bag_id, "charge", charged, key, month, month != reserved_in),
             Entry(account, bag_id, "release", reserved - charged, key, month),
         ]
 

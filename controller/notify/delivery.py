@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -36,6 +35,7 @@ from controller import __version__
 from controller.config import NotifyConfig
 from controller.slurm.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
 from controller.store import Store, StoreUnavailable
+from controller.store.events import DeliveryTry
 
 log = logging.getLogger("spotbag.notify")
 
@@ -71,7 +71,14 @@ def event_body(delivery: dict[str, Any]) -> bytes:
 
 
 class Deliverer:
-    """POSTs due deliveries, records each attempt (see the module docstring)."""
+    """POSTs due deliveries, records each attempt (see the module docstring).
+
+    Under load it keeps `concurrency` POSTs in flight, fetching more as soon as one
+    ends (not at the next poll), and records their results together: one transaction
+    for all the attempts that ended meanwhile, not one (and one fsync) each. A delivery
+    is `busy` from its dispatch until its result is written, so it is never sent twice
+    by one daemon (a restart may send again one that was in flight: hence the id).
+    """
 
     def __init__(
         self,
@@ -85,8 +92,11 @@ class Deliverer:
         self.secret = secret
         self.now = now
         self._wake = asyncio.Event()
-        self._in_flight: dict[int, asyncio.Task[None]] = {}  # delivery id -> its POST
+        self._busy: set[int] = set()  # delivery ids dispatched and not yet recorded
+        self._posts: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(settings.concurrency)
+        self._tries: list[DeliveryTry] = []  # ended attempts, to record
+        self._tried = asyncio.Event()
 
     def wake(self) -> None:
         """An event was raised: look for due deliveries soon."""
@@ -94,35 +104,60 @@ class Deliverer:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
+        recorder = asyncio.create_task(self._record_tries(), name="notify-recorder")
         async with aiohttp.ClientSession(timeout=timeout) as session:
             try:
                 while True:
                     try:
-                        await self._send_due(session)
+                        more = await self._send_due(session)
                     except StoreUnavailable as exc:  # the disk: try again at the next poll
                         log.warning("cannot read the deliveries due: %s", exc)
+                        more = False
+                    if more:  # a full page: fetch again as soon as a POST ends
+                        await asyncio.wait(
+                            set(self._posts) or {recorder},
+                            timeout=self.settings.poll_interval_s,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                        continue
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_s)
                     if self._wake.is_set():
                         self._wake.clear()
                         await asyncio.sleep(WAKE_DELAY_S)
             finally:
-                for task in list(self._in_flight.values()):
+                for task in (*self._posts, recorder):
                     task.cancel()
-                await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+                await asyncio.gather(*self._posts, recorder, return_exceptions=True)
+                if self._tries:  # what ended before the stop is still recorded
+                    with contextlib.suppress(Exception):
+                        await self.store.deliveries_tried(self._tries)
 
-    async def _send_due(self, session: aiohttp.ClientSession) -> None:
-        due = await self.store.due_deliveries(self.now(), self.settings.concurrency * 4)
-        for delivery in due:
-            delivery_id = delivery["delivery_id"]
-            if delivery_id in self._in_flight:
-                continue
-            task = asyncio.create_task(self._deliver(session, delivery), name="notify-delivery")
-            self._in_flight[delivery_id] = task
-            task.add_done_callback(functools.partial(self._done, delivery_id))
+    async def _send_due(self, session: aiohttp.ClientSession) -> bool:
+        """Dispatch the due deliveries not busy; whether there may be more."""
+        page = self.settings.concurrency * 4
+        due = await self.store.due_deliveries(self.now(), page + len(self._busy))
+        fresh = [d for d in due if d["delivery_id"] not in self._busy]
+        for delivery in fresh[:page]:
+            self._busy.add(delivery["delivery_id"])
+            task = asyncio.create_task(self._deliver(session, delivery), name="notify-post")
+            self._posts.add(task)
+            task.add_done_callback(self._posts.discard)
+        return len(fresh) >= page
 
-    def _done(self, delivery_id: int, _task: asyncio.Task[None]) -> None:
-        self._in_flight.pop(delivery_id, None)
+    async def _record_tries(self) -> None:
+        while True:
+            await self._tried.wait()
+            self._tried.clear()
+            tries, self._tries = self._tries, []
+            try:
+                await self.store.deliveries_tried(tries)
+            except Exception as exc:  # the disk, or a store closing: never stop recording
+                # Left pending as they were: sent again later, the same ids (receivers
+                # de-duplicate).
+                log.warning("cannot record %d delivery attempts: %s", len(tries), exc)
+            finally:
+                self._busy.difference_update(t.delivery_id for t in tries)
 
     async def _deliver(self, session: aiohttp.ClientSession, delivery: dict[str, Any]) -> None:
         async with self._slots:
@@ -151,10 +186,10 @@ class Deliverer:
                     if not 200 <= status < 300:
                         error = f"HTTP {status}: {text[:200].decode('utf-8', 'replace')}"
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-                error = f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__
-            await self._record(delivery, attempt, status, error, time.perf_counter() - started)
+                error = f"{type(exc).__name__}: {exc}"[:500]
+            self._tried_once(delivery, attempt, status, error, time.perf_counter() - started)
 
-    async def _record(
+    def _tried_once(
         self,
         delivery: dict[str, Any],
         attempt: int,
@@ -162,6 +197,7 @@ class Deliverer:
         error: str,
         duration_s: float,
     ) -> None:
+        """The delivery's state after this attempt, queued for the recorder."""
         now = self.now()
         settings = self.settings
         if status is not None and 200 <= status < 300:
@@ -179,16 +215,7 @@ class Deliverer:
         else:
             state = "pending"
             next_try_at = now + retry_delay_s(attempt, settings.backoff_s, settings.max_backoff_s)
-        try:
-            await self.store.delivery_tried(
-                delivery["delivery_id"],
-                at=now,
-                status=status,
-                error=error,
-                duration_s=duration_s,
-                state=state,
-                next_try_at=next_try_at,
-            )
-        except StoreUnavailable as exc:
-            # Left pending as it was: sent again later, the same id (receivers de-duplicate).
-            log.warning("cannot record a delivery of event %s: %s", delivery["id"], exc)
+        self._tries.append(
+            DeliveryTry(delivery["delivery_id"], now, status, error, duration_s, state, next_try_at)
+        )
+        self._tried.set()

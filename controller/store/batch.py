@@ -199,7 +199,8 @@ class CallbackRecord:
 
 @dataclass(slots=True)
 class BudgetRow:
-    """One dollar ledger entry (INSERT INTO budget_ledger): an attempt's reservation,
+    """One dollar ledger entry (budget_reservations: a reserve inserts the attempt's row,
+    a charge settles it, a release is the rest and writes nothing): an attempt's reservation,
     charge or release against its bag's and account's budgets."""
 
     at: float
@@ -209,6 +210,7 @@ class BudgetRow:
     usd: float
     key: str
     month: str
+    new_month: bool = False  # a charge in another month than its reservation's
 
 
 @dataclass(slots=True)
@@ -236,7 +238,6 @@ TRANSITION_COLUMNS = _columns(Transition)
 CHECKPOINT_COLUMNS = _columns(CheckpointRecord)
 LEDGER_COLUMNS = _columns(LedgerRow)
 CALLBACK_COLUMNS = _columns(CallbackRecord)
-BUDGET_COLUMNS = _columns(BudgetRow)
 
 # Columns a VM row may leave out (added by later migrations).
 _VM_DEFAULTS: dict[str, Any] = {"time_scale": 1.0, "ready_at": None, "pool_node": ""}
@@ -254,7 +255,6 @@ _TRANSITION_PARAMS = _params_in_order(TRANSITION_COLUMNS)
 _CHECKPOINT_PARAMS = _params_in_order(CHECKPOINT_COLUMNS)
 _LEDGER_PARAMS = _params_in_order(LEDGER_COLUMNS)
 _CALLBACK_PARAMS = _params_in_order(CALLBACK_COLUMNS)
-_BUDGET_PARAMS = _params_in_order(BUDGET_COLUMNS)
 _USAGE_PARAMS = _params_in_order(_columns(Usage))
 _CHECKPOINT_TOTAL_PARAMS = _params_in_order(_columns(CheckpointTotals))
 
@@ -472,8 +472,11 @@ class WriteBatch:
 
     def budget_entries(self, at: float, entries: Iterable[Any]) -> None:
         """Dollar ledger entries (policies.budget_rules.Entry) caused by this batch's changes."""
+        # A release writes nothing (the row keeps what was reserved and what was charged).
         self.budget.extend(
-            BudgetRow(at, e.account, e.bag_id, e.kind, e.usd, e.key, e.month) for e in entries
+            BudgetRow(at, e.account, e.bag_id, e.kind, e.usd, e.key, e.month, e.new_month)
+            for e in entries
+            if e.kind != "release"
         )
 
     def event(self, record: EventRecord) -> None:
@@ -496,7 +499,20 @@ _INSERT_CHECKPOINT = _insert_sql("checkpoints", CHECKPOINT_COLUMNS)
 _INSERT_CALLBACK = _insert_sql("callbacks", CALLBACK_COLUMNS, "INSERT OR IGNORE")
 _INSERT_TRANSITION = _insert_sql("transitions", TRANSITION_COLUMNS)
 _INSERT_LEDGER = _insert_sql("ledger", LEDGER_COLUMNS)
-_INSERT_BUDGET = _insert_sql("budget_ledger", BUDGET_COLUMNS)
+_INSERT_BUDGET = (
+    "INSERT INTO budget_reservations (key, bag_id, account, reserved_at, reserved_usd, month) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+# A charge sets no indexed column (SQLite then leaves the indexes alone), but in the rare
+# case of a month passed since its reservation.
+_SETTLE_BUDGET = (
+    "UPDATE budget_reservations SET settled_at = ?, charged_usd = ? "
+    "WHERE key = ? AND settled_at IS NULL"
+)
+_SETTLE_BUDGET_NEW_MONTH = (
+    "UPDATE budget_reservations SET settled_at = ?, charged_usd = ?, month = ? "
+    "WHERE key = ? AND settled_at IS NULL"
+)
 
 
 def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
@@ -560,8 +576,19 @@ def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
 
 def _apply_money_and_events(conn: sqlite3.Connection, batch: WriteBatch) -> None:
     """The dollar ledger's entries and the events (docs/notifications.md) of a batch."""
-    if batch.budget:
-        conn.executemany(_INSERT_BUDGET, map(_BUDGET_PARAMS, batch.budget))
+    rows = batch.budget
+    if rows:
+        reserved = [
+            (r.key, r.bag_id, r.account, r.at, r.usd, r.month) for r in rows if r.kind == "reserve"
+        ]
+        if reserved:
+            conn.executemany(_INSERT_BUDGET, reserved)
+        charged = [(r.at, r.usd, r.key) for r in rows if r.kind == "charge" and not r.new_month]
+        if charged:
+            conn.executemany(_SETTLE_BUDGET, charged)
+        moved = [(r.at, r.usd, r.month, r.key) for r in rows if r.kind == "charge" and r.new_month]
+        if moved:
+            conn.executemany(_SETTLE_BUDGET_NEW_MONTH, moved)
     if batch.events:
         insert_events(conn, batch.events)
 

@@ -1,5 +1,5 @@
 """Budgets in dollars (docs/bags.md#budgets): the caps of bags and accounts, and the
-dollar ledger (budget_ledger) that attempts reserve, charge and release in, written
+attempts' dollar reservations (budget_reservations: reserved, then charged), written
 by the scheduler's batch (batch.py) in the same transaction as the CPU-hour ledger's
 entries. A restart rebuilds the in-memory book (controller/budgets.py) from here."""
 
@@ -12,7 +12,7 @@ from controller.store.engine import Engine, dict_rows
 
 
 class BudgetQueries(Engine):
-    """Queries of the budget_ledger table and the budget columns of bags and accounts."""
+    """Queries of budget_reservations and the budget columns of bags and accounts."""
 
     async def budget_state(self, month: str, month_start: float) -> dict[str, Any]:
         """What rebuilds the budget book: the caps of active bags and of accounts, the
@@ -45,22 +45,21 @@ class BudgetQueries(Engine):
                 ),
                 "bag_spent": dict(
                     conn.execute(
-                        "SELECT b.id, sum(l.usd) FROM bags b JOIN budget_ledger l "
-                        "ON l.bag_id = b.id AND l.kind = 'charge' WHERE b.state = 'active' "
-                        "GROUP BY b.id"
+                        "SELECT b.id, coalesce(sum(r.charged_usd), 0) FROM bags b JOIN budget_reservations r "
+                        "ON r.bag_id = b.id WHERE b.state = 'active' GROUP BY b.id"
                     ).fetchall()
                 ),
                 "account_spent": dict(
                     conn.execute(
-                        "SELECT account, sum(usd) FROM budget_ledger "
-                        "WHERE month = ? AND kind = 'charge' GROUP BY account",
+                        "SELECT account, coalesce(sum(charged_usd), 0) FROM budget_reservations "
+                        "WHERE month = ? AND settled_at IS NOT NULL GROUP BY account",
                         (month,),
                     ).fetchall()
                 ),
                 "open": dict_rows(
                     conn,
-                    "SELECT key, bag_id, account, usd FROM budget_ledger WHERE kind = 'reserve' "
-                    "AND key NOT IN (SELECT key FROM budget_ledger WHERE kind = 'release')",
+                    "SELECT key, bag_id, account, reserved_usd AS usd, month FROM budget_reservations "
+                    "WHERE settled_at IS NULL",
                 ),
             }
 
@@ -70,27 +69,14 @@ class BudgetQueries(Engine):
         """(charged, reserved and not yet settled) dollars of one bag."""
 
         def sums(conn: sqlite3.Connection) -> tuple[float, float]:
-            rows = dict(
-                conn.execute(
-                    "SELECT kind, sum(usd) FROM budget_ledger WHERE bag_id = ? GROUP BY kind",
-                    (bag_id,),
-                ).fetchall()
-            )
-            reserved = rows.get("reserve", 0.0) - rows.get("charge", 0.0) - rows.get("release", 0.0)
-            return rows.get("charge", 0.0), max(0.0, reserved)
+            charged, reserved = conn.execute(
+                "SELECT sum(charged_usd), sum(CASE WHEN settled_at IS NULL THEN reserved_usd END) "
+                "FROM budget_reservations WHERE bag_id = ?",
+                (bag_id,),
+            ).fetchone()
+            return charged or 0.0, reserved or 0.0
 
         return await self.read(sums)
-
-    async def account_month_charged(self, account: str, month: str) -> float:
-        def total(conn: sqlite3.Connection) -> float:
-            row = conn.execute(
-                "SELECT sum(usd) FROM budget_ledger WHERE account = ? AND month = ? "
-                "AND kind = 'charge'",
-                (account, month),
-            ).fetchone()
-            return row[0] or 0.0
-
-        return await self.read(total)
 
     async def set_bag_budget(self, bag_id: str, budget_usd: float | None, at: float) -> None:
         await self.write(

@@ -8,10 +8,24 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from controller.store.batch import EventRecord, insert_events
 from controller.store.engine import Engine, dict_rows
+
+
+@dataclass(frozen=True)
+class DeliveryTry:
+    """One attempt at a delivery, and the delivery's state after it."""
+
+    delivery_id: int
+    at: float
+    status: int | None  # the HTTP status; None: no answer came
+    error: str
+    duration_s: float
+    state: str  # pending (retried at next_try_at), delivered or failed
+    next_try_at: float
 
 
 class EventQueries(Engine):
@@ -83,37 +97,30 @@ class EventQueries(Engine):
             ).fetchone()[0]
         )
 
-    async def delivery_tried(
-        self,
-        delivery_id: int,
-        *,
-        at: float,
-        status: int | None,
-        error: str,
-        duration_s: float,
-        state: str,
-        next_try_at: float,
-    ) -> None:
-        """Record one attempt at a delivery and the delivery's new state."""
+    async def deliveries_tried(self, tries: Sequence[DeliveryTry]) -> None:
+        """Record attempts at deliveries and each delivery's new state, in one transaction."""
 
         def record(conn: sqlite3.Connection) -> None:
-            conn.execute(
+            conn.executemany(
                 "INSERT INTO delivery_attempts (delivery_id, at, status, error, duration_s) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (delivery_id, at, status, error, duration_s),
+                [(t.delivery_id, t.at, t.status, t.error, t.duration_s) for t in tries],
             )
-            conn.execute(
+            conn.executemany(
                 "UPDATE event_deliveries SET attempts = attempts + 1, state = ?, "
                 "next_try_at = ?, last_status = ?, last_error = ?, delivered_at = ? "
                 "WHERE id = ?",
-                (
-                    state,
-                    next_try_at,
-                    status,
-                    error,
-                    at if state == "delivered" else None,
-                    delivery_id,
-                ),
+                [
+                    (
+                        t.state,
+                        t.next_try_at,
+                        t.status,
+                        t.error,
+                        t.at if t.state == "delivered" else None,
+                        t.delivery_id,
+                    )
+                    for t in tries
+                ],
             )
 
         await self.write(record)

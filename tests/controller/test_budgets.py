@@ -75,16 +75,15 @@ class BudgetMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def sums(self, where: str, args: tuple) -> tuple[float, float]:
-        """(charged, reserved and not settled) from the store's budget_ledger alone."""
+        """(charged, reserved and not settled) from the store's budget_reservations alone."""
 
         def select(conn):
-            rows = dict(
-                conn.execute(
-                    f"SELECT kind, sum(usd) FROM budget_ledger WHERE {where} GROUP BY kind", args
-                ).fetchall()
-            )
-            charged = rows.get("charge", 0.0)
-            return charged, rows.get("reserve", 0.0) - charged - rows.get("release", 0.0)
+            charged, reserved = conn.execute(
+                "SELECT sum(charged_usd), sum(CASE WHEN settled_at IS NULL THEN reserved_usd END) "
+                f"FROM budget_reservations WHERE {where}",
+                args,
+            ).fetchone()
+            return charged or 0.0, reserved or 0.0
 
         return self.run(self.store.read(select))
 

@@ -25,9 +25,12 @@ def budget_config():
 
 
 def spent_and_reserved(state_dir) -> tuple[float, float]:
-    sums = dict(rows(state_dir, "SELECT kind, sum(usd) FROM budget_ledger GROUP BY kind"))
-    charged = sums.get("charge", 0.0)
-    return charged, sums.get("reserve", 0.0) - charged - sums.get("release", 0.0)
+    ((charged, reserved),) = rows(
+        state_dir,
+        "SELECT coalesce(sum(charged_usd), 0), coalesce(sum(CASE WHEN settled_at IS NULL "
+        "THEN reserved_usd END), 0) FROM budget_reservations",
+    )
+    return charged, reserved
 
 
 async def submit(scheduler, clock, cfg, bag_id: str, **extra) -> None:
@@ -118,12 +121,12 @@ async def test_a_bag_budget_holds_its_bag_only(tmp_path):
     assert list(scheduler.bags) == ["b0000000001"]
     charged = rows(
         tmp_path,
-        "SELECT sum(usd) FROM budget_ledger WHERE kind = 'charge' AND bag_id = 'b0000000001'",
+        "SELECT sum(charged_usd) FROM budget_reservations WHERE bag_id = 'b0000000001'",
     )[0][0]
     assert charged <= 0.1 + 1e-9 and charged + PER_ATTEMPT_USD > 0.1 + 1e-9
     # The other bag, without a budget, reserved nothing in dollars and finished.
-    assert rows(tmp_path, "SELECT count(*) FROM budget_ledger WHERE bag_id = 'b0000000002'") == [
-        (0,)
-    ]
+    assert rows(
+        tmp_path, "SELECT count(*) FROM budget_reservations WHERE bag_id = 'b0000000002'"
+    ) == [(0,)]
     assert rows(tmp_path, "SELECT state FROM bags WHERE id = 'b0000000002'") == [("succeeded",)]
     await scheduler.store.close()

@@ -281,7 +281,7 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             + "".join(f"ALTER TABLE bags DROP COLUMN {c};" for c in BAG_OPTION_COLUMNS)
             + "ALTER TABLE accounts DROP COLUMN budget_usd;"
             "ALTER TABLE accounts DROP COLUMN budget_changed_at;"
-            "DROP TABLE budget_ledger; DROP TABLE events; DROP TABLE event_deliveries;"
+            "DROP TABLE budget_reservations; DROP TABLE events; DROP TABLE event_deliveries;"
             "DROP TABLE delivery_attempts;"
         )
         conn.execute("DELETE FROM migrations WHERE version > ?", (LEDGER_BALANCES,))
