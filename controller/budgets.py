@@ -21,13 +21,15 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.planner import CatalogType
-from controller.runtime import BagRun, VmRun
 from policies.budget_rules import TOLERANCE, BudgetBook, Entry, cost_usd, vm_share
 from policies.ledger_rules import reservation_key
 from policies.packing import Shape, zone_allowed
+
+if TYPE_CHECKING:  # the scheduler's records (it imports this module)
+    from controller.scheduler.runs import BagRun, VmRun
 
 
 def month_of(at: float) -> str:

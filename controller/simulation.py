@@ -163,8 +163,8 @@ async def run_scheduler(
                 # for a change no one will make here.
                 return
             raise SimulationStalled(
-                f"nothing left to happen at t={clock.now():.0f} with {len(scheduler.bags)} bags open, "
-                f"{len(scheduler.vms)} VMs alive"
+                f"nothing left to happen at t={clock.now():.0f} with {len(scheduler.world.bags)} bags open, "
+                f"{len(scheduler.world.vms)} VMs alive"
             )
         target = max(min(candidates), last_tick + tick_s)
         clock.advance_to(target if until is None else min(target, until))

@@ -205,3 +205,27 @@ def test_every_error_of_the_controller_derives_from_spotbag_error():
             ):
                 outside.append(f"{info.name}.{name}")
     assert not outside, f"not derived from SpotbagError: {outside}"
+
+
+def test_the_scheduler_is_composed_not_inherited():
+    """The scheduler's parts are collaborators given the World they share (issue 25): no
+    class of controller/scheduler/ derives from a project class, only from the standard
+    library's (Protocol), so which object defines a method is read off its type."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import controller.scheduler
+
+    derived = []
+    for info in pkgutil.iter_modules(controller.scheduler.__path__, "controller.scheduler."):
+        module = importlib.import_module(info.name)
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != info.name:
+                continue
+            project = [
+                b.__qualname__ for b in cls.__mro__[1:] if b.__module__.split(".")[0] in PROJECT
+            ]
+            if project:
+                derived.append(f"{info.name}.{name} <- {project}")
+    assert not derived, f"scheduler classes deriving from project classes: {derived}"

@@ -140,7 +140,7 @@ async def _view(request: web.Request, bag_id: str) -> dict:
 async def _budget(c: Any, bag: Any, scheduler: Any) -> dict[str, Any]:
     """The bag's dollars against its budgets: the scheduler's book while it runs the
     bag, else the store's sums (an ended bag)."""
-    if scheduler is not None and bag["id"] in scheduler.bags:
+    if scheduler is not None and bag["id"] in scheduler.world.bags:
         return scheduler.budgets.bag_view(bag["id"], bag["account"])
     charged, reserved = await c.store.bag_budget_sums(bag["id"])
     return {

@@ -47,7 +47,7 @@ async def list_vms(request: web.Request) -> web.Response:
     states = [state] if state else None
     if state is None and not include_ended:
         states = [VmState.PENDING.value, VmState.RUNNING.value]
-    live = c.running_scheduler.vms
+    live = c.running_scheduler.world.vms
     fleet = await c.fleet_costs.get()
     vms: list[dict[str, Any]] = []
     for row in await c.store.list_vms(states=states, limit=limit):
@@ -125,7 +125,7 @@ async def list_models(request: web.Request) -> web.Response:
     settings = c.config.preemption
     now = c.clock.now()
     learned = await c.store.models(active_only=request.query.get("history") is None)
-    live = list(c.running_scheduler.vms.values())
+    live = list(c.running_scheduler.world.vms.values())
     in_use = [_vm_model_view(vm, now, c.config.driver.time_scale) for vm in live]
     return json_response(
         {
@@ -150,7 +150,7 @@ async def preempt_vm(request: web.Request) -> web.Response:
     injector = c.injector
     if injector is None:
         raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
-    vm = c.running_scheduler.vms.get(vm_id)
+    vm = c.running_scheduler.world.vms.get(vm_id)
     if vm is None or not vm.provider_id:
         raise NotFound(f"VM {vm_id} is not alive")
     if not injector.inject_preemption(

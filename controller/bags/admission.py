@@ -25,8 +25,8 @@ from controller.errors import (
 )
 from controller.ledger import Admission, UnknownAccount, first_attempt_keys
 from controller.planner import CatalogType, why_unplaceable
-from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
+from controller.scheduler.runs import capacity_of, shape_of
 from controller.store import IdempotencyConflict, Store
 from controller.store.rows import BagRow
 from drivers.base import VmType

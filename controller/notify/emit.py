@@ -17,11 +17,13 @@ import json
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.config import NotifyConfig
-from controller.runtime import BagRun
 from controller.store.batch import EventRecord, WriteBatch
+
+if TYPE_CHECKING:  # the scheduler's records (it imports this module)
+    from controller.scheduler.runs import BagRun
 
 
 def new_event_id() -> str:

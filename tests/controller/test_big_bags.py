@@ -72,9 +72,9 @@ async def test_a_big_bag_costs_the_collector_nothing_per_job(tmp_path):
     gc.collect()
     assert walked_containers(n // 2, besides=(open_reservations,)) == []
     # What is scheduled is still every job, in order, with its parameters.
-    (run,) = scheduler.bags.values()
-    assert len(run.queue) + len(scheduler.attempts) == n
-    job = scheduler._queued_job(run, n - 1)
+    (run,) = scheduler.world.bags.values()
+    assert len(run.queue) + len(scheduler.world.attempts) == n
+    job = scheduler.world.queued_job(run, n - 1)
     assert job.params == {"i": n - 1}
     await scheduler.store.close()
 
@@ -206,9 +206,9 @@ async def test_a_cancel_while_a_bag_is_handed_over_is_not_lost(tmp_path):
     await canceller
     assert cancelled.is_set()
     passes = 0
-    while bag_id in scheduler.bags or scheduler.has_inputs():
+    while bag_id in scheduler.world.bags or scheduler.has_inputs():
         await scheduler.tick()
-        assert not scheduler.attempts
+        assert not scheduler.world.attempts
         passes += 1
         assert passes < 1000, "the bag was never cancelled"
     await scheduler.store.close()
@@ -237,8 +237,8 @@ async def test_a_big_bag_held_for_credit_costs_the_collector_nothing_per_job(tmp
         max_jobs=n,
     )
     await scheduler.tick()
-    (run,) = scheduler.bags.values()
-    admitted = len(run.queue) + len(scheduler.attempts)
+    (run,) = scheduler.world.bags.values()
+    admitted = len(run.queue) + len(scheduler.world.attempts)
     assert admitted == 3 and len(run.held) == n - admitted  # 12 CPU-h, 4 a job
     assert scheduler.held_jobs() == n - admitted
     assert list(itertools.islice(run.held, 3)) == [admitted, admitted + 1, admitted + 2]
@@ -250,9 +250,9 @@ async def test_a_big_bag_held_for_credit_costs_the_collector_nothing_per_job(tmp
     scheduler.cancel_requested("b0000000001")
     for _ in range(n // 400):
         await scheduler.tick()
-        if not scheduler.bags:
+        if not scheduler.world.bags:
             break
-    assert not scheduler.bags  # every held job cancelled, a chunk a pass
+    assert not scheduler.world.bags  # every held job cancelled, a chunk a pass
     await scheduler.tick()
     assert len(queue) == 0  # the account's held run dropped with its bag
     await scheduler.store.close()

@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 from controller.bags.spec import parse_bag
 from controller.bags.waiting_jobs import FreshParams, JobQueue
 from controller.budgets import Budgets, month_of, month_start
-from controller.runtime import BagRun, VmRun, shape_of
+from controller.scheduler.runs import BagRun, VmRun, shape_of
 from controller.store import Store
 from drivers.base import VmState, VmType
 from policies.budget_rules import cost_usd, would_cross

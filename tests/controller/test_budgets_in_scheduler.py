@@ -60,7 +60,7 @@ async def test_two_bags_of_one_account_stop_exactly_at_its_budget_and_go_on_when
         await scheduler.store.flush()
         charged, reserved = spent_and_reserved(tmp_path)
         assert charged + reserved <= cap + 1e-9
-    assert scheduler.bags and not scheduler.attempts  # both held, nothing running
+    assert scheduler.world.bags and not scheduler.world.attempts  # both held, nothing running
     charged, reserved = spent_and_reserved(tmp_path)
     assert reserved == pytest.approx(0.0, abs=1e-12)
     # Stopped exactly at it: the next attempt would pass the cap, the last one did not.
@@ -74,7 +74,7 @@ async def test_two_bags_of_one_account_stop_exactly_at_its_budget_and_go_on_when
         ("b0000000001", "succeeded"),
         ("b0000000002", "active"),
     ]
-    assert list(scheduler.bags) == ["b0000000002"]
+    assert list(scheduler.world.bags) == ["b0000000002"]
     assert scheduler.budgets.held["b0000000002"].why.startswith("account 'a' this month")
     assert (
         0
@@ -85,7 +85,7 @@ async def test_two_bags_of_one_account_stop_exactly_at_its_budget_and_go_on_when
         < 20
     )
     # No VM is left for the held bag: launches stopped too.
-    assert not scheduler.vms
+    assert not scheduler.world.vms
     reached = rows(tmp_path, "SELECT bag_id, payload FROM events WHERE kind = 'budget_reached'")
     told = [b for b, _ in reached]
     assert "b0000000002" in told and len(told) == len(set(told))  # once per bag at most
@@ -97,12 +97,12 @@ async def test_two_bags_of_one_account_stop_exactly_at_its_budget_and_go_on_when
     second.budgets.set_account_cap("a", cap)  # (an admin's PATCH writes it to the store)
     assert second.budgets.book.account_spent[("a", "2027-01")] == pytest.approx(charged)
     await run_until(second, clock, clock.now() + 2 * HOUR)
-    assert list(second.bags) == ["b0000000002"] and not second.attempts
+    assert list(second.world.bags) == ["b0000000002"] and not second.world.attempts
 
     second.budgets.set_account_cap("a", None)  # raised: no cap
     second.credited()
     await run_until(second, clock, clock.now() + 40 * HOUR)
-    assert not second.bags
+    assert not second.world.bags
     await second.store.flush()
     assert rows(tmp_path, "SELECT count(*) FROM jobs WHERE state = 'succeeded'") == [(40,)]
     ended = rows(tmp_path, "SELECT bag_id FROM events WHERE kind = 'finished' ORDER BY bag_id")
@@ -118,7 +118,7 @@ async def test_a_bag_budget_holds_its_bag_only(tmp_path):
     await submit(scheduler, clock, cfg, "b0000000002")
     await run_until(scheduler, clock, clock.now() + 30 * HOUR)
     await scheduler.store.flush()
-    assert list(scheduler.bags) == ["b0000000001"]
+    assert list(scheduler.world.bags) == ["b0000000001"]
     charged = rows(
         tmp_path,
         "SELECT sum(charged_usd) FROM budget_reservations WHERE bag_id = 'b0000000001'",

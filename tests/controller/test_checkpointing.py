@@ -242,7 +242,7 @@ async def test_a_restarted_scheduler_keeps_the_saved_work(tmp_path, keep_process
     else:
         second = await world(tmp_path, clock, 2, cfg, store=first.store)
     await second.recover()
-    for job in second.jobs.values():
+    for job in second.world.jobs.values():
         assert job.work_saved_s == before[job.idx]
     await run_until(second, clock, clock.now() + 30 * 3600)
     assert not second.has_work()

@@ -1,18 +1,32 @@
-"""Transition recording: the only places that change job, attempt and VM state.
+"""The scheduler's world: what is open (bags, jobs, attempts, VMs), the VM indexes the
+planner's snapshot reads, and the only places that change job, attempt and VM state.
+
+`World` holds the open part of what the store records, as the run records of
+controller/scheduler/runs.py:
+
+- `bags` (active bags and their queues), `jobs` (open jobs that have run or been
+  touched; a waiting job that never ran is a compact string in its bag), `attempts`
+  (live attempts), `vms` (live VMs: pending, running, terminating);
+- the VM indexes, kept in step by `refresh_vm_sets`: `pending` (booting, or running
+  and not yet joined), `roomy` (running with free capacity), `idle` (running with no
+  attempt), `draining` (running, its jobs moved away), `pool_vms` (Slurm's pool nodes,
+  in none of the others), and `by_provider_id`;
+- the VM types on offer: `catalog` by name, `catalog_view` as the planner sees it, and
+  `market`, the hopping market's live prices and policy (set by controller/hopper.py).
 
 Each change is checked against the state machines of controller/models.py
-(`check_transition`), made in memory, and written to the pass's
-`WriteBatch` with its transition row and reason, so that memory and the store move
-together: an attempt's end settles its CPU-hours in the ledger (controller/ledger.py,
-docs/design.md#ledger) and adds its time to its bag's usage (what it cost is the cost report's
-split, controller/report.py); a job's end may finish its bag; a VM's end
-preempts what ran on it. The VM indexes (pending, roomy, idle, draining, pool) that
-the planner's snapshot reads are kept in step here too.
+(`check_transition`), made in memory, and written to the pass's `WriteBatch` with its
+transition row and reason, so that memory and the store move together: an attempt's end
+settles its CPU-hours in the ledger (controller/ledger.py, docs/design.md#ledger) and
+its dollars in the budgets (controller/budgets.py), and
+adds its time to its bag's usage (what it cost is the cost report's split,
+controller/report.py); a job's end may finish its bag; a VM's end preempts what ran on
+it. A bag's end and a storm of preemptions raise events (controller/notify/emit.py).
 
-`TransitionsMixin` is a mixin of `Scheduler`, not a collaborator: a transition
-touches most of the scheduler's state at once (bags, jobs, attempts, VMs, their
-indexes, the accounts, the checkpoint plans and the metrics), so splitting that state
-from the scheduler would only pass all of it back in.
+Every collaborator of the scheduler (controller/scheduler/loop.py says which) is given
+the same `World` and changes it only through these methods or the run records' fields;
+the world itself calls no collaborator: it is given the accounts it settles with, the
+executor whose capabilities decide how a VM's attempts end, and the metrics it counts.
 """
 
 from __future__ import annotations
@@ -20,28 +34,94 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from collections.abc import Sequence
 
-from controller.runtime import AttemptRun, BagRun, JobRun, VmRun
-from controller.scheduler.state import SchedulerState
+from controller.budgets import Budgets
+from controller.executors.base import Executor
+from controller.ledger import Accounts
+from controller.notify.emit import Notices
+from controller.planner import CatalogType
+from controller.plumbing.metrics import Metrics
+from controller.preemption.model_book import ModelBook
+from controller.scheduler.runs import AttemptRun, BagRun, JobRun, VmRun, capacity_of
 from controller.states import AttemptState, BagState, JobState, check_transition
 from controller.store import WriteBatch
-from drivers.base import VmState
+from drivers.base import VmState, VmType
+from policies.index import TypeMarket
 
 log = logging.getLogger("spotbag.scheduler")
 
 
-class TransitionsMixin(SchedulerState):
-    """State changes and their records (part of `Scheduler`; see the module docstring)."""
+class World:
+    """The open bags, jobs, attempts and VMs, their indexes, and their state changes
+    (see the module docstring)."""
 
-    def _held_job(self, bag: BagRun, idx: int) -> JobRun:
-        """A held job that never started (made on first use, like `_queued_job`)."""
+    def __init__(
+        self,
+        *,
+        catalog: Sequence[VmType],
+        accounts: Accounts,
+        executor: Executor,
+        driver_name: str,
+        time_scale: float,
+        book: ModelBook | None,
+        metrics: Metrics | None,
+        budgets: Budgets | None = None,
+        notices: Notices | None = None,
+    ) -> None:
+        self.accounts = accounts  # CPU-hour balances (docs/design.md#ledger)
+        # Dollar budgets (controller/budgets.py: an attempt's end settles its dollars) and
+        # events (controller/notify/emit.py: a bag's end, a preemption storm).
+        self.budgets = budgets or Budgets(time_scale=time_scale)
+        self.notices = notices or Notices()
+        self.executor = executor
+        self.driver_name = driver_name  # written in each VM's row
+        self.time_scale = time_scale  # model seconds per real second (local driver)
+        self.book = book  # preemption models; None: no reuse policy, no hot spares
+        self.metrics = metrics
+        self.catalog = {t.name: t for t in catalog}
+        self.catalog_view = [
+            CatalogType(t.name, t.zone, capacity_of(t), t.spot_price_per_hour) for t in catalog
+        ]
+        self.market: TypeMarket | None = None  # live prices and policy (controller/hopper.py)
+        self.bags: dict[str, BagRun] = {}
+        self.jobs: dict[tuple[str, int], JobRun] = {}
+        self.attempts: dict[str, AttemptRun] = {}
+        self.vms: dict[str, VmRun] = {}  # live VMs only (pending, running, terminating)
+        self.pending: dict[str, None] = {}  # VMs not yet running
+        self.roomy: dict[str, None] = {}  # running VMs with some free capacity
+        self.idle: dict[str, None] = {}  # running VMs with no attempt
+        self.draining: dict[str, None] = {}  # running VMs whose jobs the hopper moves away
+        self.pool_vms: dict[str, None] = {}  # ids of the VMs serving pool nodes
+        self.by_provider_id: dict[str, str] = {}
+
+    def clear(self) -> None:
+        """Forget everything open (recovery rebuilds it from the store)."""
+        self.bags.clear()
+        self.jobs.clear()
+        self.attempts.clear()
+        self.vms.clear()
+        for index in (
+            self.pending,
+            self.roomy,
+            self.idle,
+            self.draining,
+            self.by_provider_id,
+            self.pool_vms,
+        ):
+            index.clear()
+
+    # --- jobs and attempts: made on first use, and moved on ------------------------------
+
+    def held_job(self, bag: BagRun, idx: int) -> JobRun:
+        """A held job that never started (made on first use, like `queued_job`)."""
         job = self.jobs.get((bag.id, idx))
         if job is None:
             job = JobRun(bag.id, idx, json.loads(bag.fresh.pop(idx)), JobState.HELD)
             self.jobs[(bag.id, idx)] = job
         return job
 
-    def _requeue(self, job: JobRun, bag: BagRun, at: float, batch: WriteBatch, reason: str) -> None:
+    def requeue(self, job: JobRun, bag: BagRun, at: float, batch: WriteBatch, reason: str) -> None:
         """Queue a job again, reserving for its next attempt; hold it (first in its
         account's line) when the account cannot cover that."""
         if not bag.cancel_requested:
@@ -53,14 +133,14 @@ class TransitionsMixin(SchedulerState):
                     f"{reason}; held: its next attempt needs {needed:,.2f} CPU-hours and account "
                     f"{bag.spec.account!r} has {available:,.2f} available"
                 )
-                self._job_to(job, JobState.HELD, at, batch, why)
+                self.job_to(job, JobState.HELD, at, batch, why)
                 bag.held[job.idx] = None
                 self.accounts.hold(bag.spec.account, bag.id, job.idx, first=True)
                 return
             batch.ledger_entries(at, entries, "retry")
-        self._job_to(job, JobState.QUEUED, at, batch, reason)
+        self.job_to(job, JobState.QUEUED, at, batch, reason)
 
-    def _job_to_cancel(self, bag: BagRun, idx: int, state: JobState) -> JobRun:
+    def job_to_cancel(self, bag: BagRun, idx: int, state: JobState) -> JobRun:
         """A waiting job (queued or held) about to be cancelled: one that never ran is
         made without decoding its parameters, which it will never use."""
         job = self.jobs.get((bag.id, idx))
@@ -70,7 +150,7 @@ class TransitionsMixin(SchedulerState):
             self.jobs[(bag.id, idx)] = job
         return job
 
-    def _queued_job(self, bag: BagRun, idx: int) -> JobRun:
+    def queued_job(self, bag: BagRun, idx: int) -> JobRun:
         """The job at `idx` of a bag's queue (made on first use: a 100,000-job bag
         costs no 100,000 objects until its jobs start)."""
         job = self.jobs.get((bag.id, idx))
@@ -79,7 +159,7 @@ class TransitionsMixin(SchedulerState):
             self.jobs[(bag.id, idx)] = job
         return job
 
-    def _finish_attempt(
+    def finish_attempt(
         self,
         attempt: AttemptRun,
         state: AttemptState,
@@ -108,15 +188,15 @@ class TransitionsMixin(SchedulerState):
             vm.free = vm.free.plus(attempt.shape)
             if not vm.attempts and vm.state is VmState.RUNNING:
                 vm.idle_since = at
-            self._refresh_vm_sets(vm)
+            self.refresh_vm_sets(vm)
         if attempt.ran_at is None:
             # Its program never ran (it waited in the executor's queue, or the controller
             # stopped between recording it and starting it): it used nothing (charged
             # nothing, and takes no time on its VM in reports).
             attempt.started_at = max(attempt.started_at, at)
         attempt.state = state
-        self._write_attempt(attempt, batch, at, exit_code, reason)
-        self._record_usage(attempt, state, at, batch)
+        self.write_attempt(attempt, batch, at, exit_code, reason)
+        self.record_usage(attempt, state, at, batch)
         batch.ledger_entries(
             at,
             self.accounts.settle(
@@ -141,7 +221,7 @@ class TransitionsMixin(SchedulerState):
         job = self.jobs.get((attempt.bag_id, attempt.idx))
         if job is None or job.state is not JobState.RUNNING:
             if bag.done:  # the job was cancelled meanwhile; this was the bag's last process
-                self._finish_bag(bag, at, batch)
+                self.finish_bag(bag, at, batch)
             return
         if state in AttemptState.counted():
             job.counted += 1
@@ -151,19 +231,19 @@ class TransitionsMixin(SchedulerState):
             # attempts plus this attempt's since its last checkpoint (= the attempt's
             # running time when it never checkpointed). Runtime estimates learn from it.
             work_s = attempt.saved_s + max(0.0, at - attempt.mark_at)
-            self._job_to(job, JobState.SUCCEEDED, at, batch, "", runtime_s=work_s)
+            self.job_to(job, JobState.SUCCEEDED, at, batch, "", runtime_s=work_s)
         elif state is AttemptState.LOST or (
             retry
             and state in (AttemptState.PREEMPTED, AttemptState.FAILED)
             and job.counted < bag.spec.max_attempts
         ):
-            self._requeue(job, bag, at, batch, f"attempt {attempt.number} {state}: {reason}")
+            self.requeue(job, bag, at, batch, f"attempt {attempt.number} {state}: {reason}")
         else:
             if retry and job.counted >= bag.spec.max_attempts:
                 reason = f"{reason}; gave up after max_attempts={bag.spec.max_attempts}"
-            self._job_to(job, JobState.FAILED, at, batch, reason)
+            self.job_to(job, JobState.FAILED, at, batch, reason)
 
-    def _write_attempt(
+    def write_attempt(
         self,
         attempt: AttemptRun,
         batch: WriteBatch,
@@ -186,7 +266,7 @@ class TransitionsMixin(SchedulerState):
             attempt.ran_at,
         )
 
-    def _record_usage(
+    def record_usage(
         self, attempt: AttemptRun, state: AttemptState, at: float, batch: WriteBatch
     ) -> None:
         """Add the ended attempt's time to its bag's usage. (What it cost is not kept
@@ -198,7 +278,7 @@ class TransitionsMixin(SchedulerState):
             attempt_s=max(0.0, at - attempt.started_at),
         )
 
-    def _job_to(
+    def job_to(
         self,
         job: JobRun,
         state: JobState,
@@ -251,9 +331,9 @@ class TransitionsMixin(SchedulerState):
             if self.metrics is not None:
                 self.metrics.jobs_finished.labels(state=str(state)).inc()
             if bag.done:
-                self._finish_bag(bag, at, batch)
+                self.finish_bag(bag, at, batch)
 
-    def _finish_bag(self, bag: BagRun, at: float, batch: WriteBatch) -> None:
+    def finish_bag(self, bag: BagRun, at: float, batch: WriteBatch) -> None:
         if bag.cancel_requested or bag.cancelled_jobs:
             state = BagState.CANCELLED
         elif bag.failed_jobs:
@@ -267,17 +347,19 @@ class TransitionsMixin(SchedulerState):
         del self.bags[bag.id]
         log.info("bag %s finished: %s", bag.id, state)
 
-    def _vm_to(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
+    # --- VMs and their indexes ------------------------------------------------------------
+
+    def vm_to(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
         check_transition("vm", vm.state, state)
         batch.transition(at, "vm", vm.id, vm.state, state, reason)
         vm.state = state
 
-    def _end_vm(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
+    def end_vm(self, vm: VmRun, state: VmState, at: float, reason: str, batch: WriteBatch) -> None:
         """A VM is gone: its attempts are preempted (retried) and it leaves memory. An
         attempt still waiting in the executor's queue never ran: it is lost (not counted).
 
         With an executor that confirms ends (Slurm), the attempts end only when it says
-        their jobs can never run any more (`_on_attempt_end`): until then they stay open,
+        their jobs can never run any more (`Events.on_attempt_end`): until then they stay open,
         marked with their VM's end, and their jobs are not retried."""
         # Drivers word a reason as "preempted: sampled lifetime ..."; the attempt's
         # reason names the VM and its state once ("VM vm-1 preempted: sampled ...").
@@ -286,7 +368,7 @@ class TransitionsMixin(SchedulerState):
         for attempt_id in list(vm.attempts):
             attempt = self.attempts[attempt_id]
             if self.executor.confirms_ends:
-                self._await_confirmed_end(attempt, vm, why, at)
+                self.await_confirmed_end(attempt, vm, why, at)
                 continue
             if attempt.cancelling:
                 ended, why_ = AttemptState.CANCELLED, why
@@ -294,20 +376,20 @@ class TransitionsMixin(SchedulerState):
                 ended, why_ = AttemptState.LOST, f"never started: {why}"
             else:
                 ended, why_ = AttemptState.PREEMPTED, why
-            self._finish_attempt(attempt, ended, at, None, why_, batch)
-        self._vm_to(vm, state, at, reason, batch)
+            self.finish_attempt(attempt, ended, at, None, why_, batch)
+        self.vm_to(vm, state, at, reason, batch)
         vm.reason = reason
         vm.ended_at = at
         if vm.running_at is not None:
             vm.running_at = min(vm.running_at, at)
-        batch.vm(vm.row(self.driver.name, self.time_scale))
-        self._untrack_vm(vm)
+        batch.vm(vm.row(self.driver_name, self.time_scale))
+        self.untrack_vm(vm)
         if state is VmState.PREEMPTED:
             self.notices.preempted(vm.id, vm.vm_type.name, at, batch, self.bags.values())
             if self.metrics is not None:
                 self.metrics.preemptions.inc()
 
-    def _await_confirmed_end(self, attempt: AttemptRun, vm: VmRun, why: str, at: float) -> None:
+    def await_confirmed_end(self, attempt: AttemptRun, vm: VmRun, why: str, at: float) -> None:
         """The attempt's VM is gone, and its executor will say when its job has ended for
         good: it leaves the VM (no capacity, no checkpoint plan) and waits for that."""
         del vm.attempts[attempt.id]
@@ -315,7 +397,7 @@ class TransitionsMixin(SchedulerState):
         attempt.vm_gone_at = attempt.vm_gone_at or at
         attempt.due_at = None  # no more checkpoint signals: its program is dead or never ran
 
-    def _assume_model(self, vm: VmRun) -> None:
+    def assume_model(self, vm: VmRun) -> None:
         """The preemption model the scheduler assumes for a VM (from the book, at its launch)."""
         if self.book is None:
             return
@@ -323,31 +405,31 @@ class TransitionsMixin(SchedulerState):
         vm.belief = self.book.belief(vm.vm_type, vm.zone, launched)
         vm.table = self.book.table(vm.belief.model)
 
-    def _track_vm(self, vm: VmRun) -> None:
+    def track_vm(self, vm: VmRun) -> None:
         self.vms[vm.id] = vm
         if vm.provider_id:
-            self._by_provider_id[vm.provider_id] = vm.id
-        self._refresh_vm_sets(vm)
+            self.by_provider_id[vm.provider_id] = vm.id
+        self.refresh_vm_sets(vm)
 
-    def _untrack_vm(self, vm: VmRun) -> None:
+    def untrack_vm(self, vm: VmRun) -> None:
         self.vms.pop(vm.id, None)
-        self._by_provider_id.pop(vm.provider_id, None)
-        for index in (self._pending, self._roomy, self._idle, self._draining, self._pool_vms):
+        self.by_provider_id.pop(vm.provider_id, None)
+        for index in (self.pending, self.roomy, self.idle, self.draining, self.pool_vms):
             index.pop(vm.id, None)
 
-    def _set_provider_id(self, vm: VmRun, provider_id: str) -> None:
+    def set_provider_id(self, vm: VmRun, provider_id: str) -> None:
         vm.provider_id = provider_id
-        self._by_provider_id[provider_id] = vm.id
+        self.by_provider_id[provider_id] = vm.id
 
-    def _refresh_vm_sets(self, vm: VmRun) -> None:
+    def refresh_vm_sets(self, vm: VmRun) -> None:
         """Keep the pending / roomy / idle indexes in step with the VM (a pool VM is in
         none of them: it is Slurm's)."""
         live = vm.id in self.vms
         if vm.pool_node:
             if live:
-                self._pool_vms[vm.id] = None
+                self.pool_vms[vm.id] = None
             else:
-                self._pool_vms.pop(vm.id, None)
+                self.pool_vms.pop(vm.id, None)
             return
         # A running VM that has not joined the executor's cluster yet is capacity on its
         # way, like a booting one.
@@ -357,10 +439,10 @@ class TransitionsMixin(SchedulerState):
         draining = usable and bool(vm.draining)
         usable = usable and not draining
         for index, member in (
-            (self._pending, pending),
-            (self._roomy, usable and vm.free.cpus > 0 and vm.free.memory_gb > 0),
-            (self._idle, usable and not vm.attempts),
-            (self._draining, draining),
+            (self.pending, pending),
+            (self.roomy, usable and vm.free.cpus > 0 and vm.free.memory_gb > 0),
+            (self.idle, usable and not vm.attempts),
+            (self.draining, draining),
         ):
             if member:
                 index[vm.id] = None

@@ -1,5 +1,6 @@
 """The scheduler's in-memory records of what is open: bags and their queues, jobs,
-attempts and VMs. They mirror rows in the store; only the scheduler changes them.
+attempts and VMs. They mirror rows in the store; the scheduler's `World`
+(controller/scheduler/world.py) holds them, and only the scheduler changes them.
 """
 
 from __future__ import annotations
