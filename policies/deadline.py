@@ -1,0 +1,287 @@
+"""Finishing a bag by a deadline at the least expected cost: how many of its attempts
+must run on on-demand VMs now (docs/design.md#deadlines).
+
+The bag has K slots (VMs it may run at once). At time `now`, H = deadline − now hours
+are left; some jobs wait in the queue (work w_j each: the estimate less the work
+saved), some run on spot VMs (work left w_j on a VM of age a_j), some on on-demand
+VMs (r_i hours left). Spot attempts checkpoint by the DP (policies/checkpoint.py), and
+each job's completion time T_j on spot is known in distribution
+(policies/completion_times.py: mean μ_j, variance σ_j², CDF F_j). On-demand VMs are
+never preempted: a job there takes its work.
+
+**The projection.** With m of the K slots on on-demand and K_s = K − m on spot:
+
+- on-demand slots take queued work until near the end: capacity
+  C_od(m) = Σ_{kept on-demand slots} (H' − r_i)⁺ + (new on-demand slots)·(H' − d_od)⁺,
+  H' = H − (1 − 1/m)·w_last (list scheduling's last job, w_last the smallest
+  queued work: the queue runs longest first), d_od the on-demand launch delay;
+  they take the share f = min(1, C_od / W_q) of the queued work W_q;
+- spot slots take the rest. Their load is a sum of many independent completion
+  times, normal by the central limit theorem:
+  L ~ N(μ_L, σ_L²),  μ_L = Σ_running μ_j + (1 − f)·Σ_queued μ_j + Σ_{released on-demand} r_i,
+  σ_L² = Σ_running σ_j² + (1 − f)·Σ_queued σ_j²;
+- list scheduling finishes K_s machines by load/K_s + (1 − 1/K_s)·T_last (Graham's
+  bound), so the spot side is done by the deadline when
+  L <= α·K_s·(H − o − (1 − 1/K_s)·q_c(T_last)),
+  α the share of time spot VMs can be had (from recent prices), o the time until they
+  can be had again when they cannot now, q_c the c-quantile of the last job's time;
+- every job running on spot must finish by then too: Π_j F_j(H).
+
+P(m) = Φ((α·K_s·(H − o − tail) − μ_L) / σ_L) · Π_j F_j(H). The decision is the least
+m with P(m) >= c (`confidence`, the bag's `deadline_confidence`): every attempt on
+spot is cheaper in expectation (its price times its expected time μ_j, against the
+on-demand price times w_j, when spot is worth using at all), so the fewest on-demand
+slots that keep the deadline are the least expected cost. It is recomputed every
+pass: m stays 0 while spot alone keeps the deadline (escalate late: the latest safe
+moment, not a fixed line), rises as the slack goes, and falls back when spot does
+better than projected (the slack returns). When no m reaches c the bag is *at risk*
+and every slot goes on-demand (the most probability there is).
+
+**Against Uniform Progress** (Wu et al., NSDI'24; policies/uniform_progress.py): UP
+needs no model of spot lifetimes: it keeps progress on the straight line from start
+to deadline, uses on-demand when behind it and spot is unavailable, and switches
+everything to on-demand at the last safe moment (its safety net). This policy instead
+projects the finish from the fitted preemption model and the checkpoint plan, and
+escalates only as many slots as the stated confidence needs.
+
+Pure: arrays and dataclasses in, a decision out; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import ndtr
+
+from policies.completion_times import CompletionTimes
+
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _array(values) -> np.ndarray:
+    return np.asarray(values, dtype=float).reshape(-1)
+
+
+@dataclass(frozen=True)
+class DeadlineInputs:
+    """A bag's state as the scheduler sees it at one pass (hours; prices USD/h per slot).
+
+    `queued_work_h`: jobs waiting (work left each); `spot_work_h` / `spot_age_h`: jobs
+    running on spot VMs (work left, VM age); `on_demand_left_h`: time left of the jobs
+    running on on-demand VMs. `spot_availability` (0–1] is the share of recent time
+    spot VMs could be launched at a price worth paying; `spot_outage_h` how long until
+    they can again when they cannot now (0 when they can)."""
+
+    now_h: float
+    deadline_h: float
+    slots: int
+    queued_work_h: np.ndarray
+    spot_work_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    on_demand_left_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spot_price_per_hour: float = 0.0
+    on_demand_price_per_hour: float = 1.0
+    on_demand_launch_h: float = 0.0
+    spot_availability: float = 1.0
+    spot_outage_h: float = 0.0
+    confidence: float = DEFAULT_CONFIDENCE
+
+
+@dataclass(frozen=True)
+class DeadlineDecision:
+    """What the scheduler does until the next pass.
+
+    `on_demand_slots`: how many slots should run on on-demand VMs (new attempts go there
+    while fewer do; on-demand VMs beyond it take no new attempt). `launch_spot`: new
+    spot attempts are worth launching now (else the other slots wait). `p_meet`: the
+    projected probability of finishing by the deadline with this decision;
+    `finish_quantiles_h`: (q, projected finish time) pairs; `latest_switch_h`: the last
+    moment at which all the work left still fits on on-demand VMs; `at_risk`: no number
+    of on-demand slots reaches the confidence."""
+
+    on_demand_slots: int
+    launch_spot: bool
+    p_meet: float
+    finish_quantiles_h: tuple[tuple[float, float], ...]
+    latest_switch_h: float
+    at_risk: bool
+
+
+@dataclass(frozen=True)
+class _Loads:
+    """The sums the projection needs, computed once per decision."""
+
+    queued_work_h: float
+    queued_mean_h: float
+    queued_var_h2: float
+    running_mean_h: float
+    running_var_h2: float
+    last_work_h: float  # the queue's smallest work: the last job list scheduling starts
+    on_demand_left_sorted_h: np.ndarray
+
+
+def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
+    queued = _array(inputs.queued_work_h)
+    q_mean, q_var = times.fresh_moments(queued)
+    r_mean, r_var = times.aged_moments(_array(inputs.spot_work_h), _array(inputs.spot_age_h))
+    return _Loads(
+        queued_work_h=float(queued.sum()),
+        queued_mean_h=float(q_mean.sum()),
+        queued_var_h2=float(q_var.sum()),
+        running_mean_h=float(r_mean.sum()),
+        running_var_h2=float(r_var.sum()),
+        last_work_h=float(queued.min()) if len(queued) else 0.0,
+        on_demand_left_sorted_h=np.sort(_array(inputs.on_demand_left_h)),
+    )
+
+
+def _running_spot_done(inputs: DeadlineInputs, times: CompletionTimes, horizon_h: float) -> float:
+    """Π_j F_j(H): every job running on spot is done within the horizon."""
+    work = _array(inputs.spot_work_h)
+    if not len(work):
+        return 1.0
+    cdf = times.aged_cdf_at(work, _array(inputs.spot_age_h), np.full(len(work), horizon_h))
+    return float(np.prod(cdf))
+
+
+def meet_probabilities(
+    inputs: DeadlineInputs, times: CompletionTimes, horizon_h: float | None = None
+) -> np.ndarray:
+    """P(m) for m = 0 .. K on-demand slots (module docstring): the projected chance of
+    finishing within `horizon_h` (default: until the deadline)."""
+    loads = _loads(inputs, times)
+    return _probabilities(inputs, times, loads, horizon_h)
+
+
+def _probabilities(
+    inputs: DeadlineInputs, times: CompletionTimes, loads: _Loads, horizon_h: float | None
+) -> np.ndarray:
+    K = max(1, int(inputs.slots))
+    H = inputs.deadline_h - inputs.now_h if horizon_h is None else horizon_h
+    m = np.arange(K + 1)
+    if H <= 0:
+        return np.zeros(K + 1)
+    spot_slots = K - m
+    # On-demand capacity for queued work: the on-demand VMs finishing first are kept.
+    od = loads.on_demand_left_sorted_h
+    od_tail = np.where(m > 0, (1.0 - 1.0 / np.maximum(m, 1)) * loads.last_work_h, 0.0)
+    usable = H - od_tail
+    kept = np.minimum(m, len(od))
+    free_after = np.concatenate(([0.0], np.cumsum(od)))  # Σ r_i of the first k
+    # Σ_{i < kept} (H' − r_i)⁺: each kept on-demand VM takes queued work once its job ends.
+    first = np.arange(len(od))[None, :] < kept[:, None]
+    capacity_od = (np.maximum(usable[:, None] - od[None, :], 0.0) * first).sum(axis=1)
+    new = np.maximum(m - len(od), 0)
+    capacity_od = capacity_od + new * np.maximum(usable - inputs.on_demand_launch_h, 0.0)
+    queued = max(loads.queued_work_h, 1e-12)
+    share_od = np.minimum(1.0, capacity_od / queued) if loads.queued_work_h > 0 else np.ones(K + 1)
+    released = free_after[-1] - free_after[kept]  # on-demand VMs beyond m: their load stays
+    mean = loads.running_mean_h + (1.0 - share_od) * loads.queued_mean_h + released
+    var = loads.running_var_h2 + (1.0 - share_od) * loads.queued_var_h2
+    spot_work_left = (1.0 - share_od) * loads.queued_work_h > 1e-9
+    last = loads.last_work_h
+    tail_one = times.fresh_quantile_h(last, inputs.confidence) if last > 0 else 0.0
+    spot_tail = np.where(spot_work_left, (1.0 - 1.0 / np.maximum(spot_slots, 1)) * tail_one, 0.0)
+    capacity_spot = (
+        min(1.0, max(inputs.spot_availability, 0.0))
+        * spot_slots
+        * np.maximum(H - inputs.spot_outage_h - spot_tail, 0.0)
+    )
+    # The running spot jobs occupy their own slots whatever m is: their load counts
+    # against all K when every other slot is on-demand.
+    capacity_spot = np.where(spot_slots == 0, np.where(spot_work_left, 0.0, np.inf), capacity_spot)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(
+            var > 0,
+            (capacity_spot - mean) / np.sqrt(np.where(var > 0, var, 1.0)),
+            np.where(capacity_spot >= mean, np.inf, -np.inf),
+        )
+    bulk = np.where(mean <= 0, 1.0, ndtr(z))
+    return bulk * _running_spot_done(inputs, times, H)
+
+
+def latest_switch_h(inputs: DeadlineInputs) -> float:
+    """The last moment at which all the work left still fits on K on-demand slots by
+    the deadline: deadline − (W/K + (1 − 1/K)·w_max + d_od) (list scheduling's bound),
+    counting running jobs by their work left."""
+    work = np.concatenate(
+        [
+            _array(inputs.queued_work_h),
+            _array(inputs.spot_work_h),
+            _array(inputs.on_demand_left_h),
+        ]
+    )
+    if not len(work):
+        return inputs.deadline_h
+    K = max(1, int(inputs.slots))
+    makespan = float(work.sum()) / K + (1.0 - 1.0 / K) * float(work.max())
+    return inputs.deadline_h - makespan - inputs.on_demand_launch_h
+
+
+def spot_worth_using(inputs: DeadlineInputs, times: CompletionTimes) -> bool:
+    """Spot is worth launching when its expected cost per hour of work, price × μ/w for
+    the bag's median queued job, is below the on-demand price."""
+    queued = _array(inputs.queued_work_h)
+    if not len(queued) or inputs.spot_outage_h > 0:
+        return inputs.spot_outage_h <= 0
+    work = float(np.median(queued))
+    mean, _ = times.fresh_moments(np.array([work]))
+    return inputs.spot_price_per_hour * float(mean[0]) < inputs.on_demand_price_per_hour * work
+
+
+def decide(
+    inputs: DeadlineInputs,
+    times: CompletionTimes,
+    quantiles: Sequence[float] = (0.5, 0.9, DEFAULT_CONFIDENCE),
+) -> DeadlineDecision:
+    """The least number of on-demand slots that keeps P(finish by the deadline) >=
+    confidence (module docstring), with the projected finish at `quantiles` for that
+    decision (each a bisection of ~20 projections: pass () when they are not shown)."""
+    K = max(1, int(inputs.slots))
+    loads = _loads(inputs, times)
+    nothing_left = (
+        loads.queued_work_h <= 0
+        and not len(_array(inputs.spot_work_h))
+        and not len(loads.on_demand_left_sorted_h)
+    )
+    if nothing_left:
+        return DeadlineDecision(0, False, 1.0, (), inputs.deadline_h, False)
+    p = _probabilities(inputs, times, loads, None)
+    enough = np.flatnonzero(p >= inputs.confidence)
+    at_risk = not len(enough)
+    m = int(enough[0]) if len(enough) else K
+    finish = tuple(
+        (q, inputs.now_h + _finish_within(inputs, times, loads, m, q)) for q in sorted(quantiles)
+    )
+    return DeadlineDecision(
+        on_demand_slots=m,
+        launch_spot=spot_worth_using(inputs, times),
+        p_meet=float(p[m]),
+        finish_quantiles_h=finish,
+        latest_switch_h=float(latest_switch_h(inputs)),
+        at_risk=at_risk,
+    )
+
+
+def _finish_within(
+    inputs: DeadlineInputs, times: CompletionTimes, loads: _Loads, m: int, q: float
+) -> float:
+    """The least horizon h (hours from now) with P_m(finish within h) >= q, by bisection
+    (infinite when even the table's horizon is not enough)."""
+    low, high = 0.0, max(1.0, inputs.deadline_h - inputs.now_h)
+    while _probabilities(inputs, times, loads, high)[m] < q:
+        high *= 2.0
+        if high > 1e5:
+            return math.inf
+    for _ in range(40):
+        mid = (low + high) / 2.0
+        if _probabilities(inputs, times, loads, mid)[m] >= q:
+            high = mid
+        else:
+            low = mid
+        if high - low < 1e-3:
+            break
+    return float(high)
