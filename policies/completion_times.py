@@ -82,7 +82,9 @@ class CompletionTimes:
 
     def _aged_weights(self, work_h, age_h) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Indices and weights for a running job: linear in work between grid points
-        (below the first point towards T = 0), the nearest age on the grid."""
+        (below the first point towards T = 0), the grid age at or below its age (older
+        VMs are nearer their deadline: planning from a younger age overstates the time
+        left before it, by at most the grid's spacing)."""
         w = np.clip(np.asarray(work_h, dtype=float), 0.0, self.work_grid_h[-1])
         grid = np.concatenate(([0.0], self.work_grid_h))
         upper = np.clip(np.searchsorted(grid, w, side="left"), 1, len(grid) - 1)
@@ -91,7 +93,7 @@ class CompletionTimes:
         frac = np.where(span > 0, (w - grid[lower]) / span, 1.0)
         spacing = self.age_grid_h[1] - self.age_grid_h[0] if len(self.age_grid_h) > 1 else 1.0
         a = np.clip(
-            np.rint(np.asarray(age_h, dtype=float) / spacing).astype(int),
+            np.floor(np.asarray(age_h, dtype=float) / spacing + 1e-9).astype(int),
             0,
             len(self.age_grid_h) - 1,
         )
@@ -99,7 +101,7 @@ class CompletionTimes:
 
     def aged_moments(self, work_h, age_h) -> tuple[np.ndarray, np.ndarray]:
         """(mean h, variance h²) of T(work, age) for running jobs (work interpolated,
-        age to the nearest grid point). Zero work takes no time."""
+        age rounded down to the grid). Zero work takes no time."""
         lower, upper, frac, a = self._aged_weights(work_h, age_h)
         mean = np.pad(self.aged_mean_h, ((1, 0), (0, 0)))
         var = np.pad(self.aged_var_h2, ((1, 0), (0, 0)))
@@ -175,7 +177,8 @@ class _Renewal:
             return np.ones(self.taus)
         out = np.zeros(self.taus)
         alive = self.S[min(age, self.reach - 1)]
-        if alive <= 0:
+        if alive <= 0:  # the VM is gone (its deadline): the job restarts on a fresh one
+            self.place(out, np.ones(1), self.restart, fresh[work])
             return out
         segments, finishes = self.path(work, age)
         renewal: tuple[np.ndarray, int] | None = None

@@ -25,17 +25,24 @@ never preempted: a job there takes its work.
   L <= α·K_s·(H − o − (1 − 1/K_s)·q_c(T_last)),
   α the share of time spot VMs can be had (from recent prices), o the time until they
   can be had again when they cannot now, q_c the c-quantile of the last job's time;
-- every job running on spot must finish by then too: Π_j F_j(H).
+- the end: list scheduling on K_s slots ends when the queue empties, at about
+  L/K_s − E[residual], plus the longest residual of the last round's n = min(K_s,
+  queued jobs) attempts, max_k U_k·T_k (each started at a uniform point of its run,
+  T_k the completion time of the last round's typical work): P(max <= x) = g(x)^n with
+  g(x) = E[min(1, x/T)], and E[residual] = E[T]/2;
+- with nothing queued, every job running on spot must finish in time: Π_j F_j(H).
 
-P(m) = Φ((α·K_s·(H − o − tail) − μ_L) / σ_L) · Π_j F_j(H). The decision is the least
+P(m) = max_x Φ((α·K_s·(H − o − x + E[T]/2) − μ_L) / σ_L) · g(x)^n, or Π_j F_j(H) when
+nothing is queued (the split of the confidence between bulk and end is the best of a
+grid of x). The decision is the least
 m with P(m) >= c (`confidence`, the bag's `deadline_confidence`): every attempt on
 spot is cheaper in expectation (its price times its expected time μ_j, against the
 on-demand price times w_j, when spot is worth using at all), so the fewest on-demand
 slots that keep the deadline are the least expected cost. It is recomputed every
 pass: m stays 0 while spot alone keeps the deadline (escalate late: the latest safe
 moment, not a fixed line), rises as the slack goes, and falls back when spot does
-better than projected (the slack returns). When no m reaches c the bag is *at risk*
-and every slot goes on-demand (the most probability there is).
+better than projected (the slack returns). When no m reaches c the bag is *at risk*:
+the fewest on-demand slots that give the most probability there is.
 
 **Against Uniform Progress** (Wu et al., NSDI'24; policies/uniform_progress.py): UP
 needs no model of spot lifetimes: it keeps progress on the straight line from start
@@ -120,6 +127,8 @@ class _Loads:
     running_mean_h: float
     running_var_h2: float
     last_work_h: float  # the queue's smallest work: the last job list scheduling starts
+    last_round_work_h: float  # the median work of the K smallest queued jobs (the last round)
+    queued_jobs: int
     on_demand_left_sorted_h: np.ndarray
 
 
@@ -134,6 +143,10 @@ def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
         running_mean_h=float(r_mean.sum()),
         running_var_h2=float(r_var.sum()),
         last_work_h=float(queued.min()) if len(queued) else 0.0,
+        last_round_work_h=(
+            float(np.median(np.sort(queued)[: max(1, int(inputs.slots))])) if len(queued) else 0.0
+        ),
+        queued_jobs=len(queued),
         on_demand_left_sorted_h=np.sort(_array(inputs.on_demand_left_h)),
     )
 
@@ -182,25 +195,57 @@ def _probabilities(
     mean = loads.running_mean_h + (1.0 - share_od) * loads.queued_mean_h + released
     var = loads.running_var_h2 + (1.0 - share_od) * loads.queued_var_h2
     spot_work_left = (1.0 - share_od) * loads.queued_work_h > 1e-9
-    last = loads.last_work_h
-    tail_one = times.fresh_quantile_h(last, inputs.confidence) if last > 0 else 0.0
-    spot_tail = np.where(spot_work_left, (1.0 - 1.0 / np.maximum(spot_slots, 1)) * tail_one, 0.0)
+    availability = min(1.0, max(inputs.spot_availability, 0.0))
+    # The end: the queue empties at ΣT/K_s − E[residual] and the bag ends with the
+    # longest residual of the last round, max_k U_k·T_k (each last job started at a
+    # uniform point of its run): P(max <= x) = g(x)^n, g(x) = E[min(1, x/T)].
+    last_round = np.minimum(spot_slots, loads.queued_jobs)
+    x, g, mean_residual = _residuals(times, loads.last_round_work_h)
+    tail_ok = np.where(spot_work_left[None, :], g[:, None] ** last_round[None, :], 1.0)  # (x, m)
+    shift = np.where(spot_work_left[None, :], x[:, None] - mean_residual, 0.0)
     capacity_spot = (
-        min(1.0, max(inputs.spot_availability, 0.0))
-        * spot_slots
-        * np.maximum(H - inputs.spot_outage_h - spot_tail, 0.0)
+        availability * spot_slots[None, :] * np.maximum(H - inputs.spot_outage_h - shift, 0.0)
     )
-    # The running spot jobs occupy their own slots whatever m is: their load counts
-    # against all K when every other slot is on-demand.
-    capacity_spot = np.where(spot_slots == 0, np.where(spot_work_left, 0.0, np.inf), capacity_spot)
+    # With every slot on-demand, spot takes no queued work (spot_work_left is False
+    # then unless on-demand cannot hold it all): the running spot jobs need no capacity
+    # beyond their own slots (their finishing is the product below).
+    capacity_spot = np.where(
+        spot_slots[None, :] == 0,
+        np.where(spot_work_left[None, :], 0.0, np.inf),
+        capacity_spot,
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(
-            var > 0,
-            (capacity_spot - mean) / np.sqrt(np.where(var > 0, var, 1.0)),
-            np.where(capacity_spot >= mean, np.inf, -np.inf),
+            var[None, :] > 0,
+            (capacity_spot - mean[None, :]) / np.sqrt(np.where(var > 0, var, 1.0))[None, :],
+            np.where(capacity_spot >= mean[None, :], np.inf, -np.inf),
         )
-    bulk = np.where(mean <= 0, 1.0, ndtr(z))
+    bulk = np.where(mean[None, :] <= 0, 1.0, ndtr(z)) * tail_ok
+    bulk = bulk.max(axis=0)  # the best split of the confidence between bulk and end
+    if loads.queued_jobs:
+        return bulk
+    # The end game: nothing queued; the jobs running on spot must each finish in time.
     return bulk * _running_spot_done(inputs, times, H)
+
+
+_TAIL_POINTS = 24
+
+
+def _residuals(times: CompletionTimes, work_h: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """For a last-round job of `work_h` on spot: points x from E[T]/2 to T's 0.99999
+    quantile, g(x) = E[min(1, x/T)] = P(U·T <= x) at each, and E[U·T] = E[T]/2."""
+    if work_h <= 0:
+        return np.zeros(1), np.ones(1), 0.0
+    cdf = times.fresh_cdf[int(times._work_steps(np.array(work_h)))]
+    pmf = np.diff(np.concatenate(([0.0], cdf)))
+    tau = np.arange(len(cdf)) * times.step_h
+    mean_t = float(times.fresh_moments(np.array([work_h]))[0][0])
+    top = times.fresh_quantile_h(work_h, 0.99999)
+    x = np.linspace(mean_t / 2.0, max(top, mean_t / 2.0), _TAIL_POINTS)
+    with np.errstate(divide="ignore"):
+        ratio = np.where(tau[None, :] > 0, x[:, None] / np.maximum(tau[None, :], 1e-12), 1.0)
+    g = (pmf[None, :] * np.minimum(1.0, ratio)).sum(axis=1)
+    return x, np.minimum(g, 1.0), mean_t / 2.0
 
 
 def latest_switch_h(inputs: DeadlineInputs) -> float:
@@ -240,7 +285,6 @@ def decide(
     """The least number of on-demand slots that keeps P(finish by the deadline) >=
     confidence (module docstring), with the projected finish at `quantiles` for that
     decision (each a bisection of ~20 projections: pass () when they are not shown)."""
-    K = max(1, int(inputs.slots))
     loads = _loads(inputs, times)
     nothing_left = (
         loads.queued_work_h <= 0
@@ -252,7 +296,9 @@ def decide(
     p = _probabilities(inputs, times, loads, None)
     enough = np.flatnonzero(p >= inputs.confidence)
     at_risk = not len(enough)
-    m = int(enough[0]) if len(enough) else K
+    # At risk: the fewest on-demand slots that give the most probability there is
+    # (more would cost without helping: running attempts are not moved).
+    m = int(enough[0]) if len(enough) else int(np.flatnonzero(p >= p.max() - 1e-9)[0])
     finish = tuple(
         (q, inputs.now_h + _finish_within(inputs, times, loads, m, q)) for q in sorted(quantiles)
     )
