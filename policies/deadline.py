@@ -56,12 +56,13 @@ Pure: arrays and dataclasses in, a decision out; no clock, no I/O.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import ndtr
+from scipy.special import ndtr, ndtri
 
 from policies.completion_times import CompletionTimes
 
@@ -80,7 +81,8 @@ class DeadlineInputs:
     running on spot VMs (work left, VM age); `on_demand_left_h`: time left of the jobs
     running on on-demand VMs. `spot_availability` (0–1] is the share of recent time
     spot VMs could be launched at a price worth paying; `spot_outage_h` how long until
-    they can again when they cannot now (0 when they can)."""
+    they can again when they cannot now (0 when they can). `decision_lag_h` is how long
+    escalating may wait: until the next pass, plus an on-demand VM's launch."""
 
     now_h: float
     deadline_h: float
@@ -95,6 +97,7 @@ class DeadlineInputs:
     spot_availability: float = 1.0
     spot_outage_h: float = 0.0
     confidence: float = DEFAULT_CONFIDENCE
+    decision_lag_h: float = 10 / 60
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class _Loads:
     last_round_work_h: float  # the median work of the K smallest queued jobs (the last round)
     queued_jobs: int
     on_demand_left_sorted_h: np.ndarray
+    spot_busy_sorted_h: np.ndarray  # each spot slot until free: μ_j + z_c·σ_j, idle ones 0
 
 
 def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
@@ -148,6 +152,16 @@ def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
         ),
         queued_jobs=len(queued),
         on_demand_left_sorted_h=np.sort(_array(inputs.on_demand_left_h)),
+        spot_busy_sorted_h=np.sort(
+            np.concatenate(
+                [
+                    np.zeros(
+                        max(0, int(inputs.slots) - len(r_mean) - len(inputs.on_demand_left_h))
+                    ),
+                    r_mean + ndtri(inputs.confidence) * np.sqrt(r_var),
+                ]
+            )
+        ),
     )
 
 
@@ -187,8 +201,14 @@ def _probabilities(
     # Σ_{i < kept} (H' − r_i)⁺: each kept on-demand VM takes queued work once its job ends.
     first = np.arange(len(od))[None, :] < kept[:, None]
     capacity_od = (np.maximum(usable[:, None] - od[None, :], 0.0) * first).sum(axis=1)
-    new = np.maximum(m - len(od), 0)
-    capacity_od = capacity_od + new * np.maximum(usable - inputs.on_demand_launch_h, 0.0)
+    # New on-demand slots come from spot slots as they free (idle ones first, then the
+    # running spot jobs expected to end soonest) and a launch later take queued work.
+    busy = loads.spot_busy_sorted_h
+    new = np.minimum(np.maximum(m - len(od), 0), len(busy))
+    newly = np.arange(len(busy))[None, :] < new[:, None]
+    capacity_od = capacity_od + (
+        np.maximum(usable[:, None] - inputs.on_demand_launch_h - busy[None, :], 0.0) * newly
+    ).sum(axis=1)
     queued = max(loads.queued_work_h, 1e-12)
     share_od = np.minimum(1.0, capacity_od / queued) if loads.queued_work_h > 0 else np.ones(K + 1)
     released = free_after[-1] - free_after[kept]  # on-demand VMs beyond m: their load stays
@@ -281,10 +301,13 @@ def decide(
     inputs: DeadlineInputs,
     times: CompletionTimes,
     quantiles: Sequence[float] = (0.5, 0.9, DEFAULT_CONFIDENCE),
+    project: bool = True,
 ) -> DeadlineDecision:
-    """The least number of on-demand slots that keeps P(finish by the deadline) >=
-    confidence (module docstring), with the projected finish at `quantiles` for that
-    decision (each a bisection of ~20 projections: pass () when they are not shown)."""
+    """How many slots run on on-demand VMs: those already there plus the fewest free
+    slots that keep the on-demand fallback (module docstring) within the deadline;
+    with `project`, the projected chance of meeting it and the finish at `quantiles`
+    (each a bisection of ~20 projections)."""
+    K = max(1, int(inputs.slots))
     loads = _loads(inputs, times)
     nothing_left = (
         loads.queued_work_h <= 0
@@ -293,23 +316,100 @@ def decide(
     )
     if nothing_left:
         return DeadlineDecision(0, False, 1.0, (), inputs.deadline_h, False)
-    p = _probabilities(inputs, times, loads, None)
-    enough = np.flatnonzero(p >= inputs.confidence)
-    at_risk = not len(enough)
-    # At risk: the fewest on-demand slots that give the most probability there is
-    # (more would cost without helping: running attempts are not moved).
-    m = int(enough[0]) if len(enough) else int(np.flatnonzero(p >= p.max() - 1e-9)[0])
-    finish = tuple(
-        (q, inputs.now_h + _finish_within(inputs, times, loads, m, q)) for q in sorted(quantiles)
-    )
+    launch_spot = spot_worth_using(inputs, times)
+    new_on_demand = fallback_on_demand(inputs, times, launch_spot)
+    at_risk = new_on_demand is None
+    m = K if new_on_demand is None else len(loads.on_demand_left_sorted_h) + new_on_demand
+    m = min(m, K)
+    p_meet, finish = math.nan, ()
+    if project:
+        p_meet = float(_probabilities(inputs, times, loads, None)[m])
+        finish = tuple(
+            (q, inputs.now_h + _finish_within(inputs, times, loads, m, q))
+            for q in sorted(quantiles)
+        )
     return DeadlineDecision(
         on_demand_slots=m,
-        launch_spot=spot_worth_using(inputs, times),
-        p_meet=float(p[m]),
+        launch_spot=launch_spot,
+        p_meet=p_meet,
         finish_quantiles_h=finish,
         latest_switch_h=float(latest_switch_h(inputs)),
         at_risk=at_risk,
     )
+
+
+def fallback_on_demand(
+    inputs: DeadlineInputs, times: CompletionTimes, launch_spot: bool
+) -> int | None:
+    """The fewest of the free slots (those without an attempt) whose next attempts
+    must go on-demand now so that, after `decision_lag_h`, every slot could still turn
+    on-demand and finish the bag by the deadline (None: not even all of them).
+
+    The free slots take the next jobs, longest first; on spot (when `launch_spot`) a
+    slot is busy for its job's expected time plus a launch, on-demand for its work plus
+    a launch; a waiting slot is free after the lag and a launch. Running attempts keep
+    their slots: on-demand ones their time left, spot ones their expected time left
+    plus a launch. The rest of the queue is list scheduled, longest first, on the slots
+    as they free, and must end by deadline − lag − the c-quantile excess of the longest
+    spot attempt over its mean (one attempt late by that much delays the end by it)."""
+    K = max(1, int(inputs.slots))
+    H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
+    launch = inputs.on_demand_launch_h
+    queued = np.sort(_array(inputs.queued_work_h))[::-1]
+    spot_work = _array(inputs.spot_work_h)
+    spot_mean, _ = times.aged_moments(spot_work, _array(inputs.spot_age_h))
+    od_left = _array(inputs.on_demand_left_h)
+    free = max(0, K - len(spot_work) - len(od_left))
+    nxt, rest = queued[:free], queued[free:]
+    next_mean, _ = times.fresh_moments(nxt)
+    longest = max(float(nxt.max(initial=0.0)), float(spot_work.max(initial=0.0)))
+    margin = 0.0
+    if longest > 0:
+        mean_longest = float(times.fresh_moments(np.array([longest]))[0][0])
+        margin = max(0.0, times.fresh_quantile_h(longest, inputs.confidence) - mean_longest)
+    limit = H - margin
+    running = np.concatenate([od_left, spot_mean + launch])
+
+    def fits(n: int) -> bool:
+        """n of the next jobs (the longest) on on-demand, the others on spot or waiting."""
+        on_demand = nxt[:n] + launch
+        if launch_spot:
+            others, left = next_mean[n:] + launch, rest
+        else:  # waiting slots start nothing: their jobs stay queued
+            others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
+            left = np.concatenate([nxt[n:], rest])
+        idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
+        free_at = np.concatenate([running, on_demand, others, idle])[:K]
+        bound = (float(free_at.sum()) + float(left.sum())) / K + max(
+            float(free_at.max(initial=0.0)), float(left.max(initial=0.0))
+        )
+        return bound <= limit or list_schedule_h(left, free_at) <= limit
+
+    if limit <= 0:
+        return None
+    if fits(0):
+        return 0
+    if not fits(len(nxt)):
+        return None
+    low, high = 0, len(nxt)  # fits(high) and not fits(low)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def list_schedule_h(works_h, free_at_h) -> float:
+    """Makespan of list scheduling, longest job first, on slots free from `free_at_h`:
+    the time the last slot ends."""
+    loads = sorted(float(b) for b in free_at_h)
+    if not loads:
+        return 0.0
+    for w in sorted((float(w) for w in works_h), reverse=True):
+        heapq.heapreplace(loads, loads[0] + w)
+    return max(loads)
 
 
 def _finish_within(

@@ -38,6 +38,7 @@ from policies import deadline as spotbag_policy
 from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes
+from policies.deadline import list_schedule_h
 from policies.preemption import LifetimeModel
 
 STRATEGIES = ("all_spot", "all_on_demand", "uniform_progress", "spotbag")
@@ -58,7 +59,9 @@ class Market:
         return self.on_demand_price
 
     def index(self, t_h: float) -> int:
-        return min(len(self.spot_price) - 1, max(0, int(t_h / self.step_h)))
+        """The grid step in effect at t (a time on a step's boundary, to rounding, is
+        in the step it starts)."""
+        return min(len(self.spot_price) - 1, max(0, int(t_h / self.step_h + 1e-9)))
 
 
 @dataclass(frozen=True)
@@ -101,14 +104,6 @@ class BagRun:
     pass_h: float = 5 / 60
     window_h: float = 24.0
     max_h: float | None = None
-
-
-def list_schedule_h(works_h, busy_h) -> float:
-    """Makespan of list scheduling, longest job first, on slots free after `busy_h`."""
-    loads = sorted(float(b) for b in busy_h)
-    for w in sorted((float(w) for w in works_h), reverse=True):
-        heapq.heapreplace(loads, loads[0] + w)
-    return max(loads) if loads else 0.0
 
 
 def all_on_demand_makespan_h(works_h: np.ndarray, slots: int, launch_h: float) -> float:
@@ -232,10 +227,11 @@ class _Simulation:
         if kind is None:
             return
         start = self.launched[s]
-        if kind == "spot":
-            cost = self.view.cost(start, t)
-        else:
-            cost = self.run.market.on_demand_price * (t - start)
+        cost = (
+            self.view.cost(start, t)
+            if kind == "spot"
+            else self.run.market.on_demand_price * (t - start)
+        )
         self.vms.append(VmLife(kind, start, t, cost))
         self.kind[s] = None
         self.token[s] += 1
@@ -308,13 +304,15 @@ class _Simulation:
                 done = (t - self.att_start[s]) * self.att_ratio[s]
                 busy.append(max(self.att_work[s] - done, 0.0) + self.run.launch_h)
         queued = self.queued_work()
-        bound = (sum(busy) + float(queued.sum())) / K + max(busy + [float(queued.max(initial=0))])
+        bound = (sum(busy) + float(queued.sum())) / K + max([*busy, float(queued.max(initial=0))])
         if self.run.deadline_h - t > bound + 2 * self.run.launch_h:
             return bound
         return list_schedule_h(queued, busy)
 
     def spotbag_decision(self, t: float) -> spotbag_policy.DeadlineDecision:
-        if self.decision is not None and t - self.decided_at < self.run.pass_h:
+        # Slots freed at the same instant (a pass, a revocation of many VMs) share
+        # one decision: it says how many of the free slots go on-demand.
+        if self.decision is not None and t == self.decided_at:
             return self.decision
         spot_work, spot_age, od_left = [], [], []
         for s, j in enumerate(self.job):
@@ -342,7 +340,7 @@ class _Simulation:
             spot_outage_h=self.view.outage_left_h(t),
             confidence=self.run.confidence,
         )
-        self.decision = spotbag_policy.decide(inputs, self.run.times, quantiles=())
+        self.decision = spotbag_policy.decide(inputs, self.run.times, quantiles=(), project=False)
         self.decided_at = t
         return self.decision
 
