@@ -350,8 +350,8 @@ def fallback_on_demand(
     a launch; a waiting slot is free after the lag and a launch. Running attempts keep
     their slots: on-demand ones their time left, spot ones their expected time left
     plus a launch. The rest of the queue is list scheduled, longest first, on the slots
-    as they free, and must end by deadline − lag − the c-quantile excess of the longest
-    spot attempt over its mean (one attempt late by that much delays the end by it)."""
+    as they free, and must end by deadline − lag − how late the spot attempts may be
+    at the confidence (`_margin_h`)."""
     K = max(1, int(inputs.slots))
     H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
     launch = inputs.on_demand_launch_h
@@ -361,13 +361,11 @@ def fallback_on_demand(
     od_left = _array(inputs.on_demand_left_h)
     free = max(0, K - len(spot_work) - len(od_left))
     nxt, rest = queued[:free], queued[free:]
-    next_mean, _ = times.fresh_moments(nxt)
-    longest = max(float(nxt.max(initial=0.0)), float(spot_work.max(initial=0.0)))
-    margin = 0.0
-    if longest > 0:
-        mean_longest = float(times.fresh_moments(np.array([longest]))[0][0])
-        margin = max(0.0, times.fresh_quantile_h(longest, inputs.confidence) - mean_longest)
-    limit = H - margin
+    next_mean, next_var = times.fresh_moments(nxt)
+    spot_var = times.aged_moments(spot_work, _array(inputs.spot_age_h))[1]
+    limit = H - _margin_h(
+        inputs, times, nxt, spot_work, rest, float(next_var.sum() + spot_var.sum())
+    )
     running = np.concatenate([od_left, spot_mean + launch])
 
     def fits(n: int) -> bool:
@@ -399,6 +397,30 @@ def fallback_on_demand(
         else:
             low = mid
     return high
+
+
+def _margin_h(
+    inputs: DeadlineInputs,
+    times: CompletionTimes,
+    nxt: np.ndarray,
+    spot_work: np.ndarray,
+    rest: np.ndarray,
+    var_h2: float,
+) -> float:
+    """How much later than their means the spot attempts may end, at the confidence.
+    While the fallback has at least a round of jobs to share out (K or more queued
+    beyond the next), a late attempt only leaves its slot less of them: the delay is
+    the spread of their sum over K slots, z_c·sqrt(Σσ²)/K. With less, one late attempt
+    delays the end by its own excess: the c-quantile of the longest attempt's time
+    less its mean."""
+    K = max(1, int(inputs.slots))
+    if len(rest) >= K:
+        return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
+    longest = max(float(nxt.max(initial=0.0)), float(spot_work.max(initial=0.0)))
+    if longest <= 0:
+        return 0.0
+    mean_longest = float(times.fresh_moments(np.array([longest]))[0][0])
+    return max(0.0, times.fresh_quantile_h(longest, inputs.confidence) - mean_longest)
 
 
 def list_schedule_h(works_h, free_at_h) -> float:
