@@ -321,7 +321,8 @@ def decide(
     at_risk = new_on_demand is None
     m = K if new_on_demand is None else len(loads.on_demand_left_sorted_h) + new_on_demand
     m = min(m, K)
-    p_meet, finish = math.nan, ()
+    p_meet = math.nan
+    finish: tuple[tuple[float, float], ...] = ()
     if project:
         p_meet = float(_probabilities(inputs, times, loads, None)[m])
         finish = tuple(
