@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/report.py
 	$(BIN)/python bench/cloud_drivers.py
 	$(BIN)/python bench/hopping.py
+	$(BIN)/python bench/deadlines.py
 	$(BIN)/python bench/slurm_dispatch.py
 	$(BIN)/python bench/local_dispatch.py
 	$(BIN)/python bench/restart.py

@@ -9,47 +9,67 @@ each job's completion time T_j on spot is known in distribution
 (policies/completion_times.py: mean μ_j, variance σ_j², CDF F_j). On-demand VMs are
 never preempted: a job there takes its work.
 
-**The projection.** With m of the K slots on on-demand and K_s = K − m on spot:
+**The decision: keep the on-demand fallback** (`fallback_on_demand`). Spot is cheaper
+in expectation whenever it is worth using at all (its price times the expected time
+μ_j below the on-demand price times w_j: `spot_worth_using`), so the least expected
+cost runs every attempt on spot that the deadline allows. What the deadline allows at
+confidence c: after any decision, every slot must still be able to turn on-demand and
+finish the bag in time. When a slot is free, its next attempt on spot commits it for
+the attempt's time, so the rule is checked with the free slots already busy:
 
-- on-demand slots take queued work until near the end: capacity
-  C_od(m) = Σ_{kept on-demand slots} (H' − r_i)⁺ + (new on-demand slots)·(H' − d_od)⁺,
-  H' = H − (1 − 1/m)·w_last (list scheduling's last job, w_last the smallest
-  queued work: the queue runs longest first), d_od the on-demand launch delay;
-  they take the share f = min(1, C_od / W_q) of the queued work W_q;
-- spot slots take the rest. Their load is a sum of many independent completion
-  times, normal by the central limit theorem:
-  L ~ N(μ_L, σ_L²),  μ_L = Σ_running μ_j + (1 − f)·Σ_queued μ_j + Σ_{released on-demand} r_i,
-  σ_L² = Σ_running σ_j² + (1 − f)·Σ_queued σ_j²;
-- list scheduling finishes K_s machines by load/K_s + (1 − 1/K_s)·T_last (Graham's
-  bound), so the spot side is done by the deadline when
-  L <= α·K_s·(H − o − (1 − 1/K_s)·q_c(T_last)),
-  α the share of time spot VMs can be had (from recent prices), o the time until they
-  can be had again when they cannot now, q_c the c-quantile of the last job's time;
-- the end: list scheduling on K_s slots ends when the queue empties, at about
-  L/K_s − E[residual], plus the longest residual of the last round's n = min(K_s,
-  queued jobs) attempts, max_k U_k·T_k (each started at a uniform point of its run,
-  T_k the completion time of the last round's typical work): P(max <= x) = g(x)^n with
-  g(x) = E[min(1, x/T)], and E[residual] = E[T]/2;
+    LS(queue left; slots free at f_i) <= D − now − λ − δ_c
+
+- the free slots take the next jobs, longest first: n of them on-demand (free at
+  launch + w), the others on spot (launch + μ_j + launch: the expected time, then a
+  switch) or, when spot cannot be had or is not worth it, waiting (free at λ + launch,
+  their jobs left in the queue);
+- running attempts keep their slots: on-demand ones for r_i, spot ones for μ_j(age)
+  plus a launch;
+- LS is list scheduling of the rest of the queue, longest first, on the slots as they
+  free (Graham's bound W/K + max first; the exact schedule only when the bound does
+  not fit);
+- λ (`decision_lag_h`) is how long until the next look: a pass plus a launch;
+- δ_c is how late the spot attempts may be at confidence c: while a round of queued
+  jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
+  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less, one late attempt delays the
+  end by its own excess, q_c(T) − μ of the longest.
+
+The decision is the least n that fits (a binary search: fitting is monotone in n), so
+m = (running on-demand attempts) + n slots on on-demand. Recomputed whenever a slot
+frees: spot keeps every slot while the fallback fits (escalate late: at the latest
+safe moment, not on a fixed line); slots turn on-demand one by one as the slack goes;
+an on-demand slot that frees when the fallback fits without it goes back to spot (the
+slack returned). When not even n = all free slots fits, the bag is *at risk* and
+every slot goes on-demand.
+
+**The projection** (`meet_probabilities`, `decide(project=True)`), for the status
+pages and the `deadline_at_risk` notification: with m of the K slots on on-demand and
+K_s = K − m on spot,
+
+- on-demand slots take queued work until near the end (capacity Σ (H' − free_i)⁺ with
+  H' = H − (1 − 1/m)·w_last), the share f of the queued work W_q;
+- spot slots take the rest: a load L ~ N(μ_L, σ_L²) by the central limit theorem,
+  μ_L = Σ_running μ_j + (1 − f)·Σ_queued μ_j, σ_L² likewise with σ_j²;
+- list scheduling on K_s slots ends when the queue empties, at about L/K_s −
+  E[residual], plus the longest residual of the last round's n = min(K_s, queued)
+  attempts, max_k U_k·T_k (each started at a uniform point of its run): P(max <= x) =
+  g(x)^n with g(x) = E[min(1, x/T)], E[residual] = E[T]/2;
+- spot can be had a share α of the time (recent prices), not for o hours when it
+  cannot now;
 - with nothing queued, every job running on spot must finish in time: Π_j F_j(H).
 
 P(m) = max_x Φ((α·K_s·(H − o − x + E[T]/2) − μ_L) / σ_L) · g(x)^n, or Π_j F_j(H) when
-nothing is queued (the split of the confidence between bulk and end is the best of a
-grid of x). The decision is the least
-m with P(m) >= c (`confidence`, the bag's `deadline_confidence`): every attempt on
-spot is cheaper in expectation (its price times its expected time μ_j, against the
-on-demand price times w_j, when spot is worth using at all), so the fewest on-demand
-slots that keep the deadline are the least expected cost. It is recomputed every
-pass: m stays 0 while spot alone keeps the deadline (escalate late: the latest safe
-moment, not a fixed line), rises as the slack goes, and falls back when spot does
-better than projected (the slack returns). When no m reaches c the bag is *at risk*:
-the fewest on-demand slots that give the most probability there is.
+nothing is queued; the finish quantiles invert it in H.
 
 **Against Uniform Progress** (Wu et al., NSDI'24; policies/uniform_progress.py): UP
 needs no model of spot lifetimes: it keeps progress on the straight line from start
 to deadline, uses on-demand when behind it and spot is unavailable, and switches
-everything to on-demand at the last safe moment (its safety net). This policy instead
-projects the finish from the fitted preemption model and the checkpoint plan, and
-escalates only as many slots as the stated confidence needs.
+everything to on-demand for good at the last moment the remaining work fits (its
+safety net, with a margin of two changeovers). This policy instead keeps the
+on-demand fallback feasible slot by slot, with the completion-time spread the
+preemption model and the checkpoint plan give, turns only as many slots on-demand as
+that needs, and turns them back; it waits out spot outages and prices not worth
+paying while the fallback allows.
 
 Pure: arrays and dataclasses in, a decision out; no clock, no I/O.
 """
