@@ -6,7 +6,8 @@ that exited 0 just before its bag was cancelled succeeded):
 
 - VM status: a VM running (it joins the executor's cluster, or takes attempts at
   once), or gone (preempted, terminated, failed: its attempts end with it);
-- node events: a VM joined the executor's cluster, or its node broke;
+- node events: a VM joined the executor's cluster, or its node broke, or the VM heard
+  its cloud's preemption notice (or a rebalance recommendation) itself;
 - attempt started, checkpoint written (or not), attempt ended, by outcome: success,
   a retry, a failure, or a loss that is not counted against max_attempts;
 - callbacks of the executor's hook, recorded with the changes they caused.
@@ -26,6 +27,7 @@ from controller.executors.base import (
     CheckpointEvent,
     ExecutorEvent,
     NodeEvent,
+    NodeNotice,
     Outcome,
 )
 from controller.models import AttemptState, JobState, check_transition
@@ -66,6 +68,8 @@ class EventsMixin(TransitionsMixin):
                     batch.callback(event.key, event.at, "started", event.attempt_id)
             elif isinstance(event, NodeEvent):
                 self._on_node(event, batch)
+            elif isinstance(event, NodeNotice):
+                self._on_node_notice(event)
             elif isinstance(event, CallbackNoted):
                 batch.callback(event.key, event.at, event.kind, event.subject)
 
@@ -137,6 +141,22 @@ class EventsMixin(TransitionsMixin):
                 attempt.migrating = f"spot notice on {vm.id}"
                 self.checkpoints.signal_now(attempt, at)
         self._wake.set()
+
+    def _on_node_notice(self, event: NodeNotice) -> None:
+        """The VM heard its cloud's notice itself (docs/checkpoints.md#notices): as the
+        driver's, whichever comes first (the second changes nothing). A rebalance
+        recommendation (no end) only drains it: no new attempt; it ends once empty."""
+        vm = self.vms.get(event.vm_id)
+        if vm is None or vm.state is not VmState.RUNNING or vm.terminating:
+            return
+        if event.ends_by is not None:
+            if vm.notice_until is None:
+                self._on_notice(vm, event.ends_by, event.at)
+        elif not vm.draining:
+            log.info("VM %s: %s", vm.id, event.detail)
+            vm.draining = event.detail or "spot rebalance recommendation"
+            self._refresh_vm_sets(vm)
+            self._wake.set()
 
     def _on_node(self, event: NodeEvent, batch: WriteBatch) -> None:
         """The VM joined the executor's cluster (it takes attempts from now on), or its
