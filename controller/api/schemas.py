@@ -465,6 +465,11 @@ class Preempted(_Response):
     preempted: Literal[True]
 
 
+class Recommended(_Response):
+    id: str
+    recommended: Literal[True]
+
+
 class SlurmEventTaken(_Response):
     key: str = Field(description="The event's idempotency key.")
     duplicate: bool

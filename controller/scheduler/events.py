@@ -128,6 +128,7 @@ class EventsMixin(TransitionsMixin):
         if not vm.draining:
             vm.draining = f"spot notice: ends within {left_s:.0f} s"
             self._refresh_vm_sets(vm)
+        self._move_queued(vm, f"spot notice on {vm.id}")
         for attempt_id in vm.attempts:
             attempt = self.attempts.get(attempt_id)
             if attempt is None or attempt.state is not AttemptState.RUNNING:
@@ -156,7 +157,20 @@ class EventsMixin(TransitionsMixin):
             log.info("VM %s: %s", vm.id, event.detail)
             vm.draining = event.detail or "spot rebalance recommendation"
             self._refresh_vm_sets(vm)
+            self._move_queued(vm, f"spot rebalance on {vm.id}")
             self._wake.set()
+
+    def _move_queued(self, vm: VmRun, why: str) -> None:
+        """A drained VM's attempts that have not started (queued ahead in Slurm, whose
+        drained node would never start them) are stopped, to start elsewhere: lost,
+        not counted."""
+        for attempt_id in vm.attempts:
+            attempt = self.attempts.get(attempt_id)
+            if attempt is None or attempt.state is not AttemptState.STARTING:
+                continue
+            if not attempt.cancelling and not attempt.migrating:
+                attempt.migrating = why
+                self._migration_stops.append(attempt.id)
 
     def _on_node(self, event: NodeEvent, batch: WriteBatch) -> None:
         """The VM joined the executor's cluster (it takes attempts from now on), or its
