@@ -65,7 +65,6 @@ async def list_vms(request: web.Request) -> web.Response:
         names = c.node_names
         vm["slurm_node"] = vm["pool_node"] or (names.node_of(vm["id"]) if names else "")
         vm["terminating"] = bool(run and run.terminating)
-        vm["notice_until"] = run.notice_until if run is not None else None
     return json_response({"vms": vms, "usage": fleet_view(fleet)})
 
 

@@ -69,7 +69,7 @@ class EventsMixin(TransitionsMixin):
             elif isinstance(event, NodeEvent):
                 self._on_node(event, batch)
             elif isinstance(event, NodeNotice):
-                self._on_node_notice(event)
+                self._on_node_notice(event, batch)
             elif isinstance(event, CallbackNoted):
                 batch.callback(event.key, event.at, event.kind, event.subject)
 
@@ -84,7 +84,7 @@ class EventsMixin(TransitionsMixin):
             return
         if status.notice_until is not None and vm.notice_until is None:
             # Now, not the status's changed_at: that is when the VM last changed state.
-            self._on_notice(vm, status.notice_until, self.clock.now())
+            self._on_notice(vm, status.notice_until, self.clock.now(), batch)
         if status.state is vm.state:
             return
         at = status.changed_at
@@ -113,7 +113,7 @@ class EventsMixin(TransitionsMixin):
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
             self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
 
-    def _on_notice(self, vm: VmRun, ends_by: float, at: float) -> None:
+    def _on_notice(self, vm: VmRun, ends_by: float, at: float, batch: WriteBatch) -> None:
         """A preemption notice (docs/design.md#checkpoint-notices): the VM takes no new
         attempt (drained: it ends once empty), each running checkpointable attempt on it
         is asked to checkpoint now if the checkpoint can be written before the VM ends
@@ -123,6 +123,7 @@ class EventsMixin(TransitionsMixin):
         if vm.state not in (VmState.PENDING, VmState.RUNNING) or vm.terminating:
             return
         vm.notice_until = ends_by
+        batch.vm(vm.row(self.driver.name, self.time_scale))
         left_s = max(0.0, ends_by - at)
         log.info("VM %s: preemption notice, ends within %.0f s", vm.id, left_s)
         if not vm.draining:
@@ -143,7 +144,7 @@ class EventsMixin(TransitionsMixin):
                 self.checkpoints.signal_now(attempt, at)
         self._wake.set()
 
-    def _on_node_notice(self, event: NodeNotice) -> None:
+    def _on_node_notice(self, event: NodeNotice, batch: WriteBatch) -> None:
         """The VM heard its cloud's notice itself (docs/checkpoints.md#notices): as the
         driver's, whichever comes first (the second changes nothing). A rebalance
         recommendation (no end) only drains it: no new attempt; it ends once empty."""
@@ -152,7 +153,7 @@ class EventsMixin(TransitionsMixin):
             return
         if event.ends_by is not None:
             if vm.notice_until is None:
-                self._on_notice(vm, event.ends_by, event.at)
+                self._on_notice(vm, event.ends_by, event.at, batch)
         elif not vm.draining:
             log.info("VM %s: %s", vm.id, event.detail)
             vm.draining = event.detail or "spot rebalance recommendation"

@@ -144,6 +144,7 @@ class VmRow(TypedDict):
     time_scale: float
     ready_at: float | None
     pool_node: str
+    notice_until: float | None
 
 
 class LifetimeRow(TypedDict):

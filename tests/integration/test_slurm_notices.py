@@ -178,12 +178,12 @@ def test_a_rebalance_recommendation_drains_the_vm_which_is_released_losing_nothi
         }
     )
     job_id = f"{first['id']}-0"
-    job = wait_until(
-        lambda: (j := client.job(job_id))["attempt_list"][-1]["ran_at"] and j,
-        90,
-        0.1,
-        "the job's program running",
-    )
+
+    def program_running() -> dict | None:
+        job = client.job(job_id)
+        return job if any(a["ran_at"] for a in job["attempt_list"]) else None
+
+    job = wait_until(program_running, 90, 0.1, "the job's program running")
     vm_id = job["vm_id"]
     client.rebalance(vm_id)
     # Heard on the VM (IMDS, polled every 2 s), then by the node poll (every 5 s).
