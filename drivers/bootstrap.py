@@ -101,7 +101,8 @@ def render(
     placeholders ($token, ...)."""
     if template is None:
         script = _HEADER.format(node_env=node_env(settings))
-        if settings.get("SPOTBAG_NOTICE_WATCH"):
+        # The watcher runs on spotbag's own Slurm nodes only (node_join.sh).
+        if settings.get("SPOTBAG_NOTICE_WATCH") and settings.get("SPOTBAG_SLURM_DYNAMIC") == "1":
             script += _WATCHER.format(watcher=_packed_watcher())
         return _checked_size(script + join_script(), max_bytes)
     values = {

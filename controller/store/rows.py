@@ -354,6 +354,7 @@ class TimelineVm(TypedDict):
     requested_at: float
     running_at: float | None
     ended_at: float | None
+    notice_until: float | None
 
 
 class BagTimeline(TypedDict):

@@ -194,7 +194,9 @@ async def test_the_aws_watcher_drains_at_a_rebalance_then_at_the_notice(server, 
 def test_the_boot_script_carries_the_watcher_only_when_asked(tmp_path):
     plain = bootstrap.render(None, {"SPOTBAG_VM_ID": "vm-1"})
     assert "notice_watch.py <<" not in plain
-    asked = bootstrap.render(None, {"SPOTBAG_VM_ID": "vm-1", "SPOTBAG_NOTICE_WATCH": "gce"})
+    pool_node = {"SPOTBAG_VM_ID": "vm-1", "SPOTBAG_NOTICE_WATCH": "gce"}
+    assert "notice_watch.py <<" not in bootstrap.render(None, pool_node)
+    asked = bootstrap.render(None, {**pool_node, "SPOTBAG_SLURM_DYNAMIC": "1"})
     start = asked.index("python3 -c")
     end = asked.index("\nSPOTBAG_NOTICE_WATCH\n", start) + len("\nSPOTBAG_NOTICE_WATCH\n")
     step = asked[start:end].replace("/etc/spotbag/notice_watch.py", str(tmp_path / "w.py"))
