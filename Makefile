@@ -28,7 +28,7 @@ test: $(STAMP)
 
 # Unit and policy tests: no daemon, no Slurm, no processes (tests/conftest.py enforces it).
 test-fast: $(STAMP)
-	SPOTBAG_FAST_TIER=1 $(BIN)/python -m pytest -q -n 2 -m "not integration and not slurm and not processes" \
+	SPOTBAG_FAST_TIER=1 $(BIN)/python -m pytest -q -n 2 -m "not integration and not slurm and not processes and not clouds and not slow" \
 		--cov=controller/api --cov-report=term:skip-covered --cov-fail-under=85 \
 		tests/policies tests/controller tests/drivers tests/slurm_hooks tests/deploy tests/test_architecture.py
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from controller.bagspec import ACCOUNT_NAME
+from controller.bags.spec import ACCOUNT_NAME
 from controller.errors import SpotbagError
 from controller.executors.job_users import ACCOUNT, template_problem
 from drivers.base import VmType

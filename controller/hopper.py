@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from controller.config import HoppingConfig
-from controller.models import AttemptState
 from controller.planner import DemandGroup, preferred_launch
+from controller.states import AttemptState
 from drivers.base import PriceSample, VmState, VmType
 from policies.index import Need, Policy, TypeMarket
 

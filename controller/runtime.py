@@ -8,11 +8,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.bagspec import BagSpec
-from controller.model_book import Belief
-from controller.models import AttemptState, JobState
+from controller.bags.spec import BagSpec
+from controller.bags.waiting_jobs import FreshParams, HeldJobs, JobQueue
+from controller.preemption.model_book import Belief
+from controller.states import AttemptState, JobState
 from controller.store import job_id_of
-from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from drivers.base import VmState, VmType
 from policies.packing import Shape
 from policies.reuse import ReuseTable

@@ -21,19 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from controller.admission import admit
-from controller.bag_cost import compute_bag_costs
-from controller.checkpoint_tables import TableCache, planned_notices
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.config import Config
+from controller.costs.bag_cost import compute_bag_costs
+from controller.costs.fleet_cost import compute_fleet_cost
+from controller.costs.report import CostRule
+from controller.costs.summary import bag_view, fleet_view
 from controller.errors import SpotbagError
 from controller.executors.sim import SimExecutor
-from controller.fleet_cost import compute_fleet_cost
 from controller.ids import SequentialIds
-from controller.report import CostRule
+from controller.preemption.checkpoint_tables import TableCache, planned_notices
 from controller.scheduler import Scheduler
 from controller.store import Store
-from controller.summary import bag_view, fleet_view
 from controller.wiring import make_driver, make_model_book
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from controller.config import Config, ConfigError
 from controller.executors.base import Executor
 from controller.executors.job_users import ACCOUNT, JobUserError, JobUsers
-from controller.model_book import ModelBook
+from controller.preemption.model_book import ModelBook
 from drivers import driver_class
 from drivers.base import Driver, VmType
 
@@ -181,7 +181,7 @@ async def make_executor(
             kill_grace_s=config.executor.kill_grace_s,
             users=make_job_users(config, state_dir),
         )
-    from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
+    from controller.slurm.executor import SlurmExecutor, SlurmExecutorSettings
 
     slurm = config.slurm
     if not slurm.munge_key:

@@ -1,5 +1,5 @@
 """VMs: the fleet with what each VM has cost so far (priced as reports price it:
-controller/fleet_cost.py), the preemption models the
+controller/costs/fleet_cost.py), the preemption models the
 scheduler assumes (configured, learned, in use per live VM), and fault injection
 (preempt a VM now, on drivers that can)."""
 
@@ -24,8 +24,8 @@ from controller.api.base import (
     json_response,
 )
 from controller.api.schemas import Models, Preempted, Recommended, VmList
+from controller.costs.summary import fleet_view
 from controller.errors import Conflict, NotFound
-from controller.summary import fleet_view
 from drivers.base import VmState
 
 VMS_LIMIT = bounded("limit", "At most this many VMs.", 1, 10_000, 200)

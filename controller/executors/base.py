@@ -33,9 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from controller.bagspec import SimulationHints
+from controller.bags.job_command import ParamValue
+from controller.bags.spec import SimulationHints
 from controller.errors import SpotbagError
-from controller.job_command import ParamValue
 from drivers.base import VmType
 
 

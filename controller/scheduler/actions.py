@@ -30,11 +30,11 @@ from controller.executors.base import (
     PoolExecutor,
     start_error,
 )
-from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
 from controller.runtime import VmRun
 from controller.scheduler.events import EventsMixin
 from controller.scheduler.state import StartResult
+from controller.states import AttemptState, check_transition
 from controller.store import WriteBatch
 from drivers.base import DriverError, LaunchRequest, VmState, VmStatus
 

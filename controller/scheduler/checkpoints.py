@@ -23,10 +23,10 @@ import heapq
 import math
 from collections.abc import Callable
 
-from controller.checkpoint_tables import TableCache
 from controller.config import CheckpointConfig
-from controller.models import AttemptState
+from controller.preemption.checkpoint_tables import TableCache
 from controller.runtime import AttemptRun, BagRun, VmRun
+from controller.states import AttemptState
 from policies.checkpoint import next_checkpoint_h, planned_work_left
 
 

@@ -30,10 +30,10 @@ from controller.executors.base import (
     NodeNotice,
     Outcome,
 )
-from controller.models import AttemptState, JobState, check_transition
 from controller.planner import Terminate
 from controller.runtime import AttemptRun, VmRun
 from controller.scheduler.transitions import TransitionsMixin
+from controller.states import AttemptState, JobState, check_transition
 from controller.store import WriteBatch
 from drivers.base import VmState, VmStatus
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controller.bagspec import BagSpec
+from controller.bags.spec import BagSpec
 
 
 class Clock(Protocol):

@@ -51,9 +51,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-from controller.bagspec import BagSpec
+from controller.bags.spec import BagSpec
+from controller.bags.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from controller.executors.base import ExecutorEvent
-from controller.models import AttemptState, JobState
 from controller.planner import plan
 from controller.runtime import BagRun, shape_of
 from controller.scheduler.actions import ActionsMixin
@@ -71,8 +71,8 @@ from controller.scheduler.planning import PlanningMixin
 from controller.scheduler.recovery import RecoveryMixin
 from controller.scheduler.slurm_pools import PoolsMixin
 from controller.scheduler.transitions import TransitionsMixin
+from controller.states import AttemptState, JobState
 from controller.store import StoreUnavailable, WriteBatch
-from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
 from drivers.base import VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")

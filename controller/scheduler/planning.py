@@ -19,14 +19,14 @@ state (bags, jobs, attempts, VMs and their indexes).
 
 from __future__ import annotations
 
+from controller.bags.job_command import render_command
+from controller.bags.waiting_jobs import JobQueue
 from controller.executors.base import AttemptSpec
-from controller.job_command import render_command
-from controller.models import AttemptState, JobState
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
 from controller.runtime import AttemptRun, BagRun, VmRun, capacity_of
 from controller.scheduler.transitions import TransitionsMixin
+from controller.states import AttemptState, JobState
 from controller.store import WriteBatch
-from controller.waiting_jobs import JobQueue
 from drivers.base import VmState
 from policies.packing import Shape
 

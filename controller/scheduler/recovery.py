@@ -20,15 +20,15 @@ from __future__ import annotations
 import json
 import logging
 
-from controller.bagspec import BagSpec
+from controller.bags.spec import BagSpec
+from controller.bags.waiting_jobs import FreshParams, JobQueue
 from controller.executors.base import AttemptEvent, LiveAttempt, Outcome
-from controller.models import AttemptState, JobState
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
 from controller.scheduler.actions import ActionsMixin
 from controller.scheduler.inputs import _Cancel
+from controller.states import AttemptState, JobState
 from controller.store.batch import WriteBatch
 from controller.store.rows import ActiveBag, LiveAttemptRow, OpenJob, VmRow
-from controller.waiting_jobs import FreshParams, JobQueue
 from drivers.base import VmState, VmType
 
 log = logging.getLogger("spotbag.scheduler")

@@ -31,7 +31,6 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from controller.checkpoint_tables import TableCache
 from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
 from controller.executors.base import (
     AttemptEvent,
@@ -42,9 +41,10 @@ from controller.executors.base import (
     ExecutorEvent,
 )
 from controller.ledger import Accounts
-from controller.metrics import Metrics
-from controller.model_book import ModelBook
 from controller.planner import CatalogType, Terminate
+from controller.plumbing.metrics import Metrics
+from controller.preemption.checkpoint_tables import TableCache
+from controller.preemption.model_book import ModelBook
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of
 from controller.scheduler.backoff import Backoff
 from controller.scheduler.checkpoints import CheckpointTimer

@@ -21,9 +21,9 @@ import datetime as dt
 import json
 import logging
 
-from controller.models import AttemptState, BagState, JobState, check_transition
 from controller.runtime import AttemptRun, BagRun, JobRun, VmRun
 from controller.scheduler.state import SchedulerState
+from controller.states import AttemptState, BagState, JobState, check_transition
 from controller.store import WriteBatch
 from drivers.base import VmState
 

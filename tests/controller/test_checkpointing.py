@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.admission import admit
-from controller.checkpoint_tables import TableCache, table_size_h
+from controller.bags.admission import admit
 from controller.clock import SimClock
+from controller.preemption.checkpoint_tables import TableCache, table_size_h
 from controller.simulation import simulate
 from policies.checkpoint import build_table
 from policies.preemption import Bathtub, Exponential

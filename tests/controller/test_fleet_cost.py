@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
-from controller.fleet_cost import FleetCosts, compute_fleet_cost
-from controller.report import CostRule, build_report
+from controller.costs.fleet_cost import FleetCosts, compute_fleet_cost
+from controller.costs.report import CostRule, build_report
+from controller.costs.summary import fleet_view
 from controller.store import Store
-from controller.summary import fleet_view
 from tests.controller.simworld import bag, config, run_until, world
 
 SMALL = {  # no zone: priced from its type's samples in any zone

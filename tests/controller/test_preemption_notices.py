@@ -10,13 +10,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from controller.clock import SimClock
 from controller.executors.base import NodeNotice
 from controller.executors.sim import SimExecutor
-from controller.models import AttemptState
 from controller.planner import CatalogType, DemandGroup, Snapshot, VmView, plan
 from controller.simulation import simulate
+from controller.states import AttemptState
 from drivers.base import VmState, VmStatus
 from policies.packing import Shape
 from tests.controller.simworld import bag, check_store_consistent, config, rows, run_until, world
@@ -45,6 +46,7 @@ async def run(tmp_path: Path, notice_lead_s: float) -> dict:
     return result.bag
 
 
+@pytest.mark.slow
 async def test_with_notices_a_bag_loses_next_to_no_work(tmp_path):
     without = await run(tmp_path / "none", 0.0)
     noticed = await run(tmp_path / "gce", 30.0)
@@ -61,6 +63,7 @@ async def test_with_notices_a_bag_loses_next_to_no_work(tmp_path):
     assert moved >= without["usage"]["interrupted_attempts"] / 2
 
 
+@pytest.mark.slow
 async def test_a_moved_job_resumes_on_a_vm_launched_at_the_notice(tmp_path):
     await run(tmp_path, 30.0)
     moves = rows(

@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.executors.base import AttemptEvent, NodeEvent, Outcome
 from controller.executors.sim import SimExecutor

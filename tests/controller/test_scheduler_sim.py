@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.errors import InvalidBag, NoVmTypeFits
 from controller.simulation import simulate

@@ -403,6 +403,7 @@ def _database(path, migrations: int) -> sqlite3.Connection:
     return conn
 
 
+@pytest.mark.slow
 def test_insert_ledger_keeps_the_balances_and_open_reservations_the_triggers_kept(tmp_path):
     """The same entries, appended call by call, leave ledger_balances and ledger_open
     exactly (to the last bit of every sum) as the triggers of the earlier schema did:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.executors.base import ExecutorUnavailable
 from controller.runtime import VmRun, capacity_of

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controller.executors.slurm.nodes import notice_end
+from controller.slurm.executor.nodes import notice_end
 from drivers import bootstrap
 from drivers.local_metadata import MetadataServer, iso
 

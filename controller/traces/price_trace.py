@@ -3,13 +3,13 @@ a price source for the local and sim drivers.
 
 The format is the one of the shipped 2015 trace (controller/data/reference/spot-prices/;
 `spotbag data path spot-prices`), CSV, gzipped or not (read by
-controller.trace_io):
+controller.traces.trace_io):
 
     region,az,instance_type,product,timestamp_utc,spot_price_usd_hr,ondemand_price_usd_hr
 
 one row per price change. A VM of the trace is an (instance type, zone) pair. On a grid
 of `step_s`, each VM's price at a step is the last change at or before it (NaN before
-its first change); VM sizes come from controller.vm_size (the bundled EC2 and GCE
+its first change); VM sizes come from controller.traces.vm_size (the bundled EC2 and GCE
 table, a --types file, a config's catalog). Timestamps are ISO 8601 or epoch seconds;
 no zone means UTC.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from controller import trace_io
-from controller.trace_io import TraceError, parse_time
-from controller.vm_size import VmSize, bundled_sizes, sizes_of
+from controller.traces import trace_io
+from controller.traces.trace_io import TraceError, parse_time
+from controller.traces.vm_size import VmSize, bundled_sizes, sizes_of
 from drivers.base import PriceSample
 from policies.hopping import Fleet
 

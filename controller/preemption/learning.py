@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from controller.blas import one_blas_thread
 from controller.config import PreemptionConfig
-from controller.model_book import ModelBook
+from controller.plumbing.blas import one_blas_thread
+from controller.preemption.model_book import ModelBook
 from controller.store import Store
 from policies.fitting import FitResult, drift_test, fit
 from policies.registry import ModelEntry, ModelKey, Observation, group_by_key

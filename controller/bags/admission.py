@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.bagspec import Bag, BagSpecError, FieldProblem, parse_bag
+from controller.bags.spec import Bag, BagSpecError, FieldProblem, parse_bag
+from controller.bags.waiting_jobs import PackedParams
 from controller.errors import (
     ApiError,
     Conflict,
@@ -27,7 +28,6 @@ from controller.runtime import capacity_of, shape_of
 from controller.scheduler import Scheduler
 from controller.store import IdempotencyConflict, Store
 from controller.store.rows import BagRow
-from controller.waiting_jobs import PackedParams
 from drivers.base import VmType
 from policies.ledger_rules import InsufficientCredit, jobs_covered
 

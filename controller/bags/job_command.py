@@ -3,7 +3,7 @@ job's parameter values (shell-quoted), and the SPOTBAG_* variables it runs with.
 
 Also how large they can get without starting a job: Linux refuses an exec (E2BIG)
 whose arguments and environment pass ARG_MAX, so a bag whose largest job would is
-refused at admission (controller/bagspec.py reports it with the field at fault).
+refused at admission (controller/bags/spec.py reports it with the field at fault).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import asyncio
 from collections import OrderedDict
 
 from controller.executors.base import CallbackNoted
-from controller.executors.slurm.state import LIVE_STATES, SlurmState, read_markers
 from controller.slurm.commands import exit_status
+from controller.slurm.executor.state import LIVE_STATES, SlurmState, read_markers
 from controller.slurm.naming import attempt_of_job
 
 

@@ -1,6 +1,6 @@
 """What every VM has cost so far, and the fleet's totals (GET /v1/vms, so `spotbag
 vms`, `spotbag status`'s "all VMs" line and `spotbag simulate`'s summary), priced by the
-reports' rule (controller/report.py `vm_costs`: docs/design.md#cost-reports's price paid, which for a
+reports' rule (controller/costs/report.py `vm_costs`: docs/design.md#cost-reports's price paid, which for a
 spot VM is its type's sampled spot price while price samples exist): so the fleet total
 equals the sum of the reports of all bags, and a bag alone on its VMs costs what the
 fleet cost.
@@ -14,7 +14,7 @@ priced once and kept; later computations price only the VMs still running or new
 Pricing all of them takes time (5,000 VMs over a month of samples of 30 series: ~1.3 s
 the first time; with 100 of them alive, started within a day, ~0.1 s after that), so
 the figures are kept and refreshed by the rule of the bag views' costs
-(controller/bag_cost.py): served while younger than `stale_factor` × the time computing
+(controller/costs/bag_cost.py): served while younger than `stale_factor` × the time computing
 them took (and at least `min_refresh_s`); older and cheap (at most `sync_budget_s`),
 computed again, T = now; older and expensive, served at once while one refresh runs in
 the background, unless older than `max_stale_s`. Whenever a VM has started running or
@@ -33,8 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.report import vm_costs
-from controller.shared_result import settle
+from controller.costs.report import vm_costs
+from controller.costs.shared_result import settle
 from controller.store import Store
 
 log = logging.getLogger(__name__)

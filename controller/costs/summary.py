@@ -2,7 +2,7 @@
 CLI and `spotbag simulate` print, is `controller.cli.render.render_summary`).
 
 A bag's usage: its attempts' times (the ended ones' totals kept in the store, plus the
-running ones up to now) and its cost, which is its cost report's (controller/bag_cost.py:
+running ones up to now) and its cost, which is its cost report's (controller/costs/bag_cost.py:
 docs/design.md#cost-reports's split of its VMs' cost, as of `cost.as_of`).
 """
 
@@ -12,9 +12,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from controller.bag_cost import BagCost
-from controller.fleet_cost import FleetCost
-from controller.models import JobState
+from controller.costs.bag_cost import BagCost
+from controller.costs.fleet_cost import FleetCost
+from controller.states import JobState
 from controller.store import job_id_of
 
 
@@ -105,5 +105,5 @@ def job_view(job: Mapping[str, Any]) -> dict[str, Any]:
 def fleet_view(fleet: FleetCost) -> dict[str, Any]:
     """Totals over every VM that ran, and per VM type: how many, how many were
     preempted, VM-hours (billed life, idle included) and their cost as of
-    `fleet.as_of`, priced as reports price them (controller/fleet_cost.py)."""
+    `fleet.as_of`, priced as reports price them (controller/costs/fleet_cost.py)."""
     return {**fleet.totals, "cost_as_of": fleet.as_of}

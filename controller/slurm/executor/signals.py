@@ -18,8 +18,8 @@ from pathlib import Path
 
 from controller.executors.attempt_files import checkpoint_fingerprint
 from controller.executors.base import CheckpointEvent
-from controller.executors.slurm.state import Attempt, SlurmState
 from controller.slurm.commands import SlurmError, SlurmRefused, SlurmUnavailable
+from controller.slurm.executor.state import Attempt, SlurmState
 from controller.slurm.naming import job_name
 
 log = logging.getLogger("spotbag.executors.slurm")

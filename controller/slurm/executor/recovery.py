@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller.executors.base import LiveAttempt
-from controller.executors.slurm.nodes import NodeManager
-from controller.executors.slurm.state import (
+from controller.slurm.commands import SlurmError, slurm_time
+from controller.slurm.executor.nodes import NodeManager
+from controller.slurm.executor.state import (
     LIVE_STATES,
     RUNNING_STATES,
     Attempt,
@@ -25,8 +26,7 @@ from controller.executors.slurm.state import (
     SlurmState,
     read_markers,
 )
-from controller.executors.slurm.watch import Watcher
-from controller.slurm.commands import SlurmError, slurm_time
+from controller.slurm.executor.watch import Watcher
 from controller.slurm.naming import job_name
 
 log = logging.getLogger("spotbag.executors.slurm")

@@ -129,7 +129,7 @@ class Metrics:
         )
 
     def watch_loop_lag(self, max_lag_s: Callable[[], float]) -> None:
-        """Report the event loop's longest stall since start (controller/loop_lag.py)."""
+        """Report the event loop's longest stall since start (controller/plumbing/loop_lag.py)."""
         self.registry.register(_LoopLagCollector(max_lag_s))
 
     def watch_health(self, read: Callable[[], tuple[int, list[str]]]) -> None:

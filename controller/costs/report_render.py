@@ -1,4 +1,4 @@
-"""Cost reports (controller/report.py) as CSV or one HTML file, as the API serves them
+"""Cost reports (controller/costs/report.py) as CSV or one HTML file, as the API serves them
 (the CLI's terminal tables are controller.cli.render.report_tables).
 
 The HTML report is self-contained: styles inline and the charts as inline SVG drawn
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from controller.costs.report import METRICS
 from controller.formatting import duration, number, percent, usd
-from controller.report import METRICS
 
 
 def count(value: Any) -> str:

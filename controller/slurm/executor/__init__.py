@@ -28,7 +28,7 @@ The parts:
 - recovery.py: re-adopting attempts after a controller restart.
 """
 
-from controller.executors.slurm.executor import SlurmExecutor
-from controller.executors.slurm.state import SlurmExecutorSettings
+from controller.slurm.executor.executor import SlurmExecutor
+from controller.slurm.executor.state import SlurmExecutorSettings
 
 __all__ = ["SlurmExecutor", "SlurmExecutorSettings"]

@@ -1,6 +1,6 @@
 """Each bag's cost as its views show it (GET /v1/bags and /v1/bags/{id}, so `spotbag
 status`, the web UI's bag page and `spotbag simulate`): the figures of the bag's cost
-report (controller/report.py: docs/design.md#cost-reports's split-cost allocation, policies/vm_cost.py),
+report (controller/costs/report.py: docs/design.md#cost-reports's split-cost allocation, policies/vm_cost.py),
 computed by the same function from the same rows, so a view and a report of the same
 instant never disagree.
 
@@ -47,10 +47,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controller.costs.report import CostRule, compute_report
+from controller.costs.shared_result import settle
 from controller.errors import SpotbagError
-from controller.models import BagState
-from controller.report import CostRule, compute_report
-from controller.shared_result import settle
+from controller.states import BagState
 from controller.store import Store
 
 log = logging.getLogger(__name__)

@@ -25,6 +25,7 @@ import math
 from collections import OrderedDict
 from pathlib import Path
 
+from controller.bags.job_command import job_environment
 from controller.executors.attempt_files import (
     IGNORE_CHECKPOINT_SIGNAL,
     WRAPPER_BODY,
@@ -35,10 +36,9 @@ from controller.executors.attempt_files import (
 )
 from controller.executors.base import AttemptSpec, ExecutorError, ExecutorUnavailable
 from controller.executors.job_users import JobUser, JobUserError
-from controller.executors.slurm.state import Attempt, Node, SlurmExecutorSettings, SlurmState
-from controller.executors.slurm.watch import Watcher
-from controller.job_command import job_environment
 from controller.slurm.commands import SlurmError, SlurmRefused, SlurmTools, SlurmUnavailable
+from controller.slurm.executor.state import Attempt, Node, SlurmExecutorSettings, SlurmState
+from controller.slurm.executor.watch import Watcher
 from controller.slurm.naming import job_name
 
 log = logging.getLogger("spotbag.executors.slurm")
@@ -225,7 +225,7 @@ def job_script(
     )
     lines = [
         "#!/bin/sh",
-        f"# spotbag attempt {spec.attempt_id} (controller/executors/slurm/submission.py)",
+        f"# spotbag attempt {spec.attempt_id} (controller/slurm/executor/submission.py)",
         f'[ "$SLURMD_NODENAME" = {quote(node)} ] || {{ echo "spotbag: attempt '
         f'{spec.attempt_id} is for node {node}, not $SLURMD_NODENAME: not run" >&2; exit 1; }}',
         IGNORE_CHECKPOINT_SIGNAL.rstrip("\n"),

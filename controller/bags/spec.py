@@ -10,7 +10,7 @@ A bag is one command template run over a parameter space:
 
 `{name}` placeholders in the command are filled per job, shell-quoted (an
 optional format spec such as `{r:.3f}` is applied first); every value is also
-exported as `SPOTBAG_PARAM_<NAME>` (controller/job_command.py). Errors name the field they
+exported as `SPOTBAG_PARAM_<NAME>` (controller/bags/job_command.py). Errors name the field they
 are about (`parameters.r`, `resources.cpus`, ...).
 
 The spec's structure, types and bounds are the pydantic model's (BagSpec, whose JSON
@@ -43,8 +43,8 @@ from pydantic import (
     field_validator,
 )
 
+from controller.bags.job_command import ParamValue, param_env_name, render_command, size_problem
 from controller.errors import SpotbagError
-from controller.job_command import ParamValue, param_env_name, render_command, size_problem
 
 PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -58,7 +58,7 @@ MIN_RUNTIME_S = 1.0
 # clock, take 10-50 ms), but not denormal: 1 ms.
 MIN_CHECKPOINT_COST_S = 0.001
 # Each value goes into the environment: Linux refuses any single one above 128 KiB
-# (MAX_ARG_STRLEN). The limits of a whole job are controller/job_command.py's.
+# (MAX_ARG_STRLEN). The limits of a whole job are controller/bags/job_command.py's.
 MAX_VALUE_CHARS = 100_000
 MAX_FORMAT_WIDTH = 1000
 MIN_MEMORY_GB = 0.001  # 1 MB: smaller is a mistake, and a tiny divisor overflows packing
@@ -631,7 +631,7 @@ def _values_by_name(spec: BagSpec, axes: dict[str, list] | None) -> dict[str, li
 
 def _check_sizes(spec: BagSpec, axes: dict[str, list] | None, problems: list[FieldProblem]) -> None:
     """The largest job's command and environment must fit what Linux lets a process
-    start with (controller/job_command.py)."""
+    start with (controller/bags/job_command.py)."""
     values_field = "parameters" if axes is not None else "points"
     problem = size_problem(spec.command, spec.env, _values_by_name(spec, axes), values_field)
     if problem is not None:

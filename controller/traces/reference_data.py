@@ -6,7 +6,7 @@ its licence and how it was derived; `spotbag data list` and `spotbag data path N
 print where an install keeps them.
 
 Only paths live here: the readers are controller.tools.lifetime_data,
-controller.price_trace and controller.tools.prepaid_report (gzip or not, by magic).
+controller.traces.price_trace and controller.tools.prepaid_report (gzip or not, by magic).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Beside this module in a checkout and in an installed wheel alike (package data).
-REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
+REFERENCE_DIR = Path(__file__).resolve().parent.parent / "data" / "reference"
 
 
 @dataclass(frozen=True)

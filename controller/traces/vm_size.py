@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from controller.trace_io import TraceError, csv_records, open_text
+from controller.traces.trace_io import TraceError, csv_records, open_text
 
 EC2_TABLE = "data/ec2_instance_types.json"
 WAYS_TO_SIZE = (

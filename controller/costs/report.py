@@ -21,9 +21,9 @@ Per group (the whole scope, each VM type and market, each bag):
     cpu_h                rate × the attempts' time (what the ledger charges)
 
 The numbers come from arrays (numpy), so a report over 100,000 jobs takes well under
-a second; rendering (table, CSV, HTML) is in controller/report_render.py. A bag's
+a second; rendering (table, CSV, HTML) is in controller/costs/report_render.py. A bag's
 view (GET /v1/bags/{id}) shows its `by_bag` figures of this same computation
-(controller/bag_cost.py), so the two never disagree.
+(controller/costs/bag_cost.py), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ class ReportScopeEmpty(SpotbagError, LookupError):
 class CostRule:
     """The settings of the split (docs/design.md#cost-reports): the resource weights, the idle timeout
     that tells idle from spare time, and the ledger's GPU weight (for CPU-hours). The
-    reports and the bag views (controller/bag_cost.py) take the same one from the config,
+    reports and the bag views (controller/costs/bag_cost.py) take the same one from the config,
     so they never disagree."""
 
     weights: Weights = DEFAULT_WEIGHTS

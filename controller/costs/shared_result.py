@@ -1,5 +1,5 @@
-"""One computation, many waiters: the cost views (controller/bag_cost.py,
-controller/fleet_cost.py) let a request that needs figures already being computed await
+"""One computation, many waiters: the cost views (controller/costs/bag_cost.py,
+controller/costs/fleet_cost.py) let a request that needs figures already being computed await
 that computation's future rather than start another."""
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from controller.executors.base import AttemptListener, AttemptSpec, LiveAttempt
 from controller.executors.job_users import JobUsers
-from controller.executors.slurm import recovery
-from controller.executors.slurm.callbacks import Callbacks
-from controller.executors.slurm.nodes import NodeManager
-from controller.executors.slurm.signals import JobSignals
-from controller.executors.slurm.state import SlurmExecutorSettings, SlurmState
-from controller.executors.slurm.submission import Submitter
-from controller.executors.slurm.watch import Watcher
 from controller.slurm.commands import SlurmTools
+from controller.slurm.executor import recovery
+from controller.slurm.executor.callbacks import Callbacks
+from controller.slurm.executor.nodes import NodeManager
+from controller.slurm.executor.signals import JobSignals
+from controller.slurm.executor.state import SlurmExecutorSettings, SlurmState
+from controller.slurm.executor.submission import Submitter
+from controller.slurm.executor.watch import Watcher
 from drivers.base import VmType
 
 

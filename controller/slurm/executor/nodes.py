@@ -24,7 +24,6 @@ import time
 from datetime import datetime
 
 from controller.executors.base import NodeEvent, NodeNotice
-from controller.executors.slurm.state import Attempt, Node, SlurmState
 from controller.slurm.commands import (
     SlurmError,
     SlurmRefused,
@@ -32,6 +31,7 @@ from controller.slurm.commands import (
     key_values,
     split_rows,
 )
+from controller.slurm.executor.state import Attempt, Node, SlurmState
 from controller.slurm.naming import vm_of_node
 from drivers.base import VmType
 

@@ -24,14 +24,6 @@ from collections.abc import Callable
 
 from controller.executors.attempt_files import exit_status_path, read_exit_status, started_path
 from controller.executors.base import AttemptEvent, Outcome
-from controller.executors.slurm.nodes import NodeManager
-from controller.executors.slurm.state import (
-    LIVE_STATES,
-    RUNNING_STATES,
-    Attempt,
-    SlurmState,
-    read_markers,
-)
 from controller.slurm.commands import (
     SlurmError,
     SlurmRefused,
@@ -40,6 +32,14 @@ from controller.slurm.commands import (
     key_values,
     slurm_time,
     split_rows,
+)
+from controller.slurm.executor.nodes import NodeManager
+from controller.slurm.executor.state import (
+    LIVE_STATES,
+    RUNNING_STATES,
+    Attempt,
+    SlurmState,
+    read_markers,
 )
 from controller.slurm.naming import attempt_of_job, job_name
 
