@@ -79,8 +79,8 @@ def trace_of(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def one_round(client, work: Path, n: int) -> dict[str, float]:
-    program, trace = work / "steps.py", work / f"trace-{n}.jsonl"
+def one_round(client, work: Path, name: str) -> dict[str, float]:
+    program, trace = work / "steps.py", work / f"trace-{name}.jsonl"
     program.write_text(PROGRAM)
     bag = client.submit(
         {
@@ -139,7 +139,7 @@ def main() -> None:
             try:
                 client = daemon.start()
                 cluster.point_hooks(client.url)
-                rounds = [one_round(client, work, n) for n in range(ROUNDS)]
+                rounds = [one_round(client, work, f"{metadata}-{n}") for n in range(ROUNDS)]
             finally:
                 daemon.stop()
 
