@@ -249,7 +249,8 @@ ExecStart=/usr/bin/python3 -I $watcher
 Restart=on-failure
 UNIT
         systemctl daemon-reload
-        systemctl restart spotbag-notice-watch
+        # The node is joined already: a watcher that cannot start costs only notices.
+        systemctl restart spotbag-notice-watch || say "the notice watcher did not start"
     else
         setsid python3 -I "$watcher" </dev/null >>/var/log/spotbag-notice-watch.log 2>&1 &
     fi
