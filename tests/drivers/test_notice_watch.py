@@ -209,3 +209,34 @@ def test_notice_reasons_are_read_as_the_watcher_writes_them():
     assert notice_end("spot notice: ends by soon", 5.0) == 5.0  # unreadable: any moment
     assert notice_end("spot rebalance: recommended at 2027-01-15T08:00:00Z", 5.0) is None
     assert notice_end("Not responding", 5.0) is None
+
+
+def test_an_ec2_slurm_nodes_user_data_with_the_watcher_fits_with_room_to_spare():
+    """EC2 takes 16 KiB of user data: the bundled boot script of a Slurm node with the
+    notice watcher (packed) leaves at least 1 KiB for longer settings (job users)."""
+    from drivers.aws import USER_DATA_MAX_BYTES
+
+    settings = {
+        "SPOTBAG_VM_ID": "vm-3f9a0c21d7aa",
+        "SPOTBAG_CONTROLLER_ID": "c" * 32,
+        "SPOTBAG_CONTROLLER_URL": "http://head.internal:8080",
+        "SPOTBAG_VM_TYPE": "m5.large-1a",
+        "SPOTBAG_AWS_REGION": "us-east-1",
+        "SPOTBAG_NOTICE_WATCH": "aws",
+        "SPOTBAG_SLURM_NODE": "sb-vm-3f9a0c21d7aa",
+        "SPOTBAG_SLURM_CONF_SERVER": "head.internal:6817",
+        "SPOTBAG_SLURM_DYNAMIC": "1",
+        "SPOTBAG_SLURM_FEATURES": "spotbag",
+        "SPOTBAG_CPUS": "2",
+        "SPOTBAG_MEMORY_MB": "8192",
+        "SPOTBAG_GPUS": "0",
+        "SPOTBAG_MUNGE_KEY": "aws-secretsmanager:spotbag/munge-key",
+        "SPOTBAG_SHARED_DIR": "/var/lib/spotbag/shared",
+        "SPOTBAG_SHARED_MOUNT": "head.internal:/var/lib/spotbag/shared",
+        "SPOTBAG_JOB_USER": "spotbag",
+        "SPOTBAG_JOB_UID": "999",
+        "SPOTBAG_JOB_GID": "999",
+    }
+    script = bootstrap.render(None, settings, max_bytes=USER_DATA_MAX_BYTES)
+    assert "notice_watch.py <<" in script
+    assert len(script.encode()) <= USER_DATA_MAX_BYTES - 1024
