@@ -150,11 +150,17 @@ class LocalDriver:
         if lifetime_h != float("inf"):
             vm.death_at = now + lifetime_h * 3600.0 / self._time_scale
             self._arm_death(vm_id, vm.death_at, f"preempted: sampled lifetime {lifetime_h:.3f} h")
-            if self._notice_lead_s > 0:
-                notice_at = max(now, vm.death_at - self._notice_lead_s / self._time_scale)
-                death_at = vm.death_at
-                vm.timers.append(self._call_at(notice_at, lambda: self._notice(vm_id, death_at)))
+            self._arm_notice(vm_id, vm.death_at)
         return status
+
+    def _arm_notice(self, vm_id: str, death_at: float) -> None:
+        """The notice of a sampled preemption, `notice_lead_s` ahead (now if that passed:
+        a VM adopted after a restart is told again; a notice is idempotent)."""
+        if self._notice_lead_s > 0:
+            notice_at = max(self._now(), death_at - self._notice_lead_s / self._time_scale)
+            self._vms[vm_id].timers.append(
+                self._call_at(notice_at, lambda: self._notice(vm_id, death_at))
+            )
 
     def _arm_death(self, vm_id: str, death_at: float, reason: str) -> None:
         self._vms[vm_id].timers.append(
@@ -273,6 +279,7 @@ class LocalDriver:
             self._by_token[status.token] = host.vm_id
             if record.get("death_at") is not None:
                 self._arm_death(host.vm_id, record["death_at"], "preempted: sampled lifetime")
+                self._arm_notice(host.vm_id, record["death_at"])
             number = int(host.vm_id.rpartition("-")[2])
             LocalDriver._next_id = max(LocalDriver._next_id, number + 1)
 
