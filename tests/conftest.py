@@ -502,6 +502,12 @@ def pytest_collection_modifyitems(config, items):
         return
     from hypothesis import settings
 
+    machines = {
+        item.cls for item in items if isinstance(getattr(item.cls, "settings", None), settings)
+    }
+    for machine in machines:  # rule-based state machines (their TestCase's settings)
+        chosen = machine.settings
+        machine.settings = settings(chosen, max_examples=max(10, chosen.max_examples // 5))
     for item in items:
         test = getattr(item, "obj", None)
         chosen = getattr(test, "_hypothesis_internal_use_settings", None)
