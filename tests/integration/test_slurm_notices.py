@@ -95,14 +95,14 @@ def test_a_notice_heard_on_the_vm_moves_the_job_to_a_vm_launched_at_the_notice(
     program = tmp_path / "steps.py"
     program.write_text(PROGRAM)
     trace = tmp_path / "trace.jsonl"
-    steps = int(45 / STEP_S)  # 45 s of work
+    steps = int(20 / STEP_S)  # 20 s of work
     bag = client.submit(
         {
             "account": "lab",
             "command": f"{sys.executable} {program} {trace} {steps} {STEP_S}",
             "resources": {"cpus": 1, "memory_gb": 1.0},
             "max_runtime_s": 300,
-            "estimated_runtime_s": 45,
+            "estimated_runtime_s": 20,
             "checkpointable": True,
             "checkpoint_cost_s": 1.0,
             "max_attempts": 5,
