@@ -406,6 +406,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         DROP TRIGGER ledger_open_on_release;
         """,
     ),
+    (
+        "each VM's preemption notice, when its cloud takes it (NULL: none), kept across "
+        "restarts and shown on the timeline",
+        """
+        ALTER TABLE vms ADD COLUMN notice_until REAL;
+        """,
+    ),
 ]
 
 
