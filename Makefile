@@ -28,7 +28,7 @@ test: $(STAMP)
 
 # Unit and policy tests: no daemon, no Slurm, no processes (tests/conftest.py enforces it).
 test-fast: $(STAMP)
-	SPOTBAG_FAST_TIER=1 $(BIN)/python -m pytest -q -n 2 -m "not integration and not slurm and not processes" \
+	SPOTBAG_FAST_TIER=1 $(BIN)/python -m pytest -q -n 2 -m "not integration and not slurm and not processes and not clouds and not slow" \
 		--cov=controller/api --cov-report=term:skip-covered --cov-fail-under=85 \
 		tests/policies tests/controller tests/drivers tests/slurm_hooks tests/deploy tests/test_architecture.py
 
@@ -45,8 +45,9 @@ lint: $(STAMP)
 
 # Every benchmark to the end, each figure printed beside its target (bench/targets.py).
 # From a fresh clone: 22:44 on the 2-CPU development machine while other test suites ran
-# (1:46 of it the virtualenv). The long ones: slurm_dispatch.py ~7 min (needs root, Slurm
-# and munge, as the Slurm tests do; without them it says "skipped"), simulate_fleet.py
+# (1:46 of it the virtualenv). The long ones: slurm_dispatch.py ~7 min and vm_notices.py
+# ~3 min (they need root, Slurm and munge, as the Slurm tests do; without them they say
+# "skipped"), simulate_fleet.py
 # ~3 min, big_bag.py ~2.5 min, local_dispatch.py ~1.5 min, demo_under_load.py ~12 min (ten
 # busy loops slow everything else meanwhile); web_ui.py needs chromium and chromium-driver.
 bench: $(STAMP)
@@ -62,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/hopping.py
 	$(BIN)/python bench/deadlines.py
 	$(BIN)/python bench/slurm_dispatch.py
+	$(BIN)/python bench/vm_notices.py
 	$(BIN)/python bench/local_dispatch.py
 	$(BIN)/python bench/restart.py
 	$(BIN)/python bench/big_bag.py

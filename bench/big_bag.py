@@ -65,7 +65,7 @@ class Probe(threading.Thread):
 
 
 def loop_lag(client) -> tuple[float, dict[float, float]]:
-    """The daemon's own record of its event loop (controller/loop_lag.py): the longest
+    """The daemon's own record of its event loop (controller/plumbing/loop_lag.py): the longest
     stall since start, and the histogram's cumulative counts by upper bound (s)."""
     text, _ = client.request("GET", "/metrics", raw=True)
     longest, buckets = 0.0, {}

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from charts import plot_checkpoint_evaluation  # noqa: E402  (bench/charts.py)
 from tee import Tee  # noqa: E402  (bench/tee.py: this script's directory is on sys.path)
 
-from controller.model_book import load_registry  # noqa: E402
+from controller.preemption.model_book import load_registry  # noqa: E402
 from controller.tools.plots import plot_checkpoint_plan  # noqa: E402
 from policies.checkpoint import (  # noqa: E402
     build_table,

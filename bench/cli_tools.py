@@ -31,7 +31,7 @@ from targets import (
     reference_loops,
 )
 
-from controller.reference_data import LIFETIMES, SPOT_PRICES
+from controller.traces.reference_data import LIFETIMES, SPOT_PRICES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -33,8 +33,6 @@ from charts import plot_hopping
 from targets import against
 from tee import Tee
 
-from controller.price_trace import read_trace
-from controller.reference_data import SPOT_PRICES
 from controller.tools.hopping_report import (
     compositions,
     replay_row,
@@ -42,6 +40,8 @@ from controller.tools.hopping_report import (
     summarize_index,
 )
 from controller.tools.plots import plot_index
+from controller.traces.price_trace import read_trace
+from controller.traces.reference_data import SPOT_PRICES
 from policies.hopping import Fleet, Phase, replay, synthetic_prices
 from policies.index import Market, Need, Policy, decide
 

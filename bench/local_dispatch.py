@@ -175,7 +175,7 @@ def main() -> None:
         state = Path(tmp)
         (state / "spotbag.toml").write_text(CONFIG)
         daemon = Daemon(state, state / "spotbag.toml", "bench")
-        client = daemon.start(timeout_s=60)
+        client = daemon.start()
         spy = None
         try:
             run_bag(client, SLOTS)  # the VM boots and stays

@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 from charts import plot_reuse_evaluation  # noqa: E402  (bench/charts.py)
 from targets import against  # noqa: E402  (bench/targets.py)
 
-from controller.blas import one_blas_thread  # noqa: E402
-from controller.reference_data import LIFETIMES  # noqa: E402
+from controller.plumbing.blas import one_blas_thread  # noqa: E402
 from controller.tools.lifetime_data import read_lifetimes  # noqa: E402
 from controller.tools.plots import plot_fits  # noqa: E402
+from controller.traces.reference_data import LIFETIMES  # noqa: E402
 from policies.fitting import at_deadline, fit, fit_all, kaplan_meier  # noqa: E402
 from policies.reuse import ReuseTable, failure_probability, should_reuse  # noqa: E402
 
@@ -89,7 +89,7 @@ def main() -> None:
     comparison(t, preempted, "all VMs pooled")
 
     print("\n== 2. fitting all 1,442 lifetimes with all four models")
-    # As `spotbag fit` runs them: one BLAS thread (controller/blas.py). CPU seconds, which
+    # As `spotbag fit` runs them: one BLAS thread (controller/plumbing/blas.py). CPU seconds, which
     # a busy host inflates less than wall time.
     timings, cpu_timings = [], []
     with one_blas_thread():

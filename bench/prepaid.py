@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from tee import Tee  # noqa: E402  (bench/tee.py)
 
 from controller.cli.prepaid import render  # noqa: E402
-from controller.reference_data import SWF  # noqa: E402
 from controller.tools.prepaid_report import analyse, read_swf, write_plot  # noqa: E402
+from controller.traces.reference_data import SWF  # noqa: E402
 from policies.prepaid import optimal_prepaid_cores, usage_levels  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

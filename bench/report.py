@@ -8,7 +8,7 @@ and its cost is split among them, with preemptions (exponential lifetimes, 24 h 
 report (the store's queries and the cost arithmetic, as GET /v1/reports does) and
 rendering it as CSV and as the self-contained HTML page, and checks that the report's
 cost equals the VMs' whole cost (price × life, summed over the VMs). Then times the
-bag's view as GET /v1/bags/{id} builds it (controller/bag_cost.py: the first view
+bag's view as GET /v1/bags/{id} builds it (controller/costs/bag_cost.py: the first view
 computes the report's split, later ones are served from it) and checks that its cost
 is the report's.
 """
@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from targets import against
 from tee import Tee
 
-from controller import report_render
-from controller.bag_cost import BagCosts
 from controller.config import load_config
-from controller.report import CostRule, build_report
+from controller.costs import report_render
+from controller.costs.bag_cost import BagCosts
+from controller.costs.report import CostRule, build_report
+from controller.costs.summary import bag_view
 from controller.simulation import simulate
 from controller.store import Store
-from controller.summary import bag_view
 
 N = 100_000
 CONFIG = load_config(

@@ -48,9 +48,9 @@ from targets import against
 from tee import Tee
 
 from controller.executors.base import AttemptSpec
-from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
-from controller.executors.slurm.submission import job_script as submitted_script
 from controller.slurm.commands import SlurmTools
+from controller.slurm.executor import SlurmExecutor, SlurmExecutorSettings
+from controller.slurm.executor.submission import job_script as submitted_script
 from tests.conftest import FAST_CONFIG, POOL, SLURM_CONFIG, SLURM_DRIVER, SLURM_POOL, Daemon
 from tests.slurm_cluster import SlurmCluster, missing
 

@@ -129,10 +129,11 @@ PAGES_WEIGHED = ("bags", "bag", "timeline", "fleet", "money", "market")
 
 
 def referenced_assets(page: str = "bag") -> list[Path]:
-    """<page>.html and the static files it loads: its links and scripts, their imports."""
+    """<page>.html in its shell (shell.html, header.html) and the static files they load:
+    their links and scripts, and the scripts' imports."""
     pattern = re.compile(r'(?:href|src)="/ui/static/([^"]+)"|from "/ui/static/([^"]+)"')
     found: list[Path] = []
-    todo = [STATIC / f"{page}.html"]
+    todo = [STATIC / "header.html", STATIC / "shell.html", STATIC / f"{page}.html"]
     while todo:
         path = todo.pop()
         if path in found:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.bag_cost import BagCosts
-from controller.checkpoint_tables import TableCache, planned_notices
 from controller.clock import RealClock
 from controller.config import Config, ConfigError
+from controller.costs.bag_cost import BagCosts
+from controller.costs.fleet_cost import FleetCosts
+from controller.costs.report import CostRule
 from controller.executors.base import (
     AdmissionChecks,
     Executor,
@@ -27,21 +28,20 @@ from controller.executors.base import (
     WorkdirChecks,
 )
 from controller.executors.job_users import JobUsers
-from controller.executors.slurm import SlurmExecutor
-from controller.fleet_cost import FleetCosts
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
-from controller.learning import Learner
-from controller.loop_lag import LoopLagMonitor
-from controller.metrics import Metrics
-from controller.price_trace import TraceError, TraceReplay, read_trace
-from controller.report import CostRule
+from controller.plumbing.loop_lag import LoopLagMonitor
+from controller.plumbing.metrics import Metrics
+from controller.preemption.checkpoint_tables import TableCache, planned_notices
+from controller.preemption.learning import Learner
 from controller.scheduler import Scheduler
 from controller.service import logged_step
 from controller.slurm.events import SlurmCallbacks
+from controller.slurm.executor import SlurmExecutor
 from controller.slurm.pools import PoolBook
 from controller.store import Store
 from controller.tokens import Tokens
+from controller.traces.price_trace import TraceError, TraceReplay, read_trace
 from controller.wiring import make_driver, make_executor, make_model_book
 from drivers.base import Driver, HostedDriver, PreemptionInjector, PriceSample
 

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from controller.config import HoppingConfig
-from controller.models import AttemptState
 from controller.planner import DemandGroup, preferred_launch
+from controller.states import AttemptState
 from drivers.base import PriceSample, VmState, VmType
 from policies.index import Need, Policy, TypeMarket
 
@@ -102,16 +102,17 @@ class MigrationCandidate:
 def migration_candidates(scheduler: Scheduler, now: float) -> list[MigrationCandidate]:
     """Running VMs whose every job can move (checkpointable, running, not already
     moving), with what the jobs use and how long they still run (model hours)."""
+    world = scheduler.world
     to_h = scheduler.time_scale / 3600.0
     found = []
-    for vm in scheduler.vms.values():
+    for vm in world.vms.values():
         if vm.state is not VmState.RUNNING or vm.terminating or vm.draining or not vm.attempts:
             continue
-        attempts = [scheduler.attempts[a] for a in vm.attempts if a in scheduler.attempts]
+        attempts = [world.attempts[a] for a in vm.attempts if a in world.attempts]
         bag_ids = {a.bag_id for a in attempts}
         if len(bag_ids) != 1:
             continue  # jobs of several bags: where they would go is not one choice
-        bag = scheduler.bags.get(next(iter(bag_ids)))
+        bag = world.bags.get(next(iter(bag_ids)))
         if (
             bag is None
             or not bag.spec.checkpointable
@@ -139,11 +140,11 @@ def migration_candidates(scheduler: Scheduler, now: float) -> list[MigrationCand
 def preferred_type(scheduler: Scheduler, bag_id: str) -> tuple[str, int] | None:
     """The type the planner would launch now for `bag_id`'s jobs under the hopping
     policy and how many jobs one VM of it holds (None: no market, or no usable type)."""
-    bag = scheduler.bags.get(bag_id)
-    if bag is None or scheduler.market is None:
+    bag = scheduler.world.bags.get(bag_id)
+    if bag is None or scheduler.world.market is None:
         return None
     group = DemandGroup(bag.id, bag.shape, 1, bag.allowed_types, bag.regions)
-    choice = preferred_launch(scheduler.market, group, scheduler.catalog_view)
+    choice = preferred_launch(scheduler.world.market, group, scheduler.world.catalog_view)
     return (choice[0].name, choice[1]) if choice is not None else None
 
 
@@ -255,7 +256,7 @@ class Hopper:
             await self.store.prune_price_samples(now - self.settings.retention_days * 86400)
         result = HopRound(now, {n: float(p) for n, p in zip(self.names, prices, strict=True)})
         market = self.market()
-        self.scheduler.market = market
+        self.scheduler.world.market = market
         if market is None or not self.settings.migrate:
             return result
         for candidate in migration_candidates(self.scheduler, now):

@@ -20,11 +20,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
-from controller.bagspec import BagSpec
+from controller.bags.spec import BagSpec
+from controller.bags.waiting_jobs import HeldQueue
 from controller.config import LedgerConfig
 from controller.errors import SpotbagError
 from controller.store.rows import LedgerState
-from controller.waiting_jobs import HeldQueue
 from policies.ledger_rules import (
     Entry,
     InsufficientCredit,

@@ -45,7 +45,7 @@ from aiohttp import web
 from controller.api.limits import ConnectionGate, quiet_accept_errors
 from controller.config import Config, ConfigError
 from controller.errors import SpotbagError
-from controller.sdnotify import notify
+from controller.plumbing.sdnotify import notify
 from policies.connections import connection_cap
 
 if TYPE_CHECKING:

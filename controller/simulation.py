@@ -21,19 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from controller.admission import admit
-from controller.bag_cost import compute_bag_costs
-from controller.checkpoint_tables import TableCache, planned_notices
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.config import Config
+from controller.costs.bag_cost import compute_bag_costs
+from controller.costs.fleet_cost import compute_fleet_cost
+from controller.costs.report import CostRule
+from controller.costs.summary import bag_view, fleet_view
 from controller.errors import SpotbagError
 from controller.executors.sim import SimExecutor
-from controller.fleet_cost import compute_fleet_cost
 from controller.ids import SequentialIds
-from controller.report import CostRule
+from controller.preemption.checkpoint_tables import TableCache, planned_notices
 from controller.scheduler import Scheduler
 from controller.store import Store
-from controller.summary import bag_view, fleet_view
 from controller.wiring import make_driver, make_model_book
 
 
@@ -161,8 +161,8 @@ async def run_scheduler(
             if scheduler.held_jobs():
                 return  # the rest waits, held, for credit that no one will give here
             raise SimulationStalled(
-                f"nothing left to happen at t={clock.now():.0f} with {len(scheduler.bags)} bags open, "
-                f"{len(scheduler.vms)} VMs alive"
+                f"nothing left to happen at t={clock.now():.0f} with {len(scheduler.world.bags)} bags open, "
+                f"{len(scheduler.world.vms)} VMs alive"
             )
         target = max(min(candidates), last_tick + tick_s)
         clock.advance_to(target if until is None else min(target, until))

@@ -15,7 +15,7 @@ import numpy as np
 from controller.config import Config, ConfigError
 from controller.executors.base import Executor
 from controller.executors.job_users import ACCOUNT, JobUserError, JobUsers
-from controller.model_book import ModelBook
+from controller.preemption.model_book import ModelBook
 from drivers import driver_class
 from drivers.base import Driver, VmType
 
@@ -83,7 +83,16 @@ def make_driver(
             boot_delay_s=boot_delay_s,
             time_scale=time_scale,
             notice_lead_s=notice_lead_s,
-            **({"hosts": hosts, "controller_id": controller_id} if hosts is not None else {}),
+            api_notices=config.driver.api_notices,
+            **(
+                {
+                    "hosts": hosts,
+                    "controller_id": controller_id,
+                    "metadata": config.driver.metadata_server,
+                }
+                if hosts is not None
+                else {}
+            ),
         )
     raise ValueError(f"driver {name!r} cannot be built from this configuration")
 
@@ -172,7 +181,7 @@ async def make_executor(
             kill_grace_s=config.executor.kill_grace_s,
             users=make_job_users(config, state_dir),
         )
-    from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
+    from controller.slurm.executor import SlurmExecutor, SlurmExecutorSettings
 
     slurm = config.slurm
     if not slurm.munge_key:

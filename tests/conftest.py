@@ -479,6 +479,9 @@ def pool_vms_alive(client: Client) -> list[dict]:
 # start processes carry the `processes` marker (whole modules by pytestmark); in the
 # fast tier an unmarked test that starts one fails, so the tier stays what it says.
 FAST_TIER = os.environ.get("SPOTBAG_FAST_TIER") == "1"
+# ...nor imports the mocked clouds' test modules (marker clouds): google-cloud-compute and
+# moto alone take 3 s of CPU in each worker.
+collect_ignore = ["drivers/test_aws_driver.py", "drivers/test_gce_driver.py"] if FAST_TIER else []
 
 
 @pytest.fixture(autouse=FAST_TIER)
@@ -490,3 +493,26 @@ def _no_processes_in_the_fast_tier(monkeypatch):
         )
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+def pytest_collection_modifyitems(config, items):
+    """In the fast tier, property tests try a fifth of their examples (at least 10):
+    the tier is the edit-test loop, `make test` runs every example."""
+    if not FAST_TIER:
+        return
+    from hypothesis import settings
+
+    machines = {
+        item.cls for item in items if isinstance(getattr(item.cls, "settings", None), settings)
+    }
+    for machine in machines:  # rule-based state machines (their TestCase's settings)
+        chosen = machine.settings
+        machine.settings = settings(chosen, max_examples=max(10, chosen.max_examples // 5))
+    for item in items:
+        test = getattr(item, "obj", None)
+        chosen = getattr(test, "_hypothesis_internal_use_settings", None)
+        if chosen is None:
+            continue
+        fewer = max(10, chosen.max_examples // 5)
+        if fewer < chosen.max_examples:
+            test._hypothesis_internal_use_settings = settings(chosen, max_examples=fewer)

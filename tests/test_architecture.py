@@ -83,11 +83,14 @@ def test_sql_lives_only_in_the_store():
 
 # --- the daemon core, the offline tools and the CLI ----------------------------------------
 
-CORE_NEVER = ("controller.cli", "controller.tools", "click", "rich", "matplotlib")
+# The CLI: controller/cli/ and the command groups that live with their concern.
+CLI = ("controller.cli", "controller.slurm.cli")
+CLI_ELSEWHERE = (REPO / "controller" / "slurm" / "cli.py",)
+CORE_NEVER = (*CLI, "controller.tools", "click", "rich", "matplotlib")
 TOOLS_NEVER = ("controller.scheduler", "controller.api")
 # The HTML cost report the API serves draws its charts with matplotlib, imported in the
 # function that draws them (the transitive test below shows the daemon does not load it).
-LAZY_MATPLOTLIB = {REPO / "controller" / "report_render.py"}
+LAZY_MATPLOTLIB = {REPO / "controller" / "costs" / "report_render.py"}
 
 
 def module_names(path: Path) -> set[str]:
@@ -108,7 +111,7 @@ def reaches(names: set[str], forbidden: tuple[str, ...]) -> set[str]:
 
 
 def core_modules() -> list[Path]:
-    apart = (REPO / "controller" / "cli", REPO / "controller" / "tools")
+    apart = (REPO / "controller" / "cli", REPO / "controller" / "tools", *CLI_ELSEWHERE)
     return [
         p
         for p in sorted((REPO / "controller").rglob("*.py"))
@@ -127,7 +130,7 @@ def test_the_daemon_core_never_imports_the_cli_the_tools_or_their_libraries():
 def test_tools_never_import_the_scheduler_the_api_or_the_cli():
     # Tools compute and raise their own errors; the CLI (click, rich) words and shows them.
     for path in sorted((REPO / "controller" / "tools").rglob("*.py")):
-        found = reaches(module_names(path), (*TOOLS_NEVER, "controller.cli", "click", "rich"))
+        found = reaches(module_names(path), (*TOOLS_NEVER, *CLI, "click", "rich"))
         assert not found, f"{path} imports {sorted(found)}"
 
 
@@ -145,7 +148,7 @@ def loaded_after(statement: str) -> set[str]:
 def test_the_running_daemon_loads_neither_the_cli_nor_the_tools_nor_their_libraries():
     # click is left out: sqlite-utils (the store's) imports it itself.
     loaded = loaded_after("import controller.daemon")
-    found = reaches(loaded, ("controller.cli", "controller.tools", "rich", "matplotlib"))
+    found = reaches(loaded, (*CLI, "controller.tools", "rich", "matplotlib"))
     assert not found, f"importing controller.daemon loads {sorted(found)}"
 
 
@@ -202,3 +205,27 @@ def test_every_error_of_the_controller_derives_from_spotbag_error():
             ):
                 outside.append(f"{info.name}.{name}")
     assert not outside, f"not derived from SpotbagError: {outside}"
+
+
+def test_the_scheduler_is_composed_not_inherited():
+    """The scheduler's parts are collaborators given the World they share (issue 25): no
+    class of controller/scheduler/ derives from a project class, only from the standard
+    library's (Protocol), so which object defines a method is read off its type."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import controller.scheduler
+
+    derived = []
+    for info in pkgutil.iter_modules(controller.scheduler.__path__, "controller.scheduler."):
+        module = importlib.import_module(info.name)
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != info.name:
+                continue
+            project = [
+                b.__qualname__ for b in cls.__mro__[1:] if b.__module__.split(".")[0] in PROJECT
+            ]
+            if project:
+                derived.append(f"{info.name}.{name} <- {project}")
+    assert not derived, f"scheduler classes deriving from project classes: {derived}"

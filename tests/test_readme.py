@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli.client import Client
-from controller.reference_data import LIFETIMES, SWF
+from controller.traces.reference_data import LIFETIMES, SWF
 from tests.conftest import REPO, wait_until, wait_until_ready
 
 README = REPO / "README.md"

@@ -46,6 +46,7 @@ PACKAGE_DATA = (
     "controller/data/reference/hpc-traces/DOST-ASTI_COARE-Saliksik-2020-cln.swf.gz",
     "controller/web/static/style.css",
     "drivers/templates/node_join.sh",
+    "drivers/templates/notice_watch.py",
     "drivers/data/aws_on_demand.json",
     "slurm_hooks/spotbag_hook.py",
 )
@@ -56,8 +57,8 @@ UNSHIPPED += (".hypothesis", "artifacts", "state")
 # Run inside the virtualenv: where spotbag's code and data come from.
 PROBE = """
 import json, controller, drivers.bootstrap
-from controller.model_book import load_registry
-from controller.reference_data import DATASETS, REFERENCE_DIR
+from controller.preemption.model_book import load_registry
+from controller.traces.reference_data import DATASETS, REFERENCE_DIR
 from controller.slurm.hooks_install import hook_program
 registry = load_registry()
 script = drivers.bootstrap.render(None, {"SPOTBAG_VM_ID": "vm-1"})

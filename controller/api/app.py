@@ -1,9 +1,9 @@
 """The HTTP API's application: the route table, the middlewares and `build_app`.
 
 The routes live with their resource (bags.py, jobs.py, vms.py, market.py,
-accounts.py, account_tokens.py, reports.py, slurm_events.py, health.py); `ROUTES`
-joins them, and builds both the router and the OpenAPI document (openapi.py), so the
-two cannot drift apart. Middlewares turn every error into
+accounts.py, account_tokens.py, reports.py, health.py; Slurm's callback route with the
+Slurm package, controller/slurm/routes.py); `ROUTES` joins them, and builds both the
+router and the OpenAPI document (openapi.py), so the two cannot drift apart. Middlewares turn every error into
 `{"error": {"code", "message", "detail"}}` with a fitting status, check the bearer
 token, and count requests. The web UI's routes (controller/web/) are added beside them; the API
 also takes the UI's session cookie instead of the bearer header, with a CSRF token for
@@ -34,12 +34,12 @@ from controller.api import (
     jobs,
     market,
     reports,
-    slurm_events,
     vms,
 )
 from controller.api.base import CONTROLLER, Handler, Route, json_response
 from controller.api.limits import request_limits
 from controller.errors import ApiError, Forbidden, SpotbagError, Unauthorized
+from controller.slurm import routes as slurm_routes
 from controller.store import StoreUnavailable
 from controller.web import pages as ui_pages
 from controller.web import session as ui_session
@@ -55,7 +55,7 @@ ROUTES: tuple[Route, ...] = (
     *jobs.ROUTES,
     *vms.ROUTES,
     *market.ROUTES,
-    *slurm_events.ROUTES,
+    *slurm_routes.ROUTES,
     *accounts.ROUTES,
     *reports.ROUTES,
     *account_tokens.ROUTES,

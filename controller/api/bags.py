@@ -1,7 +1,7 @@
 """Bags: submit (POST /v1/bags), list, show and cancel.
 
-A submission is decoded here and handed to admission (controller/admission.py), which
-validates the spec (controller/bagspec.py), reserves CPU-hours and writes the bag and
+A submission is decoded here and handed to admission (controller/bags/admission.py), which
+validates the spec (controller/bags/spec.py), reserves CPU-hours and writes the bag and
 its jobs; what it raises (InvalidBag, InsufficientBalance, ...) is already an ApiError.
 """
 
@@ -12,7 +12,6 @@ import re
 
 from aiohttp import web
 
-from controller.admission import admit
 from controller.api.base import (
     BAG_PATH,
     ERR,
@@ -30,12 +29,13 @@ from controller.api.base import (
     visible_bag,
 )
 from controller.api.schemas import Bag, BagList, Timeline
-from controller.bagspec import BagSpec
+from controller.bags.admission import admit
+from controller.bags.spec import BagSpec
+from controller.costs.summary import bag_view
 from controller.errors import ApiError, Conflict, InvalidBag
-from controller.models import BagState
 from controller.scheduler.waiting import bag_pace
+from controller.states import BagState
 from controller.store import job_id_of
-from controller.summary import bag_view
 
 # RFC 8941 sf-string-like: printable ASCII, no spaces at either end (HTTP trims them).
 IDEMPOTENCY_KEY = re.compile(r"[!-~](?:[ -~]{0,198}[!-~])?")

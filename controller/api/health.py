@@ -9,7 +9,7 @@ from aiohttp import web
 
 from controller.api.base import Route, controller_of, json_response
 from controller.api.schemas import Health
-from controller.metrics import CONTENT_TYPE
+from controller.plumbing.metrics import CONTENT_TYPE
 
 # The app's route table, for /openapi.json (app.py sets it; it is built from this module).
 ROUTE_TABLE: web.AppKey[tuple[Route, ...]] = web.AppKey("routes")

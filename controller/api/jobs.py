@@ -27,11 +27,11 @@ from controller.api.base import (
     visible_bag,
 )
 from controller.api.schemas import Job, JobList
-from controller.bagspec import PARAM_NAME
+from controller.bags.spec import PARAM_NAME
+from controller.costs.summary import job_view
 from controller.errors import ApiError, NotFound
-from controller.models import AttemptState, JobState
 from controller.scheduler.waiting import waiting_reasons
-from controller.summary import job_view
+from controller.states import AttemptState, JobState
 
 JOBS_LIMIT = bounded("limit", "At most this many jobs.", 1, 1000, 100)
 JOBS_AFTER = bounded("after", "Only jobs with a larger index (pagination).", -1, 10**12, -1)

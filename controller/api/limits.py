@@ -25,7 +25,7 @@ with EMFILE, and asyncio logged megabytes of accept() errors. What bounds them:
   itself as often (CPython gh-151615; Python 3.11 has it): thousands of lines a second.
   One line per burst instead.
 
-Refusals and closings are logged once per burst (controller/burst_log.py) and counted
+Refusals and closings are logged once per burst (controller/plumbing/burst_log.py) and counted
 in /metrics.
 """
 
@@ -42,7 +42,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from controller.api.base import Handler, json_response
-from controller.burst_log import BurstLog
+from controller.plumbing.burst_log import BurstLog
 from policies.connections import client_key, make_room
 
 log = logging.getLogger("spotbag.api")

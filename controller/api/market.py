@@ -24,7 +24,7 @@ HOPPING_LIMIT = bounded("limit", "At most this many migrations.", 1, 10_000, 200
 async def hopping(request: web.Request) -> web.Response:
     c = controller_of(request)
     limit = int_param(request, HOPPING_LIMIT)
-    market = c.running_scheduler.market
+    market = c.running_scheduler.world.market
     rows = []
     if market is not None:
         for i, name in enumerate(market.names):

@@ -1,5 +1,5 @@
-"""Cost reports of a bag or an account (controller/report.py), as JSON, CSV or an
-HTML page (controller/report_render.py)."""
+"""Cost reports of a bag or an account (controller/costs/report.py), as JSON, CSV or an
+HTML page (controller/costs/report_render.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import asyncio
 
 from aiohttp import web
 
-from controller import report_render
 from controller.api.base import (
     ERR,
     Param,
@@ -18,9 +17,10 @@ from controller.api.base import (
     require_account,
     visible_bag,
 )
+from controller.costs import report_render
+from controller.costs.report import CostRule, ReportScopeEmpty, build_report
 from controller.errors import ApiError, NotFound
 from controller.ids import BAG_ID
-from controller.report import CostRule, ReportScopeEmpty, build_report
 
 
 async def get_report(request: web.Request) -> web.Response:

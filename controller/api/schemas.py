@@ -4,7 +4,7 @@ JSON schema (openapi.py), and request bodies are validated by them.
 Request models (AccountCreate, Credit, TokenCreate) check the small JSON bodies of
 the account routes; `parse_body` turns the first problem into the 400 these routes
 have always answered (`invalid_body`, a message that starts with the field). A bag's
-spec is controller/bagspec.py's BagSpec, and a Slurm hook's event
+spec is controller/bags/spec.py's BagSpec, and a Slurm hook's event
 controller/slurm/callbacks.py's SlurmEvent.
 
 Response models are documentation only: the handlers build plain dicts (a page of a
@@ -21,9 +21,9 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.bagspec import ACCOUNT_NAME, BagSpec
+from controller.bags.spec import ACCOUNT_NAME, BagSpec
 from controller.errors import ApiError
-from controller.models import BagState, JobState
+from controller.states import BagState, JobState
 
 ACCOUNT_NAME_PATTERN = ACCOUNT_NAME  # as a bag names it
 MAX_CPU_HOURS = 1e15
@@ -309,6 +309,9 @@ class TimelineVm(_Response):
     requested_at: float
     running_at: float | None
     ended_at: float | None = Field(description="When it ended (preempted: when it was lost).")
+    notice_until: float | None = Field(
+        None, description="A preemption notice: when the cloud takes it (null: none)."
+    )
 
 
 class Timeline(_Response):
@@ -463,6 +466,11 @@ class RevokedToken(_Response):
 class Preempted(_Response):
     id: str
     preempted: Literal[True]
+
+
+class Recommended(_Response):
+    id: str
+    recommended: Literal[True]
 
 
 class SlurmEventTaken(_Response):

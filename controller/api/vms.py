@@ -1,5 +1,5 @@
 """VMs: the fleet with what each VM has cost so far (priced as reports price it:
-controller/fleet_cost.py), the preemption models the
+controller/costs/fleet_cost.py), the preemption models the
 scheduler assumes (configured, learned, in use per live VM), and fault injection
 (preempt a VM now, on drivers that can)."""
 
@@ -23,9 +23,9 @@ from controller.api.base import (
     int_param,
     json_response,
 )
-from controller.api.schemas import Models, Preempted, VmList
+from controller.api.schemas import Models, Preempted, Recommended, VmList
+from controller.costs.summary import fleet_view
 from controller.errors import Conflict, NotFound
-from controller.summary import fleet_view
 from drivers.base import VmState
 
 VMS_LIMIT = bounded("limit", "At most this many VMs.", 1, 10_000, 200)
@@ -47,7 +47,7 @@ async def list_vms(request: web.Request) -> web.Response:
     states = [state] if state else None
     if state is None and not include_ended:
         states = [VmState.PENDING.value, VmState.RUNNING.value]
-    live = c.running_scheduler.vms
+    live = c.running_scheduler.world.vms
     fleet = await c.fleet_costs.get()
     vms: list[dict[str, Any]] = []
     for row in await c.store.list_vms(states=states, limit=limit):
@@ -65,7 +65,6 @@ async def list_vms(request: web.Request) -> web.Response:
         names = c.node_names
         vm["slurm_node"] = vm["pool_node"] or (names.node_of(vm["id"]) if names else "")
         vm["terminating"] = bool(run and run.terminating)
-        vm["notice_until"] = run.notice_until if run is not None else None
     return json_response({"vms": vms, "usage": fleet_view(fleet)})
 
 
@@ -125,7 +124,7 @@ async def list_models(request: web.Request) -> web.Response:
     settings = c.config.preemption
     now = c.clock.now()
     learned = await c.store.models(active_only=request.query.get("history") is None)
-    live = list(c.running_scheduler.vms.values())
+    live = list(c.running_scheduler.world.vms.values())
     in_use = [_vm_model_view(vm, now, c.config.driver.time_scale) for vm in live]
     return json_response(
         {
@@ -150,7 +149,7 @@ async def preempt_vm(request: web.Request) -> web.Response:
     injector = c.injector
     if injector is None:
         raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
-    vm = c.running_scheduler.vms.get(vm_id)
+    vm = c.running_scheduler.world.vms.get(vm_id)
     if vm is None or not vm.provider_id:
         raise NotFound(f"VM {vm_id} is not alive")
     if not injector.inject_preemption(
@@ -158,6 +157,20 @@ async def preempt_vm(request: web.Request) -> web.Response:
     ):
         raise Conflict(f"VM {vm_id} is not alive")
     return json_response({"id": vm_id, "preempted": True}, status=202)
+
+
+async def rebalance_vm(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    vm_id = request.match_info["vm_id"]
+    inject = getattr(c.injector, "inject_rebalance", None)
+    if inject is None:
+        raise Conflict(f"the {c.driver.name} driver cannot give rebalance recommendations")
+    vm = c.running_scheduler.world.vms.get(vm_id)
+    if vm is None or not vm.provider_id:
+        raise NotFound(f"VM {vm_id} is not alive")
+    if not inject(vm.provider_id):
+        raise Conflict(f"VM {vm_id} is not alive, or has no metadata server to tell it")
+    return json_response({"id": vm_id, "recommended": True}, status=202)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -196,6 +209,20 @@ ROUTES: tuple[Route, ...] = (
             202: ("The VM was preempted.", Preempted),
             404: ("No such live VM.", ERR),
             409: ("The driver cannot inject preemptions.", ERR),
+        },
+    ),
+    Route(
+        "POST",
+        "/v1/vms/{vm_id}/rebalance",
+        rebalance_vm,
+        "Give a VM EC2's rebalance recommendation (at elevated risk, not preempted), which "
+        "only its metadata server tells (fault injection; local driver with VM hosts only).",
+        admin_only=True,
+        params=(Param("vm_id", "path", "VM id (vm-...).", required=True),),
+        responses={
+            202: ("The VM's metadata server recommends a rebalance.", Recommended),
+            404: ("No such live VM.", ERR),
+            409: ("The driver cannot give recommendations, or the VM has no metadata server.", ERR),
         },
     ),
 )

@@ -10,8 +10,8 @@ Subcommands are loaded lazily (click's documented lazy group): the group knows e
 one by the module that defines it and its one-line help (`COMMANDS`), lists them from
 that table, and imports a command's module only when that command runs or its own help
 is shown. So `spotbag --help` costs what click does, and `spotbag status` imports the
-HTTP client, not scipy, pydantic, matplotlib or the daemon (issue 24). The modules, by
-area:
+HTTP client, not scipy, pydantic, matplotlib or the daemon (issue 24). The modules (here
+unless a dotted path says where), by area:
 
 - `status`: status (the client and the plain-text summary only)
 - `health`: health (is the daemon ready: GET /healthz; `--wait` until it is)
@@ -21,7 +21,7 @@ area:
 - `offline`: simulate, fit, checkpoint-plan, split-cost
 - `hopping`: index, simulate-hopping
 - `prepaid`: prepaid
-- `slurm`: slurm (conf, install-hooks)
+- `controller.slurm.cli`: slurm (conf, install-hooks), with the rest of Slurm
 - `data`: data (list, path): where the shipped reference data is
 
 `client` is the HTTP client, `specfile` reads bag specs (YAML or JSON) for `submit`
@@ -124,7 +124,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "revocations.",
     ),
     "slurm": (
-        "controller.cli.slurm:slurm_group",
+        "controller.slurm.cli:slurm_group",
         "Set a head node's Slurm up for spotbag (executor slurm).",
     ),
     "data": (

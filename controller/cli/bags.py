@@ -313,11 +313,21 @@ def _notice_s(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help="Announce the preemption this long ahead (30s as GCE, 2m as EC2): the VM takes "
     "no new job and its checkpointable jobs are signalled.",
 )
+@click.option(
+    "--rebalance",
+    is_flag=True,
+    help="Give EC2's rebalance recommendation instead (local VM hosts: told by their "
+    "metadata server only): the VM takes no new job and ends once empty; not preempted.",
+)
 @click.pass_context
-def preempt(ctx: click.Context, vm_id: str, notice: int) -> None:
+def preempt(ctx: click.Context, vm_id: str, notice: int, rebalance: bool) -> None:
     """Preempt VM_ID now (fault injection; local driver only).
 
     With --notice, the VM gets a preemption notice now and is preempted when it ends."""
+    if rebalance:
+        call(client_of(ctx).rebalance, vm_id)
+        console.print(f"recommended a rebalance of {vm_id}")
+        return
     call(client_of(ctx).preempt, vm_id, notice)
     console.print(f"preempted {vm_id}" + (f" after a {notice} s notice" if notice else ""))
 

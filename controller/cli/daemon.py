@@ -93,7 +93,7 @@ def config_check(path: str) -> None:
     )
     console.print(f"jobs run as: {describe_job_users(users)}", highlight=False)
     if loaded.executor.name == "slurm":
-        from controller.cli.slurm import report_checks
+        from controller.slurm.cli import report_checks
         from controller.slurm.setup import check_slurm
 
         click.echo("Slurm:")

@@ -1,5 +1,5 @@
 """`spotbag data list|path`: where the reference data shipped with spotbag is
-(controller/reference_data.py), so that the examples run on any install:
+(controller/traces/reference_data.py), so that the examples run on any install:
 
     spotbag fit "$(spotbag data path lifetimes)" --by machine_type
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from controller.reference_data import DATASETS, REFERENCE_DIR
+from controller.traces.reference_data import DATASETS, REFERENCE_DIR
 
 
 @click.group("data")

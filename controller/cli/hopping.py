@@ -8,7 +8,6 @@ import sys
 
 import click
 
-from controller.price_trace import read_trace
 from controller.tools.checkpoint_plan import PlanError
 from controller.tools.hopping_report import (
     COMPOSITIONS,
@@ -21,8 +20,9 @@ from controller.tools.hopping_report import (
     size_table,
     summarize_index,
 )
-from controller.trace_io import TraceError
-from controller.vm_size import VmSize
+from controller.traces.price_trace import read_trace
+from controller.traces.trace_io import TraceError
+from controller.traces.vm_size import VmSize
 from policies.index import Policy
 
 

@@ -308,7 +308,7 @@ def checkpoint_plan_command(
 ) -> None:
     """When a job should checkpoint (the optimal schedule of docs/design.md#checkpoints), and the
     expected overhead of each policy, under a VM type's preemption model."""
-    from controller.checkpoint_tables import TableCache
+    from controller.preemption.checkpoint_tables import TableCache
     from controller.tools import checkpoint_plan as cp
 
     try:

@@ -1,6 +1,6 @@
 """What the CLI prints: borderless tables (rich's; the list of bags in plain columns),
 the text summary of a bag, the cost report as terminal tables. (The report's CSV and HTML are rendered by the daemon,
-controller/report_render.py, which serves them.)"""
+controller/costs/report_render.py, which serves them.)"""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
     # Here, not at the top: the report module brings the store (sqlite-utils) and numpy.
     from rich.table import Table
 
-    from controller.report_render import TABLE_COLUMNS, fmt, title
+    from controller.costs.report_render import TABLE_COLUMNS, fmt, title
 
     by_type = Table(title=f"Cost report: {title(report)}", title_justify="left")
     by_type.add_column("VM type", no_wrap=True)

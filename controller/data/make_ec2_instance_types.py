@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerate ec2_instance_types.json (beside this script): the vCPUs, memory and GPUs
-of every EC2 instance type, for price traces that name types only (controller.vm_size).
+of every EC2 instance type, for price traces that name types only (controller.traces.vm_size).
 
 Source: moto's `moto/ec2/resources/instance_types.json.gz` (moto is a dev dependency;
 Apache-2.0, https://github.com/getmoto/moto), which holds the DescribeInstanceTypes

@@ -33,9 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from controller.bagspec import SimulationHints
+from controller.bags.job_command import ParamValue
+from controller.bags.spec import SimulationHints
 from controller.errors import SpotbagError
-from controller.job_command import ParamValue
 from drivers.base import VmType
 
 
@@ -73,6 +73,18 @@ class NodeEvent(NamedTuple):
     vm_id: str
     at: float
     ready: bool
+    detail: str = ""
+
+
+class NodeNotice(NamedTuple):
+    """The VM heard from its cloud, on the VM itself, that it is about to be taken (the
+    notice watcher drained its node: docs/checkpoints.md#notices): by `ends_by` (epoch
+    s), or, with `ends_by` None, only that it is at elevated risk (EC2's rebalance
+    recommendation)."""
+
+    vm_id: str
+    at: float
+    ends_by: float | None
     detail: str = ""
 
 
@@ -131,7 +143,9 @@ class LiveAttempt(NamedTuple):
     account: str = ""  # its bag's: whose user's files tell how it went
 
 
-ExecutorEvent = AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | CallbackNoted
+ExecutorEvent = (
+    AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | NodeNotice | CallbackNoted
+)
 AttemptListener = Callable[[ExecutorEvent], None]
 
 

@@ -32,7 +32,7 @@ ACCOUNT = "{account}"
 # never get): a template never resolves to one. Not all are below it (Debian's slurm is
 # 64030): the template's fixed part is what keeps account names from other users.
 FIRST_REGULAR_UID = 1000
-# Account names as bags may name them (controller/bagspec.py ACCOUNT_NAME).
+# Account names as bags may name them (controller/bags/spec.py ACCOUNT_NAME).
 _ACCOUNT_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 
 

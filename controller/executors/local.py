@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.bags.job_command import job_environment
 from controller.executors.attempt_files import (
     LOCAL_WRAPPER,
     checkpoint_fingerprint,
@@ -44,7 +45,6 @@ from controller.executors.base import (
     start_error,
 )
 from controller.executors.job_users import JobUser, JobUserError, JobUsers
-from controller.job_command import job_environment
 from drivers.base import VmType
 
 RUN_KEY = "SPOTBAG_RUN_KEY"

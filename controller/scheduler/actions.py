@@ -1,69 +1,95 @@
 """Acting on a pass's decisions.
 
-`ActionsMixin` hands attempts to the executor, launches and terminates VMs through
-the driver, cancels attempts and signals checkpoints, at most
-`scheduler.max_concurrent_calls` calls at a time, and records what each call
-returned; it also carries out what pool events decided (Slurm jobs refused, pool nodes
-released, the hooks' verdicts). It is a mixin of `Scheduler`, not a collaborator: recording a result
-(an attempt that could not start, a launch that failed) moves jobs, attempts and
-VMs on through the transitions of controller/scheduler/transitions.py, which need
-the whole open world. It inherits `EventsMixin`: an attempt the executor could not
-start is recorded as that attempt's end. What failed actions hold back is `Backoff`'s
-(controller/scheduler/backoff.py), a collaborator with its own state.
+`Actions` hands attempts to the executor, launches and terminates VMs through the
+driver, cancels attempts and signals checkpoints, at most
+`scheduler.max_concurrent_calls` calls at a time (`Calls`,
+controller/scheduler/calls.py), and records what each call returned: recording a result
+(an attempt that could not start, a launch that failed) moves jobs, attempts and VMs on
+through the transitions of the scheduler's `World` (controller/scheduler/world.py), and
+an attempt the executor could not start is recorded as that attempt's end by
+`Events.on_attempt_end` (controller/scheduler/events.py), which it is given. What failed
+actions hold back is `Backoff`'s (controller/scheduler/backoff.py). What pool events
+decided (Slurm jobs refused, pool nodes released) is carried out before, by
+`SlurmPools.carry_out` (controller/scheduler/slurm_pools.py).
+
+It owns what the executor returned for starts handed to it in the background, until
+the next pass records them (`take_started`), and `replan`: an action failed, so the
+scheduler plans again at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 from controller.executors.base import (
     RESOURCE_ERRNOS,
     AttemptEvent,
     AttemptSpec,
+    Executor,
     ExecutorError,
     ExecutorUnavailable,
     Outcome,
-    PoolExecutor,
     start_error,
 )
-from controller.models import AttemptState, check_transition
 from controller.planner import Terminate
-from controller.runtime import VmRun
-from controller.scheduler.events import EventsMixin
-from controller.scheduler.state import StartResult
+from controller.plumbing.metrics import Metrics
+from controller.scheduler.backoff import Backoff
+from controller.scheduler.calls import Calls
+from controller.scheduler.checkpoints import CheckpointTimer
+from controller.scheduler.events import Events
+from controller.scheduler.inputs import Clock, Inbox
+from controller.scheduler.runs import VmRun
+from controller.scheduler.world import World
+from controller.states import AttemptState, check_transition
 from controller.store import WriteBatch
-from drivers.base import DriverError, LaunchRequest, VmState, VmStatus
+from drivers.base import Driver, DriverError, LaunchRequest, VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")
 
-T = TypeVar("T")
+# What the executor returned for an attempt handed to it: (its spec, its reference there,
+# the error that kept it from starting, if one did).
+StartResult = tuple[AttemptSpec, str, Exception | None]
 
 
-class ActionsMixin(EventsMixin):
-    """The acting half of a pass (part of `Scheduler`; see the module docstring)."""
+class Actions:
+    """The acting half of a pass (see the module docstring)."""
 
-    async def _call(self, awaitable: Awaitable[T]) -> T | None:
-        """Await a driver/executor call; log and swallow its failure (the next pass retries)."""
-        try:
-            return await awaitable
-        except Exception:
-            log.exception("driver/executor call failed")
-            return None
+    def __init__(
+        self,
+        *,
+        world: World,
+        driver: Driver,
+        executor: Executor,
+        clock: Clock,
+        controller_id: str,
+        metrics: Metrics | None,
+        backoff: Backoff,
+        checkpoints: CheckpointTimer,
+        events: Events,
+        inbox: Inbox,
+        calls: Calls,
+    ) -> None:
+        self.world = world
+        self.driver = driver
+        self.executor = executor
+        self.clock = clock
+        self.controller_id = controller_id
+        self.metrics = metrics
+        self.backoff = backoff
+        self.checkpoints = checkpoints
+        self.events = events
+        self.inbox = inbox
+        self.calls = calls
+        # What starts handed over in the background returned, recorded by the next pass.
+        self.started: list[StartResult] = []
+        self.replan = False  # an action failed: plan again at once, not at the next event
 
-    async def _run_all(self, calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
-        """Run driver/executor calls, at most max_concurrent_calls at a time."""
-        if self.settings.max_concurrent_calls == 1:
-            return [await call() for call in calls]
-
-        async def bounded(call: Callable[[], Awaitable[T]]) -> T:
-            async with self._call_slots:
-                return await call()
-
-        return await asyncio.gather(*(bounded(call) for call in calls))
+    def take_started(self) -> list[StartResult]:
+        """What the starts handed over in the background returned, for a pass to record."""
+        started, self.started = self.started, []
+        return started
 
     async def _start(self, spec: AttemptSpec) -> StartResult:
         """Hand an attempt to the executor: (spec, its reference there, the error if any)."""
@@ -97,26 +123,25 @@ class ActionsMixin(EventsMixin):
 
     def _start_in_background(self, starts: list[AttemptSpec]) -> None:
         """Hand attempts to the executor without waiting for it: the pass goes on, and
-        the next one records what each start returned (`_record_starts`), within
+        the next one records what each start returned (`record_starts`), within
         START_RECORD_DELAY_S (at once if one failed). Their intents are written already."""
 
         async def start_all() -> None:
-            results = await self._run_all([functools.partial(self._start, s) for s in starts])
-            self._started.extend(results)
+            results = await self.calls.run_all([functools.partial(self._start, s) for s in starts])
+            self.started.extend(results)
             if any(error is not None for _, _, error in results):
-                self._wake.set()  # their jobs wait to be tried again
+                self.inbox.wake.set()  # their jobs wait to be tried again
 
-        task = asyncio.ensure_future(start_all())
-        self._starting.add(task)
-        task.add_done_callback(self._starting.discard)
+        self.calls.start_in_background(start_all())
 
-    def _record_starts(self, results: Sequence[StartResult], batch: WriteBatch, now: float) -> None:
+    def record_starts(self, results: Sequence[StartResult], batch: WriteBatch, now: float) -> None:
         """Record what the executor returned for attempts handed to it: each RUNNING (or
         handed to its queue), or ended if it could not start; starts back off while the
         executor cannot take attempts."""
+        world = self.world
         unavailable = None
         for spec, ref, error in results:
-            attempt = self.attempts.get(spec.attempt_id)
+            attempt = world.attempts.get(spec.attempt_id)
             if attempt is None or attempt.state is not AttemptState.STARTING:
                 continue
             if error is None:
@@ -129,20 +154,20 @@ class ActionsMixin(EventsMixin):
                     if not attempt.cancelling and not attempt.vm_gone:
                         self.checkpoints.plan(attempt, now)
                 # else it runs once the executor says so (AttemptStarted)
-                self._write_attempt(attempt, batch)
+                world.write_attempt(attempt, batch)
             elif isinstance(error, ExecutorUnavailable):
                 unavailable = error
-                self._on_attempt_end(
+                self.events.on_attempt_end(
                     AttemptEvent(spec.attempt_id, now, Outcome.NOT_STARTED, None, str(error)), batch
                 )
             else:
-                self._on_attempt_end(
+                self.events.on_attempt_end(
                     AttemptEvent(spec.attempt_id, now, Outcome.START_FAILED, None, str(error)),
                     batch,
                 )
         self.backoff.after_starts(unavailable, now, bool(results))
 
-    async def _execute(
+    async def execute(
         self,
         starts: list[AttemptSpec],
         launches: list[VmRun],
@@ -153,53 +178,40 @@ class ActionsMixin(EventsMixin):
         *,
         background_starts: bool = False,
     ) -> None:
-        """Act on a pass's decisions and record what each call returned: first the Slurm
-        jobs refused (cancelled) and the pool nodes released, then the hooks told their
-        verdicts; then starts, launches, cancels and checkpoint signals together.
+        """Act on a pass's decisions and record what each call returned: starts,
+        launches, cancels and checkpoint signals together, then terminations.
 
         `background_starts`: the starts are not waited for (`_start_in_background`)."""
-        # Only the Slurm executor has pools (controller/daemon.py), so refusals and
-        # releases exist only with an executor that has these two calls.
-        refusals, self._refusals = self._refusals, []
-        releases, self._pool_releases = self._pool_releases, []
-        if refusals or releases:
-            pools = self.executor
-            assert isinstance(pools, PoolExecutor), "pool work without a pool executor"
-            for job_id, why in refusals:
-                await self._call(pools.cancel_job(job_id, why))
-            for node, why in releases:
-                await self._call(pools.release_pool_node(node, why))
-        verdicts, self._verdicts = self._verdicts, []
-        for future, verdict in verdicts:  # after the refused were cancelled
-            if not future.done():
-                future.set_result(verdict)
+        world = self.world
         if background_starts and starts:
             self._start_in_background(starts)
             starts = []
         if not (starts or launches or cancels or terminations or signals):
             return
         if cancels or signals:
-            await self._starts_settled()  # they may be about attempts still being started
-        results = await self._run_all(
+            await self.calls.starts_settled()  # they may be about attempts still being started
+        results = await self.calls.run_all(
             [
                 *(lambda s=s: self._start(s) for s in starts),
                 *(lambda v=v: self._launch(v) for v in launches),
-                *(lambda a=a: self._call(self.executor.cancel(a)) for a in cancels),
+                *(lambda a=a: self.calls.call(self.executor.cancel(a)) for a in cancels),
                 *(
-                    lambda a=a, t=t: self._call(self.executor.signal_checkpoint(a, t))
+                    lambda a=a, t=t: self.calls.call(self.executor.signal_checkpoint(a, t))
                     for a, t in signals
                 ),
             ]
         )
         now = self.clock.now()
         if starts:
-            self._record_starts(results[: len(starts)], batch, now)
+            self.record_starts(results[: len(starts)], batch, now)
         launched = results[len(starts) : len(starts) + len(launches)]
         for vm, status, error in launched:
             self._launched(vm, status, error, now, batch)
         self.backoff.after_launches(launched, now)
         if terminations:
-            await self._terminate([self.vms[t.vm_id] for t in terminations if t.vm_id in self.vms])
+            await self._terminate(
+                [world.vms[t.vm_id] for t in terminations if t.vm_id in world.vms]
+            )
 
     def _launched(
         self,
@@ -209,25 +221,26 @@ class ActionsMixin(EventsMixin):
         now: float,
         batch: WriteBatch,
     ) -> None:
+        world = self.world
         if self.metrics is not None:
             self.metrics.vm_launches.labels(
                 vm_type=vm.vm_type.name, result="ok" if error is None else "error"
             ).inc()
         if error is not None:
             log.warning("launch of %s (%s) failed: %s", vm.id, vm.vm_type.name, error)
-            if vm.id in self.vms:
-                self._end_vm(vm, VmState.FAILED, now, f"launch failed: {error}", batch)
+            if vm.id in world.vms:
+                world.end_vm(vm, VmState.FAILED, now, f"launch failed: {error}", batch)
             if vm.pool_node:  # Slurm should not wait ResumeTimeout for it: requeue now
-                self._spawn(self.executor.vm_lost(vm.id, vm.pool_node))
-            self._replan = True
+                self.calls.spawn(self.executor.vm_lost(vm.id, vm.pool_node))
+            self.replan = True
             return
-        if vm.id not in self.vms:
+        if vm.id not in world.vms:
             return
         assert status is not None  # a launch that raised nothing returned the VM's status
-        self._set_provider_id(vm, status.vm_id)
-        batch.vm(vm.row(self.driver.name, self.time_scale))
+        world.set_provider_id(vm, status.vm_id)
+        batch.vm(vm.row(world.driver_name, world.time_scale))
         if status.state is not vm.state:
-            self._push(status)
+            self.inbox.push(status)
 
     async def _terminate(self, vms: list[VmRun]) -> None:
         try:
@@ -236,11 +249,4 @@ class ActionsMixin(EventsMixin):
             log.exception("terminating %s failed; will retry", [vm.id for vm in vms])
             for vm in vms:
                 vm.terminating = False
-                self._refresh_vm_sets(vm)
-
-    def _spawn(self, coroutine: Awaitable[object]) -> None:
-        """Run a driver/executor call in the background, its failure logged (a pass
-        does not wait for it)."""
-        task = asyncio.ensure_future(self._call(coroutine))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+                self.world.refresh_vm_sets(vm)

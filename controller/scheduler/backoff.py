@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from controller.config import SchedulerConfig
 from controller.executors.base import ExecutorUnavailable
-from controller.runtime import VmRun
+from controller.scheduler.runs import VmRun
 from drivers.base import PermanentError, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")

@@ -13,8 +13,8 @@ A preemption loses the work since the last checkpoint; the retry resumes from it
 fresh VM, where the schedule starts again from age 0. The scheduler records what the
 checkpoints did (controller/scheduler/events.py); this module only says when.
 
-It reads the scheduler's open bags, VMs and attempts (the same dicts, never copied)
-and writes nothing but the attempts' `due_at` and `signalled_at`.
+It reads the scheduler's `World` (controller/scheduler/world.py: its open bags, VMs and
+attempts) and writes nothing there but the attempts' `due_at` and `signalled_at`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import heapq
 import math
 from collections.abc import Callable
 
-from controller.checkpoint_tables import TableCache
 from controller.config import CheckpointConfig
-from controller.models import AttemptState
-from controller.runtime import AttemptRun, BagRun, VmRun
+from controller.preemption.checkpoint_tables import TableCache
+from controller.scheduler.runs import AttemptRun
+from controller.scheduler.world import World
+from controller.states import AttemptState
 from policies.checkpoint import next_checkpoint_h, planned_work_left
 
 
@@ -39,17 +40,13 @@ class CheckpointTimer:
         settings: CheckpointConfig,
         tables: TableCache,
         time_scale: float,
-        bags: dict[str, BagRun],
-        vms: dict[str, VmRun],
-        attempts: dict[str, AttemptRun],
+        world: World,
         wake: Callable[[], None],
     ) -> None:
         self.settings = settings
         self.tables = tables
         self.time_scale = time_scale  # model seconds per real second
-        self._bags = bags
-        self._vms = vms
-        self._attempts = attempts
+        self._world = world
         self._wake = wake
         self._due: list[tuple[float, str, bool]] = []  # (when, attempt id, signal or review)
         self._replan = False  # a table was solved: plan the running attempts again
@@ -78,8 +75,8 @@ class CheckpointTimer:
         if attempt.migrating and attempt.signalled_at is None:  # moving: checkpoint now
             self.signal_now(attempt, now)
             return
-        bag = self._bags.get(attempt.bag_id)
-        vm = self._vms.get(attempt.vm_id)
+        bag = self._world.bags.get(attempt.bag_id)
+        vm = self._world.vms.get(attempt.vm_id)
         settings = self.settings
         if (
             bag is None
@@ -112,9 +109,10 @@ class CheckpointTimer:
 
     def next_due(self) -> float | None:
         """When the earliest signal or review is due (None: none is planned)."""
+        attempts = self._world.attempts
         while self._due:
             due, attempt_id, _ = self._due[0]
-            attempt = self._attempts.get(attempt_id)
+            attempt = attempts.get(attempt_id)
             if attempt is not None and attempt.due_at == due:
                 return due
             heapq.heappop(self._due)  # stale: the attempt ended or was planned again
@@ -125,13 +123,13 @@ class CheckpointTimer:
         were due for review are made again."""
         if self._replan:
             self._replan = False
-            for attempt in self._attempts.values():
+            for attempt in self._world.attempts.values():
                 if attempt.due_at is not None and attempt.signalled_at is None:
                     self.plan(attempt, now)
         signals = []
         while (due := self.next_due()) is not None and due <= now:
             _, attempt_id, signal = heapq.heappop(self._due)
-            attempt = self._attempts[attempt_id]
+            attempt = self._world.attempts[attempt_id]
             attempt.due_at = None
             if attempt.state is not AttemptState.RUNNING or attempt.cancelling:
                 continue
@@ -139,7 +137,7 @@ class CheckpointTimer:
                 self.plan(attempt, now)
                 continue
             attempt.signalled_at = now
-            spec = self._bags[attempt.bag_id].spec
+            spec = self._world.bags[attempt.bag_id].spec
             timeout_s = max(self.settings.confirm_timeout_s, 5 * spec.checkpoint_cost_s)
             signals.append((attempt_id, timeout_s))
         return signals

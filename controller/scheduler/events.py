@@ -6,42 +6,80 @@ that exited 0 just before its bag was cancelled succeeded):
 
 - VM status: a VM running (it joins the executor's cluster, or takes attempts at
   once), or gone (preempted, terminated, failed: its attempts end with it);
-- node events: a VM joined the executor's cluster, or its node broke;
+- node events: a VM joined the executor's cluster, or its node broke, or the VM heard
+  its cloud's preemption notice (or a rebalance recommendation) itself;
 - attempt started, checkpoint written (or not), attempt ended, by outcome: success,
   a retry, a failure, or a loss that is not counted against max_attempts;
 - callbacks of the executor's hook, recorded with the changes they caused.
 
-`EventsMixin` is a mixin of `Scheduler`: each handler moves jobs, attempts and VMs
-on through the transitions of controller/scheduler/transitions.py.
+`Events` is given the scheduler's `World` (controller/scheduler/world.py): each handler
+moves jobs, attempts and VMs on through the world's transitions. It also calls the
+driver and the executor (through `Calls`, controller/scheduler/calls.py), plans
+checkpoints (`CheckpointTimer`), hands VMs whose node broke to the pass (`terminate`),
+and keeps the attempts whose checkpoint for a move was written, for the pass to stop
+(`take_migration_stops`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from controller.executors.base import (
     AttemptEvent,
     AttemptStarted,
     CallbackNoted,
     CheckpointEvent,
+    Executor,
     ExecutorEvent,
     NodeEvent,
+    NodeNotice,
     Outcome,
 )
-from controller.models import AttemptState, JobState, check_transition
 from controller.planner import Terminate
-from controller.runtime import AttemptRun, VmRun
-from controller.scheduler.transitions import TransitionsMixin
+from controller.scheduler.calls import Calls
+from controller.scheduler.checkpoints import CheckpointTimer
+from controller.scheduler.inputs import Clock, Inbox
+from controller.scheduler.runs import AttemptRun, VmRun
+from controller.scheduler.world import World
+from controller.states import AttemptState, JobState, check_transition
 from controller.store import WriteBatch
-from drivers.base import VmState, VmStatus
+from drivers.base import Driver, VmState, VmStatus
 
 log = logging.getLogger("spotbag.scheduler")
 
 
-class EventsMixin(TransitionsMixin):
-    """The handlers of a pass's events (part of `Scheduler`; see the module docstring)."""
+class Events:
+    """The handlers of a pass's events (see the module docstring)."""
 
-    async def _handle_events(
+    def __init__(
+        self,
+        *,
+        world: World,
+        driver: Driver,
+        executor: Executor,
+        clock: Clock,
+        checkpoints: CheckpointTimer,
+        inbox: Inbox,
+        calls: Calls,
+        terminate: Callable[[Terminate], None],
+    ) -> None:
+        self.world = world
+        self.driver = driver
+        self.executor = executor
+        self.clock = clock
+        self.checkpoints = checkpoints
+        self.inbox = inbox
+        self.calls = calls
+        self._terminate = terminate  # a VM to terminate in this pass
+        self._migration_stops: list[str] = []  # attempts checkpointed for a move: stop them
+
+    def take_migration_stops(self) -> list[str]:
+        """The attempts whose checkpoint for a move was written: the pass stops them."""
+        stops, self._migration_stops = self._migration_stops, []
+        return stops
+
+    async def handle(
         self,
         batch: WriteBatch,
         events: list[VmStatus | ExecutorEvent] | None = None,
@@ -49,7 +87,7 @@ class EventsMixin(TransitionsMixin):
         """Handle events oldest first (by default, every event waiting in the inbox).
         A callback's key is recorded with the changes its event causes (or alone)."""
         if events is None:
-            events, self._inbox = self._inbox, []
+            events, self.inbox.events = self.inbox.events, []
         events.sort(key=lambda e: e.changed_at if isinstance(e, VmStatus) else e.at)
         for event in events:
             if isinstance(event, VmStatus):
@@ -57,7 +95,7 @@ class EventsMixin(TransitionsMixin):
             elif isinstance(event, CheckpointEvent):
                 self._on_checkpoint(event, batch)
             elif isinstance(event, AttemptEvent):
-                self._on_attempt_end(event, batch)
+                self.on_attempt_end(event, batch)
                 if event.key:
                     batch.callback(event.key, event.at, f"end:{event.outcome}", event.attempt_id)
             elif isinstance(event, AttemptStarted):
@@ -66,69 +104,75 @@ class EventsMixin(TransitionsMixin):
                     batch.callback(event.key, event.at, "started", event.attempt_id)
             elif isinstance(event, NodeEvent):
                 self._on_node(event, batch)
+            elif isinstance(event, NodeNotice):
+                self._on_node_notice(event, batch)
             elif isinstance(event, CallbackNoted):
                 batch.callback(event.key, event.at, event.kind, event.subject)
 
     async def _on_status(self, status: VmStatus, batch: WriteBatch) -> None:
-        vm = self.vms.get(status.token)
+        world = self.world
+        vm = world.vms.get(status.token)
         if vm is None:
             if status.state in (VmState.PENDING, VmState.RUNNING):
                 # Ours (the driver reports only our VMs) but given up on, e.g. after a
                 # launch that failed ambiguously: do not leave it running unwatched.
                 log.warning("terminating VM %s: alive but not tracked", status.vm_id)
-                await self._call(self.driver.terminate([status.vm_id]))
+                await self.calls.call(self.driver.terminate([status.vm_id]))
             return
         if status.notice_until is not None and vm.notice_until is None:
             # Now, not the status's changed_at: that is when the VM last changed state.
-            self._on_notice(vm, status.notice_until, self.clock.now())
+            self._on_notice(vm, status.notice_until, self.clock.now(), batch)
         if status.state is vm.state:
             return
         at = status.changed_at
         if status.vm_id and not vm.provider_id:
-            self._set_provider_id(vm, status.vm_id)
+            world.set_provider_id(vm, status.vm_id)
         if status.state is VmState.RUNNING and vm.state is VmState.PENDING:
-            self._vm_to(vm, VmState.RUNNING, at, "", batch)
+            world.vm_to(vm, VmState.RUNNING, at, "", batch)
             vm.running_at = at
             if self.executor.joins_vms and not vm.pool_node:
                 vm.ready = False  # it takes attempts once it has joined (a NodeEvent)
-                await self._call(self.executor.vm_started(vm.id, vm.vm_type))
+                await self.calls.call(self.executor.vm_started(vm.id, vm.vm_type))
             else:
                 vm.ready_at = at
                 vm.idle_since = at
-            self._refresh_vm_sets(vm)
-            batch.vm(vm.row(self.driver.name, self.time_scale))
+            world.refresh_vm_sets(vm)
+            batch.vm(vm.row(world.driver_name, world.time_scale))
             return
         if status.state in (VmState.PREEMPTED, VmState.TERMINATED, VmState.FAILED):
             # Whatever ran there is dead; an executor with a cluster forgets the node (a
             # pool node is powered down by force: Slurm requeues its users' jobs), unless
             # Slurm itself let go of it (a pool node it suspended or gave up on).
             if not (vm.pool_node and vm.terminating):
-                await self._starts_settled()  # attempts being started there are lost too
-                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
+                await self.calls.starts_settled()  # attempts being started there are lost too
+                await self.calls.call(self.executor.vm_lost(vm.id, vm.pool_node))
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
-            self._end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
+            world.end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
 
-    def _on_notice(self, vm: VmRun, ends_by: float, at: float) -> None:
+    def _on_notice(self, vm: VmRun, ends_by: float, at: float, batch: WriteBatch) -> None:
         """A preemption notice (docs/design.md#checkpoint-notices): the VM takes no new
         attempt (drained: it ends once empty), each running checkpointable attempt on it
         is asked to checkpoint now if the checkpoint can be written before the VM ends
         and there is work since the last one, then stopped and queued again to resume
         (a migration), and the planner launches a VM for the VM's jobs at once
-        (`_snapshot`'s expected demand), so their retries need not wait a boot."""
+        (`Planning.snapshot`'s expected demand), so their retries need not wait a boot."""
+        world = self.world
         if vm.state not in (VmState.PENDING, VmState.RUNNING) or vm.terminating:
             return
         vm.notice_until = ends_by
+        batch.vm(vm.row(world.driver_name, world.time_scale))
         left_s = max(0.0, ends_by - at)
         log.info("VM %s: preemption notice, ends within %.0f s", vm.id, left_s)
         if not vm.draining:
             vm.draining = f"spot notice: ends within {left_s:.0f} s"
-            self._refresh_vm_sets(vm)
+            world.refresh_vm_sets(vm)
+        self._move_queued(vm, f"spot notice on {vm.id}")
         for attempt_id in vm.attempts:
-            attempt = self.attempts.get(attempt_id)
+            attempt = world.attempts.get(attempt_id)
             if attempt is None or attempt.state is not AttemptState.RUNNING:
                 continue
-            spec = self.bags[attempt.bag_id].spec
+            spec = world.bags[attempt.bag_id].spec
             if not spec.checkpointable or attempt.cancelling or attempt.signalled_at is not None:
                 continue
             if at + spec.checkpoint_cost_s <= ends_by and at > attempt.mark_at:
@@ -136,12 +180,42 @@ class EventsMixin(TransitionsMixin):
                 # and resumes on the VM launched for it, maybe before this one ends.
                 attempt.migrating = f"spot notice on {vm.id}"
                 self.checkpoints.signal_now(attempt, at)
-        self._wake.set()
+        self.inbox.wake.set()
+
+    def _on_node_notice(self, event: NodeNotice, batch: WriteBatch) -> None:
+        """The VM heard its cloud's notice itself (docs/checkpoints.md#notices): as the
+        driver's, whichever comes first (the second changes nothing). A rebalance
+        recommendation (no end) only drains it: no new attempt; it ends once empty."""
+        vm = self.world.vms.get(event.vm_id)
+        if vm is None or vm.state is not VmState.RUNNING or vm.terminating:
+            return
+        if event.ends_by is not None:
+            if vm.notice_until is None:
+                self._on_notice(vm, event.ends_by, event.at, batch)
+        elif not vm.draining:
+            log.info("VM %s: %s", vm.id, event.detail)
+            vm.draining = event.detail or "spot rebalance recommendation"
+            self.world.refresh_vm_sets(vm)
+            self._move_queued(vm, f"spot rebalance on {vm.id}")
+            self.inbox.wake.set()
+
+    def _move_queued(self, vm: VmRun, why: str) -> None:
+        """A drained VM's attempts that have not started (queued ahead in Slurm, whose
+        drained node would never start them) are stopped, to start elsewhere: lost,
+        not counted."""
+        for attempt_id in vm.attempts:
+            attempt = self.world.attempts.get(attempt_id)
+            if attempt is None or attempt.state is not AttemptState.STARTING:
+                continue
+            if not attempt.cancelling and not attempt.migrating:
+                attempt.migrating = why
+                self._migration_stops.append(attempt.id)
 
     def _on_node(self, event: NodeEvent, batch: WriteBatch) -> None:
         """The VM joined the executor's cluster (it takes attempts from now on), or its
         node broke under it (it is terminated: its attempts end with it)."""
-        vm = self.vms.get(event.vm_id)
+        world = self.world
+        vm = world.vms.get(event.vm_id)
         if vm is None or vm.state is not VmState.RUNNING or vm.terminating:
             return
         if event.ready and not vm.ready:
@@ -150,21 +224,22 @@ class EventsMixin(TransitionsMixin):
             vm.ready_at = vm.ready_at or event.at
             if not vm.attempts:
                 vm.idle_since = event.at
-            self._refresh_vm_sets(vm)
-            batch.vm(vm.row(self.driver.name, self.time_scale))
+            world.refresh_vm_sets(vm)
+            batch.vm(vm.row(world.driver_name, world.time_scale))
             log.info("VM %s joined: %s", vm.id, event.detail or "ready")
         elif not event.ready and vm.ready:
             vm.ready = False
             vm.terminating = True
             vm.reason = f"its node broke: {event.detail}"
-            self._refresh_vm_sets(vm)
-            self._terminate_now.append(Terminate(vm.id, vm.reason))
+            world.refresh_vm_sets(vm)
+            self._terminate(Terminate(vm.id, vm.reason))
             log.warning("terminating VM %s: %s", vm.id, vm.reason)
 
     def _on_attempt_started(self, event: AttemptStarted, batch: WriteBatch) -> None:
         """A queued attempt began to run: it is RUNNING from then (its time, and its
         checkpoint schedule, count from there)."""
-        attempt = self.attempts.get(event.attempt_id)
+        world = self.world
+        attempt = world.attempts.get(event.attempt_id)
         if attempt is None or attempt.state is not AttemptState.STARTING:
             return
         check_transition("attempt", attempt.state, AttemptState.RUNNING)
@@ -172,7 +247,7 @@ class EventsMixin(TransitionsMixin):
         attempt.started_at = max(attempt.started_at, event.at)
         attempt.ran_at = attempt.started_at
         attempt.mark_at = attempt.started_at
-        self._write_attempt(attempt, batch)
+        world.write_attempt(attempt, batch)
         if not attempt.cancelling and not attempt.vm_gone:
             self.checkpoints.plan(attempt, event.at)
 
@@ -180,14 +255,15 @@ class EventsMixin(TransitionsMixin):
         """A checkpoint we asked for ended. Written: the job's saved work moves on to
         what it had done when signalled, and work from now on is at risk only back to
         here. Either way the next one is planned."""
-        attempt = self.attempts.get(event.attempt_id)
+        world = self.world
+        attempt = world.attempts.get(event.attempt_id)
         if attempt is None or attempt.signalled_at is None:
             return  # the attempt ended first: its retry resumes from the last one written
         attempt.signalled_at = None
-        job = self.jobs.get((attempt.bag_id, attempt.idx))
-        vm = self.vms.get(attempt.vm_id)
+        job = world.jobs.get((attempt.bag_id, attempt.idx))
+        vm = world.vms.get(attempt.vm_id)
         age_h = (
-            max(0.0, event.requested_at - vm.requested_at) * self.time_scale / 3600.0
+            max(0.0, event.requested_at - vm.requested_at) * world.time_scale / 3600.0
             if vm is not None
             else 0.0
         )
@@ -226,12 +302,13 @@ class EventsMixin(TransitionsMixin):
         if attempt.state is AttemptState.RUNNING:
             self.checkpoints.plan(attempt, event.at)
 
-    def _on_attempt_end(self, event: AttemptEvent, batch: WriteBatch) -> None:
-        attempt = self.attempts.get(event.attempt_id)
+    def on_attempt_end(self, event: AttemptEvent, batch: WriteBatch) -> None:
+        world = self.world
+        attempt = world.attempts.get(event.attempt_id)
         if attempt is None:
             return  # already finished (its VM died first, or a duplicate report)
-        job = self.jobs.get((attempt.bag_id, attempt.idx))
-        bag = self.bags[attempt.bag_id]
+        job = world.jobs.get((attempt.bag_id, attempt.idx))
+        bag = world.bags[attempt.bag_id]
         at = event.at
         if attempt.ran_at is None and event.outcome in (Outcome.EXITED, Outcome.TIMED_OUT):
             # It left an exit status, or ran out of time: its program ran, though that
@@ -241,29 +318,29 @@ class EventsMixin(TransitionsMixin):
             # that never ran are charged nothing.
             attempt.ran_at = attempt.started_at
         if attempt.cancelling or job is None or job.state is not JobState.RUNNING:
-            self._finish_attempt(
+            world.finish_attempt(
                 attempt, AttemptState.CANCELLED, at, event.exit_code, "cancelled", batch
             )
             return
         code = event.exit_code
         if attempt.vm_gone and not (event.outcome is Outcome.EXITED and code == 0):
-            self._end_on_gone_vm(attempt, event, batch)
+            self.end_on_gone_vm(attempt, event, batch)
             return
         if event.outcome is Outcome.KILLED and attempt.migrating:
             reason = f"migrated: {attempt.migrating}"
-            self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
+            world.finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
             return
         if event.outcome is Outcome.NOT_STARTED:
             reason = "not started" + (f": {event.detail}" if event.detail else "")
-            self._finish_attempt(attempt, AttemptState.LOST, at, None, reason, batch)
+            world.finish_attempt(attempt, AttemptState.LOST, at, None, reason, batch)
             return
         if event.outcome is Outcome.KILLED:
             # Stopped by the controller, not by a user or the job itself.
             reason = "stopped by the controller" + (f" ({event.detail})" if event.detail else "")
-            self._finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
+            world.finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
             return
         if event.outcome is Outcome.EXITED and code == 0:
-            self._finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, event.detail, batch)
+            world.finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, event.detail, batch)
             return
         if event.outcome is Outcome.TIMED_OUT:
             reason = event.detail or "timed out"
@@ -274,17 +351,18 @@ class EventsMixin(TransitionsMixin):
         else:
             reason = f"exited with code {code}" + (f" ({event.detail})" if event.detail else "")
             retry = code in bag.spec.retryable_exit_codes
-        self._finish_attempt(attempt, AttemptState.FAILED, at, code, reason, batch, retry=retry)
+        world.finish_attempt(attempt, AttemptState.FAILED, at, code, reason, batch, retry=retry)
 
-    def _end_on_gone_vm(self, attempt: AttemptRun, event: AttemptEvent, batch: WriteBatch) -> None:
+    def end_on_gone_vm(self, attempt: AttemptRun, event: AttemptEvent, batch: WriteBatch) -> None:
         """The executor confirms the end of an attempt whose VM had gone (and whose program
         did not exit 0 before): preempted if its program ran, else lost, never started
         (not counted). Its time ends when its VM did: the confirmation came later."""
+        world = self.world
         at = max(attempt.started_at, min(event.at, attempt.vm_gone_at))
         if attempt.state is AttemptState.RUNNING:
-            self._finish_attempt(
+            world.finish_attempt(
                 attempt, AttemptState.PREEMPTED, at, event.exit_code, attempt.vm_gone, batch
             )
         else:
             why = f"never started: {attempt.vm_gone}"
-            self._finish_attempt(attempt, AttemptState.LOST, at, None, why, batch)
+            world.finish_attempt(attempt, AttemptState.LOST, at, None, why, batch)

@@ -17,86 +17,233 @@ and at least every `poll_interval_s`; the simulator calls `tick()` itself
 while it moves a virtual clock. `recover()` rebuilds memory from the store
 after a restart.
 
-This module owns the pass loop, the commands callers queue between passes, and the
-hook the hopper moves jobs through (`request_migration`); the parts of a pass live
-beside it in this package:
+`Scheduler` is the composition root of the scheduler: its constructor builds the
+`World` and the collaborators, each given explicitly what it reads and changes, and
+this module runs the pass loop over them, takes what callers hand it between passes,
+and holds the hook the hopper moves jobs through (`request_migration`). Who owns what:
 
-- state.py: the state every part shares, built by the constructor, and the inbox
-  the driver and the executor push events to (`SchedulerState`, the mixins' base);
-- inputs.py: the commands and protocols that reach the scheduler;
-- events.py: the driver's and executor's events (EventsMixin);
-- planning.py: the planner's snapshot and its decision recorded as intents
-  (PlanningMixin);
-- actions.py: acting on the decision (ActionsMixin);
-- backoff.py: the back-off after failed actions (`Backoff`, a collaborator);
-- transitions.py: every job, attempt and VM state change and its record
-  (TransitionsMixin);
-- checkpoints.py: checkpoint timing, docs/design.md#checkpoints (`CheckpointTimer`, a collaborator);
-- recovery.py: restart re-adoption (RecoveryMixin);
-- slurm_pools.py: Slurm's power-saving pool nodes and the runs on them (PoolsMixin).
+- world.py: `World`, the open bags, jobs, attempts and VMs, the VM indexes and the
+  VM types on offer, and every state change with its record; it calls no collaborator;
+- runs.py: the run records the world holds (`BagRun`, `JobRun`, `AttemptRun`, `VmRun`);
+- inputs.py: the `Inbox` (events the driver and the executor push, commands callers
+  queue, the loop's wake-up), the commands, and the clock and id protocols;
+- calls.py: `Calls`, driver and executor calls (bounded, logged) and the starts under way;
+- events.py: `Events`, the driver's and executor's events;
+- commands.py: `Commands`, bags admitted and cancelled, held jobs admitted;
+- planning.py: `Planning`, the planner's snapshot and its decision recorded as intents;
+- actions.py: `Actions`, acting on the decision and recording the results (an attempt
+  that could not start ends through `Events`);
+- backoff.py: `Backoff`, the back-off after failed actions;
+- checkpoints.py: `CheckpointTimer`, checkpoint timing (docs/design.md#checkpoints);
+- slurm_pools.py: `SlurmPools`, Slurm's power-saving pool nodes and the runs on them;
+- recovery.py: `Recovery`, restart re-adoption (it rebuilds the world, the pools' runs
+  and the checkpoint plans);
+- waiting.py: why a job waits and how fast its bag goes (read-only, for the API).
 
-The mixins share the open world (bags, jobs, attempts, VMs and their indexes) that
-`SchedulerState.__init__` sets up, and each inherits the mixins whose methods it calls
-(state.py says in which order); the collaborators own their state and are reached as
-`self.backoff` and `self.checkpoints`. Which VMs to move and where is the hopper's
-(controller/hopper.py).
+Who calls whom: `tick` calls Actions (what the last pass's starts returned), Events,
+Commands (which hands pool reports to SlurmPools), SlurmPools, Planning, then
+SlurmPools and Actions to act; Actions calls Events for an attempt that could not start,
+and Recovery calls Events for an attempt whose VM is gone; every collaborator changes
+state through the World. VMs to terminate at once (a node broke, Slurm let go of one)
+reach the pass through the `terminate` callback Events and SlurmPools are given. Which
+VMs to move and where is the hopper's (controller/hopper.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Sequence
 
-from controller.bagspec import BagSpec
-from controller.executors.base import ExecutorEvent
-from controller.models import AttemptState, JobState
-from controller.planner import plan
-from controller.runtime import BagRun, shape_of
-from controller.scheduler.actions import ActionsMixin
-from controller.scheduler.events import EventsMixin
+from controller.bags.spec import BagSpec
+from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
+from controller.executors.base import Executor, ExecutorEvent
+from controller.ledger import Accounts
+from controller.planner import Terminate, plan
+from controller.plumbing.metrics import Metrics
+from controller.preemption.checkpoint_tables import TableCache
+from controller.preemption.model_book import ModelBook
+from controller.scheduler.actions import Actions
+from controller.scheduler.backoff import Backoff
+from controller.scheduler.calls import Calls
+from controller.scheduler.checkpoints import CheckpointTimer
+from controller.scheduler.commands import CANCEL_CHUNK, Commands
+from controller.scheduler.events import Events
 from controller.scheduler.inputs import (
     Clock,
-    Command,
     IdSource,
+    Inbox,
     PoolPower,
     PoolRunEvent,
     _Admit,
     _Cancel,
 )
-from controller.scheduler.planning import PlanningMixin
-from controller.scheduler.recovery import RecoveryMixin
-from controller.scheduler.slurm_pools import PoolsMixin
-from controller.scheduler.transitions import TransitionsMixin
-from controller.store import StoreUnavailable, WriteBatch
-from controller.waiting_jobs import FreshParams, HeldJobs, JobQueue
-from drivers.base import VmState, VmStatus
+from controller.scheduler.planning import Planning
+from controller.scheduler.recovery import Recovery
+from controller.scheduler.slurm_pools import SlurmPools
+from controller.scheduler.world import World
+from controller.slurm.pools import PoolBook
+from controller.states import AttemptState
+from controller.store import Store, StoreUnavailable
+from drivers.base import Driver, VmState, VmStatus, VmType
 
 log = logging.getLogger("spotbag.scheduler")
 
 __all__ = ["CANCEL_CHUNK", "Clock", "IdSource", "PoolPower", "PoolRunEvent", "Scheduler"]
 
-CANCEL_CHUNK = 500  # waiting jobs cancelled per pass (~10-25 ms of the loop on a small VM)
 # How long what the executor returned for attempts started in the background may wait
 # for a pass to record it with whatever else comes (a busy host's next job end: sooner).
 START_RECORD_DELAY_S = 0.05
 
 
-class Scheduler(
-    RecoveryMixin, ActionsMixin, EventsMixin, PlanningMixin, PoolsMixin, TransitionsMixin
-):
-    """The daemon's scheduler: one pass at a time over the open world (see the module
-    docstring for its parts). Its constructor, and the state it builds, are
-    `SchedulerState`'s (state.py)."""
+class Scheduler:
+    """The daemon's scheduler: one pass at a time over the open world; the composition
+    root of its parts (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        driver: Driver,
+        executor: Executor,
+        clock: Clock,
+        ids: IdSource,
+        settings: SchedulerConfig,
+        catalog: Sequence[VmType],
+        controller_id: str,
+        metrics: Metrics | None = None,
+        book: ModelBook | None = None,
+        time_scale: float = 1.0,
+        checkpointing: CheckpointConfig | None = None,
+        tables: TableCache | None = None,
+        ledger: LedgerConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.driver = driver
+        self.executor = executor
+        self.clock = clock
+        self.settings = settings
+        self.metrics = metrics
+        self.book = book  # preemption models; None: no reuse policy, no hot spares
+        self.time_scale = time_scale  # model seconds per real second (local driver)
+        self.accounts = Accounts(
+            ledger or LedgerConfig()
+        )  # CPU-hour balances (docs/design.md#ledger)
+        self.world = World(
+            catalog=catalog,
+            accounts=self.accounts,
+            executor=executor,
+            driver_name=driver.name,
+            time_scale=time_scale,
+            book=book,
+            metrics=metrics,
+        )
+        self.inbox = Inbox()
+        self.calls = Calls(settings.max_concurrent_calls)
+        self.backoff = Backoff(settings, executor.name)  # after failed launches and starts
+        checkpointing = checkpointing or CheckpointConfig()
+        tables = tables or TableCache(
+            None,
+            step_h=checkpointing.step_s / 3600.0,
+            restart_h=book.launch_h if book else 0.0,
+            max_work_h=checkpointing.max_work_h,
+            inline=True,
+        )
+        self.checkpoints = (
+            CheckpointTimer(  # when to signal checkpoints (docs/design.md#checkpoints)
+                settings=checkpointing,
+                tables=tables,
+                time_scale=time_scale,
+                world=self.world,
+                wake=self.inbox.wake.set,
+            )
+        )
+        # VMs whose node broke (or Slurm let go), terminated by this pass.
+        self._terminate_now: list[Terminate] = []
+        self.events = Events(
+            world=self.world,
+            driver=driver,
+            executor=executor,
+            clock=clock,
+            checkpoints=self.checkpoints,
+            inbox=self.inbox,
+            calls=self.calls,
+            terminate=self._terminate_now.append,
+        )
+        # Power-saving pools (controller/slurm/pools.py): Slurm users' jobs on spot VMs.
+        self.slurm_pools = SlurmPools(
+            world=self.world,
+            accounts=self.accounts,
+            executor=executor,
+            ids=ids,
+            inbox=self.inbox,
+            calls=self.calls,
+            terminate=self._terminate_now.append,
+        )
+        self.commands = Commands(
+            world=self.world, accounts=self.accounts, inbox=self.inbox, pools=self.slurm_pools
+        )
+        self.planning = Planning(
+            world=self.world,
+            executor=executor,
+            backoff=self.backoff,
+            book=book,
+            settings=settings,
+            ids=ids,
+            time_scale=time_scale,
+        )
+        self.actions = Actions(
+            world=self.world,
+            driver=driver,
+            executor=executor,
+            clock=clock,
+            controller_id=controller_id,
+            metrics=metrics,
+            backoff=self.backoff,
+            checkpoints=self.checkpoints,
+            events=self.events,
+            inbox=self.inbox,
+            calls=self.calls,
+        )
+        self.recovery = Recovery(
+            world=self.world,
+            store=store,
+            driver=driver,
+            executor=executor,
+            clock=clock,
+            accounts=self.accounts,
+            pools=self.slurm_pools,
+            checkpoints=self.checkpoints,
+            events=self.events,
+            inbox=self.inbox,
+            calls=self.calls,
+        )
+        # Bags written but still being handed over (admission.hand_over): whether a
+        # cancel came meanwhile (it is replayed once the bag is admitted).
+        self._handing_over: dict[str, bool] = {}
+        self._stopping = False
+        self._last_describe = 0.0
+        self.problem: str | None = None  # why passes fail now (None: they do not)
+        self.ticks = 0
+        driver.subscribe(self.inbox.on_vm_status)
+        executor.subscribe(self.inbox.on_attempt_event)
+
+    @property
+    def pools(self) -> PoolBook:
+        """The power-saving pools' configuration (the daemon sets it with Slurm's)."""
+        return self.slurm_pools.book
+
+    @pools.setter
+    def pools(self, book: PoolBook) -> None:
+        self.slurm_pools.book = book
 
     # --- inputs ------------------------------------------------------------------
 
     def note(self, event: ExecutorEvent) -> None:
         """An event from outside the executor's own watch (a callback it did not take)."""
-        self._on_attempt_event(event)
+        self.inbox.on_attempt_event(event)
 
     def bag_admitted(
         self,
@@ -110,10 +257,10 @@ class Scheduler(
         as compact JSON (decoded when the job first runs: a million small strings take
         a fraction of the memory of a million dicts)."""
         held = len(params_json) if held_from is None else held_from
-        self._commands.append(_Admit(bag_id, spec, params_json, held))
+        self.inbox.commands.append(_Admit(bag_id, spec, params_json, held))
         if self._handing_over.pop(bag_id, False):
-            self._commands.append(_Cancel(bag_id))  # cancelled while handed over
-        self._wake.set()
+            self.inbox.commands.append(_Cancel(bag_id))  # cancelled while handed over
+        self.inbox.wake.set()
 
     def bag_written(self, bag_id: str) -> None:
         """A bag was written and will come with `bag_admitted` once its reservations
@@ -122,25 +269,40 @@ class Scheduler(
 
     def credited(self) -> None:
         """An account got CPU-hours: held jobs may run (the next pass admits them)."""
-        self._wake.set()
+        self.inbox.wake.set()
 
     def cancel_requested(self, bag_id: str) -> None:
         if bag_id in self._handing_over:
             self._handing_over[bag_id] = True
-        self._commands.append(_Cancel(bag_id))
-        self._wake.set()
+        self.inbox.commands.append(_Cancel(bag_id))
+        self.inbox.wake.set()
+
+    def pool_power(self, kind: str, nodes: Sequence[str]) -> int:
+        """Slurm resumes, suspends or gave up on pool nodes; returns how many are ours."""
+        return self.slurm_pools.pool_power(kind, nodes)
+
+    def pool_run(self, event: PoolRunEvent) -> asyncio.Future[str] | None:
+        """A run of a Slurm user's job on a pool began or ended: a future of what was
+        decided (see PoolRunEvent.verdict); None if it is not on a pool."""
+        return self.slurm_pools.pool_run(event)
 
     def has_inputs(self) -> bool:
         """True when events or commands wait for the next pass."""
-        return bool(self._inbox or self._commands or self._started)
+        return bool(self.inbox.events or self.inbox.commands or self.actions.started)
 
     def held_jobs(self) -> int:
         """Jobs waiting, held, for their accounts to have CPU-hours."""
-        return sum(len(bag.held) for bag in self.bags.values())
+        return sum(len(bag.held) for bag in self.world.bags.values())
 
     def has_work(self) -> bool:
         """True while anything is open: bags, VMs, or unprocessed inputs."""
-        return bool(self.bags or self.vms or self._inbox or self._commands)
+        world, inbox = self.world, self.inbox
+        return bool(world.bags or world.vms or inbox.events or inbox.commands)
+
+    async def recover(self) -> None:
+        """Rebuild memory from the store and reconcile it with the driver and the
+        executor (controller/scheduler/recovery.py)."""
+        await self.recovery.recover()
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -188,27 +350,28 @@ class Scheduler(
                 await self._pause(min(5.0, self.settings.poll_interval_s * failures))
                 continue
             timeout = self.settings.poll_interval_s
-            if self._starting or self._started:  # recorded soon, with whatever else comes
+            # Starts under way or returned are recorded soon, with whatever else comes.
+            if self.calls.starting or self.actions.started:
                 soon = self.clock.now() + START_RECORD_DELAY_S
                 next_at = soon if next_at is None else min(next_at, soon)
             if next_at is not None:
                 timeout = max(0.0, min(timeout, next_at - self.clock.now()))
-            if not self._wake.is_set():
+            if not self.inbox.wake.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-            self._wake.clear()
+                    await asyncio.wait_for(self.inbox.wake.wait(), timeout)
+            self.inbox.wake.clear()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep `seconds`, or less if the scheduler is stopped meanwhile."""
         deadline = time.monotonic() + seconds
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), left)
-            self._wake.clear()
+                await asyncio.wait_for(self.inbox.wake.wait(), left)
+            self.inbox.wake.clear()
 
     def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self.inbox.wake.set()
 
     async def shutdown(self, *, vms_die_with_controller: bool) -> None:
         """Stop every attempt and record it LOST (it is queued again on the next start);
@@ -217,24 +380,23 @@ class Scheduler(
 
         Attempts that outlive the controller (Slurm jobs on VMs that outlive it) are left
         running and recorded as they are: the next start re-adopts them."""
-        await self._starts_settled()
+        await self.calls.starts_settled()
         if vms_die_with_controller:
-            for vm in list(self.vms.values()):  # a cluster forgets their nodes
-                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
+            for vm in list(self.world.vms.values()):  # a cluster forgets their nodes
+                await self.calls.call(self.executor.vm_lost(vm.id, vm.pool_node))
         await self.executor.shutdown()
         now = self.clock.now()
         batch = self.store.new_batch()
-        started, self._started = self._started, []
-        self._record_starts(started, batch, now)
-        await self._handle_events(batch)
+        self.actions.record_starts(self.actions.take_started(), batch, now)
+        await self.events.handle(batch)
         keep_running = self.executor.attempts_outlive_controller and not vms_die_with_controller
-        for attempt in [] if keep_running else list(self.attempts.values()):
-            self._finish_attempt(
+        for attempt in [] if keep_running else list(self.world.attempts.values()):
+            self.world.finish_attempt(
                 attempt, AttemptState.LOST, now, None, "the controller stopped", batch
             )
         if vms_die_with_controller:
-            for vm in list(self.vms.values()):
-                self._end_vm(vm, VmState.TERMINATED, now, "the controller stopped", batch)
+            for vm in list(self.world.vms.values()):
+                self.world.end_vm(vm, VmState.TERMINATED, now, "the controller stopped", batch)
         await self.store.apply(batch)
 
     async def _describe_if_due(self) -> None:
@@ -242,13 +404,13 @@ class Scheduler(
         if now - self._last_describe < self.settings.describe_interval_s:
             return
         self._last_describe = now
-        ids = [vm.provider_id for vm in self.vms.values() if vm.provider_id]
+        ids = [vm.provider_id for vm in self.world.vms.values() if vm.provider_id]
         if not ids:
             return
         statuses = await self.driver.describe(ids)
         for provider_id in ids:
             status = statuses.get(provider_id)
-            vm = self.vms.get(self._by_provider_id.get(provider_id, ""))
+            vm = self.world.vms.get(self.world.by_provider_id.get(provider_id, ""))
             if vm is None:
                 continue
             if status is None:  # vanished: deleted by us, or on preemption
@@ -265,7 +427,7 @@ class Scheduler(
                 )
             noticed = status.notice_until is not None and vm.notice_until is None
             if status.state is not vm.state or noticed:
-                self._push(status)
+                self.inbox.push(status)
 
     async def tick(self, *, background_starts: bool = False) -> float | None:
         """One scheduling pass; returns when the scheduler next wants to run (or None).
@@ -280,43 +442,43 @@ class Scheduler(
         is still under way is only ever STARTING, as after a crash in between (the
         executor then re-adopts it or reports its end: recovery.py). Before the executor
         is told to stop attempts, the starts under way are waited for
-        (`_starts_settled`)."""
+        (`Calls.starts_settled`)."""
         started = time.perf_counter()
         self.ticks += 1
         now = self.clock.now()
-        events, self._inbox = self._inbox, []
-        commands, self._commands = self._commands, []
-        starts_done, self._started = self._started, []
+        inbox = self.inbox
+        events, inbox.events = inbox.events, []
+        commands, inbox.commands = inbox.commands, []
+        starts_done = self.actions.take_started()
         try:
             batch = self.store.new_batch()
             # What the executor returned for the last pass's starts, before any end of
             # theirs; then events, before commands: what happened before a command (a
             # job exiting 0 just before its bag is cancelled) keeps its outcome.
-            self._record_starts(starts_done, batch, now)
-            await self._handle_events(batch, events)
-            cancels = self._run_commands(batch, commands, now)
-            cancels += self._migration_stops
-            self._migration_stops = []
-            self._admit_held(batch, now)
-            pool_wake_at = self._release_unfit_pool_vms(now)
-            decision = plan(self._snapshot(now))
-            if self._terminate_now:
+            self.actions.record_starts(starts_done, batch, now)
+            await self.events.handle(batch, events)
+            cancels = self.commands.run(batch, commands, now)
+            cancels += self.events.take_migration_stops()
+            self.commands.admit_held(batch, now)
+            pool_wake_at = self.slurm_pools.release_unfit(now)
+            decision = plan(self.planning.snapshot(now))
+            if self._terminate_now:  # the list Events and SlurmPools append to: kept
                 decision.terminations.extend(self._terminate_now)
-                self._terminate_now = []
-            starts, launches = self._record_plan(decision, batch, now)
-            launches += self._pool_launches
-            self._pool_launches = []
+                self._terminate_now.clear()
+            starts, launches = self.planning.record_plan(decision, batch, now)
+            launches += self.slurm_pools.take_launches()
             await self.store.apply(batch)
         except BaseException:
-            self._inbox = events + self._inbox
-            self._commands = commands + self._commands
-            self._started = starts_done + self._started
+            inbox.events = events + inbox.events
+            inbox.commands = commands + inbox.commands
+            self.actions.started = starts_done + self.actions.started
             raise
 
         batch = self.store.new_batch()
-        self._replan = False
+        self.actions.replan = False
         signals = self.checkpoints.due_signals(now)
-        await self._execute(
+        await self.slurm_pools.carry_out()
+        await self.actions.execute(
             starts,
             launches,
             cancels,
@@ -328,7 +490,7 @@ class Scheduler(
         await self.store.apply(batch)
         if self.metrics is not None:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
-        if self._replan:
+        if self.actions.replan:
             return now
         wanted = [
             t
@@ -339,99 +501,6 @@ class Scheduler(
             wanted.append(self.backoff.starts_blocked_until)
         return min(wanted) if wanted else None
 
-    # --- commands ----------------------------------------------------------------------
-
-    def _run_commands(self, batch: WriteBatch, commands: list[Command], now: float) -> list[str]:
-        cancels: list[str] = []
-        for command in commands:
-            if isinstance(command, _Admit):
-                self._admit(command, batch, now)
-            elif isinstance(command, _Cancel):
-                cancels += self._cancel_bag(command.bag_id, batch, now)
-            elif isinstance(command, PoolPower):
-                self._pool_power(command, batch, now)
-            elif isinstance(command, PoolRunEvent):
-                self._pool_run(command, batch, now)
-        return cancels
-
-    def _admit(self, command: _Admit, batch: WriteBatch, now: float) -> None:
-        if command.bag_id in self.bags:
-            return  # already loaded from the store by a recovery
-        bag = BagRun(
-            id=command.bag_id,
-            spec=command.spec,
-            shape=shape_of(command.spec),
-            # A range and the packed parameters: no object per job (waiting_jobs.py).
-            queue=JobQueue(command.held_from),
-            fresh=FreshParams(command.params_json),
-            open_jobs=len(command.params_json),
-            failed_jobs=0,
-        )
-        # Jobs past the account's credit wait, held: a range, not an entry per job.
-        bag.held = HeldJobs(command.held_from, len(command.params_json))
-        self.bags[bag.id] = bag
-        self.accounts.hold_range(
-            bag.spec.account, bag.id, command.held_from, len(command.params_json)
-        )
-
-    def _admit_held(self, batch: WriteBatch, now: float) -> None:
-        """Jobs held for credit run, oldest first per account, as far as their accounts
-        can now reserve for them."""
-        for queue in self.accounts.held.values():
-            while queue:
-                bag_id, idx = queue[0]
-                bag = self.bags.get(bag_id)
-                if bag is None:
-                    queue.drop_first_run()  # its bag is gone: none of the run can run
-                    continue
-                if idx not in bag.held:
-                    queue.popleft()  # cancelled
-                    continue
-                job = self.jobs.get((bag_id, idx))
-                number = (job.attempts if job is not None else 0) + 1
-                entries = self.accounts.reserve_next(bag_id, idx, number, bag.spec)
-                if entries is None:
-                    break
-                queue.popleft()
-                del bag.held[idx]
-                batch.ledger_entries(now, entries, "held job admitted")
-                job = job or self._held_job(bag, idx)
-                self._job_to(job, JobState.QUEUED, now, batch, "CPU-hours reserved")
-
-    def _cancel_bag(self, bag_id: str, batch: WriteBatch, now: float) -> list[str]:
-        bag = self.bags.get(bag_id)
-        if bag is None:
-            return []
-        bag.cancel_requested = True  # nothing of it is placed any more
-        # A pass cancels at most CANCEL_CHUNK waiting jobs and asks for another pass:
-        # a bag of a million jobs never holds the event loop for long.
-        budget = CANCEL_CHUNK
-        while bag.queue and budget:
-            idx = bag.queue.popleft()
-            job = self._job_to_cancel(bag, idx, JobState.QUEUED)
-            self._job_to(job, JobState.CANCELLED, now, batch, "cancelled by user")
-            budget -= 1
-        for idx in list(itertools.islice(bag.held, budget)):
-            del bag.held[idx]
-            job = self._job_to_cancel(bag, idx, JobState.HELD)
-            self._job_to(job, JobState.CANCELLED, now, batch, "cancelled by user")
-        if bag.queue or bag.held:
-            self._commands.append(_Cancel(bag_id))
-            self._wake.set()
-        cancels = []
-        for attempt in list(self.attempts.values()):
-            if attempt.bag_id == bag_id and not attempt.cancelling:
-                attempt.cancelling = True
-                cancels.append(attempt.id)
-                self._job_to(
-                    self.jobs[(bag_id, attempt.idx)],
-                    JobState.CANCELLED,
-                    now,
-                    batch,
-                    "cancelled by user",
-                )
-        return cancels
-
     # --- the hopper's hook (controller/hopper.py chooses what moves) -------------------
 
     def request_migration(self, vm_id: str, reason: str) -> list[tuple[str, int]]:
@@ -439,38 +508,38 @@ class Scheduler(
         now and, once it has, stopped and queued again (LOST, not counted) to resume on
         a VM the planner picks by the hopping policy; the VM ends when empty. Returns the
         jobs asked to move (none if the VM cannot be drained any more)."""
-        vm = self.vms.get(vm_id)
+        vm = self.world.vms.get(vm_id)
         if vm is None or vm.state is not VmState.RUNNING or vm.terminating or vm.draining:
             return []
         now = self.clock.now()
         vm.draining = reason
-        self._refresh_vm_sets(vm)
+        self.world.refresh_vm_sets(vm)
         moved = []
         for attempt_id in vm.attempts:
-            attempt = self.attempts.get(attempt_id)
+            attempt = self.world.attempts.get(attempt_id)
             if attempt is None or attempt.state is not AttemptState.RUNNING:
                 continue
             attempt.migrating = reason
             moved.append((attempt.bag_id, attempt.idx))
             if attempt.signalled_at is None:  # else the checkpoint under way will do
                 self.checkpoints.signal_now(attempt, now)
-        self._wake.set()
+        self.inbox.wake.set()
         return moved
 
     # --- observability ---------------------------------------------------------------------
 
     def gauges(self) -> dict[str, dict[str, int]]:
         """Current counts for /metrics: open jobs by state and live VMs by state."""
-        running_jobs = sum(1 for a in self.attempts.values() if not a.cancelling)
-        pending = len(self._pending)
+        running_jobs = sum(1 for a in self.world.attempts.values() if not a.cancelling)
+        pending = len(self.world.pending)
         return {
             "jobs": {
-                "queued": sum(len(b.queue) for b in self.bags.values()),
+                "queued": sum(len(b.queue) for b in self.world.bags.values()),
                 "running": running_jobs,
             },
             "vms": {
                 "pending": pending,
-                "running": len(self.vms) - pending,
-                "idle": len(self._idle),
+                "running": len(self.world.vms) - pending,
+                "idle": len(self.world.idle),
             },
         }

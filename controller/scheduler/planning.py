@@ -1,6 +1,6 @@
 """Planning: what the pure planner sees, and its decision recorded as intents.
 
-`_snapshot` describes the open world to `controller.planner.plan` (which places jobs
+`snapshot` describes the open world to `controller.planner.plan` (which places jobs
 by the VM reuse policy, docs/design.md#reuse, and picks types by price or by the hopping market): the
 demand per bag (queued jobs, their shape, allowed types and regions, runtime estimate
 in model hours), the VMs that can take work (pending, roomy or idle, draining; with an
@@ -8,25 +8,32 @@ executor that queues attempts, full VMs too, up to `queue_ahead` of their capaci
 the catalog, the limits, the VM types backed off and the hopping market. While the
 executor cannot take attempts nothing is placed or launched for.
 
-`_record_plan` records the decision's intents in the pass's batch *before* anything is
+`record_plan` records the decision's intents in the pass's batch *before* anything is
 acted on: unplaceable jobs fail, placed jobs get STARTING attempts, launches get
 PENDING VMs, terminations mark their VMs; so a crash never leaves a VM or a process
 the store does not know.
 
-`PlanningMixin` is a mixin of `Scheduler`: both halves read or change most of its
-state (bags, jobs, attempts, VMs and their indexes).
+`Planning` is given the scheduler's `World` (controller/scheduler/world.py), whose
+bags, jobs, attempts, VMs and indexes both halves read or change, and what else it
+reads: the executor (how far it queues, where logs go), the back-off
+(controller/scheduler/backoff.py), the preemption models, the settings and the id
+source for new VMs. It owns no state of its own.
 """
 
 from __future__ import annotations
 
-from controller.executors.base import AttemptSpec
-from controller.job_command import render_command
-from controller.models import AttemptState, JobState
+from controller.bags.job_command import render_command
+from controller.bags.waiting_jobs import JobQueue
+from controller.config import SchedulerConfig
+from controller.executors.base import AttemptSpec, Executor
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
-from controller.runtime import AttemptRun, BagRun, VmRun, capacity_of
-from controller.scheduler.transitions import TransitionsMixin
+from controller.preemption.model_book import ModelBook
+from controller.scheduler.backoff import Backoff
+from controller.scheduler.inputs import IdSource
+from controller.scheduler.runs import AttemptRun, BagRun, VmRun, capacity_of
+from controller.scheduler.world import World
+from controller.states import AttemptState, JobState
 from controller.store import WriteBatch
-from controller.waiting_jobs import JobQueue
 from drivers.base import VmState
 from policies.packing import Shape
 
@@ -42,11 +49,30 @@ def _queue_room(vm: VmRun, queue_ahead: float) -> Shape:
     )
 
 
-class PlanningMixin(TransitionsMixin):
-    """The planner's view and its decision as intents (part of `Scheduler`; see the module
-    docstring)."""
+class Planning:
+    """The planner's view and its decision as intents (see the module docstring)."""
 
-    def _snapshot(self, now: float) -> Snapshot:
+    def __init__(
+        self,
+        *,
+        world: World,
+        executor: Executor,
+        backoff: Backoff,
+        book: ModelBook | None,
+        settings: SchedulerConfig,
+        ids: IdSource,
+        time_scale: float,
+    ) -> None:
+        self.world = world
+        self.executor = executor
+        self.backoff = backoff
+        self.book = book
+        self.settings = settings
+        self.ids = ids
+        self.time_scale = time_scale
+
+    def snapshot(self, now: float) -> Snapshot:
+        world = self.world
         to_hours = self.time_scale / 3600.0  # real seconds -> model hours
         # While the executor cannot take attempts, nothing is placed (or launched for).
         blocked = now < self.backoff.starts_blocked_until
@@ -64,7 +90,7 @@ class PlanningMixin(TransitionsMixin):
                     bag.runtime_estimate_s * to_hours,
                     noticed.get(bag.id, 0),
                 )
-                for bag in self.bags.values()
+                for bag in world.bags.values()
                 if (bag.queue or bag.id in noticed) and not bag.cancel_requested
             ]
         )
@@ -72,16 +98,16 @@ class PlanningMixin(TransitionsMixin):
         if queue_ahead:  # full VMs may take attempts to queue too
             usable = [
                 v.id
-                for v in self.vms.values()
+                for v in world.vms.values()
                 if v.state is VmState.RUNNING and v.ready and not v.terminating and not v.pool_node
             ]
-            candidates = list(self._pending) + usable
+            candidates = list(world.pending) + usable
         else:
-            candidates = list(self._pending) + list(self._roomy if demand else self._idle)
-        candidates += [v for v in self._draining if v not in self._roomy and v not in self._idle]
+            candidates = list(world.pending) + list(world.roomy if demand else world.idle)
+        candidates += [v for v in world.draining if v not in world.roomy and v not in world.idle]
         views = []
         for vm_id in candidates:
-            vm = self.vms[vm_id]
+            vm = world.vms[vm_id]
             views.append(
                 VmView(
                     vm.id,
@@ -104,10 +130,10 @@ class PlanningMixin(TransitionsMixin):
             now=now,
             demand=demand,
             vms=views,
-            catalog=self.catalog_view,
+            catalog=world.catalog_view,
             # A VM with a preemption notice is on its way out: its replacement may be
             # launched within max_vms now.
-            alive_vms=len(self.vms) - len(self._pool_vms) - self._noticed_vms(),
+            alive_vms=len(world.vms) - len(world.pool_vms) - self._noticed_vms(),
             max_vms=self.settings.max_vms,
             idle_timeout_s=self.settings.idle_timeout_s,
             boot_timeout_s=self.settings.boot_timeout_s,
@@ -115,45 +141,48 @@ class PlanningMixin(TransitionsMixin):
             if self.book
             else 0.0,
             blocked_until=self.backoff.blocked_types(),
-            market=self.market,
+            market=world.market,
         )
 
     def _noticed_vms(self) -> int:
-        return sum(1 for vm_id in self._draining if self.vms[vm_id].notice_until is not None)
+        world = self.world
+        return sum(1 for vm_id in world.draining if world.vms[vm_id].notice_until is not None)
 
     def _noticed_jobs(self) -> dict[str, int]:
         """Per bag, its attempts running on VMs that got a preemption notice."""
+        world = self.world
         counts: dict[str, int] = {}
-        for vm_id in self._draining:
-            vm = self.vms[vm_id]
+        for vm_id in world.draining:
+            vm = world.vms[vm_id]
             if vm.notice_until is None:
                 continue
             for attempt_id in vm.attempts:
-                attempt = self.attempts.get(attempt_id)
+                attempt = world.attempts.get(attempt_id)
                 if attempt is not None and not attempt.cancelling:
                     counts[attempt.bag_id] = counts.get(attempt.bag_id, 0) + 1
         return counts
 
-    def _record_plan(
+    def record_plan(
         self, decision: Plan, batch: WriteBatch, now: float
     ) -> tuple[list[AttemptSpec], list[VmRun]]:
+        world = self.world
         for problem in decision.unplaceable:
-            bag = self.bags[problem.bag_id]
+            bag = world.bags[problem.bag_id]
             queued, bag.queue = bag.queue, JobQueue()
             for idx in queued:
-                self._job_to(
-                    self._queued_job(bag, idx), JobState.FAILED, now, batch, problem.reason
+                world.job_to(
+                    world.queued_job(bag, idx), JobState.FAILED, now, batch, problem.reason
                 )
         starts: list[AttemptSpec] = []
         for place in decision.places:
-            bag = self.bags[place.bag_id]
-            vm = self.vms[place.vm_id]
+            bag = world.bags[place.bag_id]
+            vm = world.vms[place.vm_id]
             for _ in range(place.count):
                 starts.append(self._new_attempt(bag, vm, bag.queue.popleft(), now, batch))
-            self._refresh_vm_sets(vm)
+            world.refresh_vm_sets(vm)
         launches: list[VmRun] = []
         for launch in decision.launches:
-            vm_type = self.catalog[launch.vm_type]
+            vm_type = world.catalog[launch.vm_type]
             for _ in range(launch.count):
                 vm = VmRun(
                     id=self.ids.new_vm_token(),
@@ -163,24 +192,25 @@ class PlanningMixin(TransitionsMixin):
                     zone=vm_type.zone,
                     free=capacity_of(vm_type),
                 )
-                self._assume_model(vm)
-                self._track_vm(vm)
-                batch.vm(vm.row(self.driver.name, self.time_scale))
+                world.assume_model(vm)
+                world.track_vm(vm)
+                batch.vm(vm.row(world.driver_name, world.time_scale))
                 batch.transition(now, "vm", vm.id, "", VmState.PENDING, f"for bag {launch.bag_id}")
                 launches.append(vm)
         for termination in decision.terminations:
-            ending = self.vms.get(termination.vm_id)
+            ending = world.vms.get(termination.vm_id)
             if ending is None:
                 continue  # ended earlier in this pass
             ending.terminating = True
             ending.reason = termination.reason
-            self._refresh_vm_sets(ending)
+            world.refresh_vm_sets(ending)
         return starts, launches
 
     def _new_attempt(
         self, bag: BagRun, vm: VmRun, idx: int, now: float, batch: WriteBatch
     ) -> AttemptSpec:
-        job = self._queued_job(bag, idx)
+        world = self.world
+        job = world.queued_job(bag, idx)
         job.attempts += 1
         job.vm_id = vm.id
         job.started_at = now
@@ -195,7 +225,7 @@ class PlanningMixin(TransitionsMixin):
             bag.shape,
             saved_s=job.work_saved_s,
         )
-        self.attempts[attempt.id] = attempt
+        world.attempts[attempt.id] = attempt
         bag.live_attempts += 1
         vm.attempts[attempt.id] = None
         vm.free = vm.free.minus(bag.shape)
@@ -203,7 +233,7 @@ class PlanningMixin(TransitionsMixin):
         batch.attempt(
             bag.id, idx, attempt.number, vm.id, attempt.state, now, None, None, "", attempt.log_path
         )
-        self._job_to(job, JobState.RUNNING, now, batch, f"attempt {attempt.number} on {vm.id}")
+        world.job_to(job, JobState.RUNNING, now, batch, f"attempt {attempt.number} on {vm.id}")
         spec = bag.spec
         return AttemptSpec(
             cpus=spec.resources.cpus,

@@ -12,7 +12,12 @@ failed pass) and reconcile it with what the driver and the executor still have.
   attempts get their checkpoint schedule again.
 - Bags with nothing open left are finished; cancellations under way are resumed.
 
-`RecoveryMixin` is a mixin of `Scheduler`: recovery rebuilds all of its state.
+`Recovery` rebuilds the scheduler's `World` (controller/scheduler/world.py) and what
+its collaborators keep about it: it is given the world, the accounts (loaded from the
+ledger), the Slurm pools (their open runs), the checkpoint timer (its plans), the events
+(an attempt whose VM is gone ends as `Events.end_on_gone_vm` says), the inbox (ends
+already waiting there, statuses seen, cancellations resumed), and the store, driver,
+executor and clock it reconciles with.
 """
 
 from __future__ import annotations
@@ -20,29 +25,62 @@ from __future__ import annotations
 import json
 import logging
 
-from controller.bagspec import BagSpec
-from controller.executors.base import AttemptEvent, LiveAttempt, Outcome
-from controller.models import AttemptState, JobState
-from controller.runtime import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
-from controller.scheduler.actions import ActionsMixin
-from controller.scheduler.inputs import _Cancel
+from controller.bags.spec import BagSpec
+from controller.bags.waiting_jobs import FreshParams, JobQueue
+from controller.executors.base import AttemptEvent, Executor, LiveAttempt, Outcome
+from controller.ledger import Accounts
+from controller.scheduler.calls import Calls
+from controller.scheduler.checkpoints import CheckpointTimer
+from controller.scheduler.events import Events
+from controller.scheduler.inputs import Clock, Inbox, _Cancel
+from controller.scheduler.runs import AttemptRun, BagRun, JobRun, VmRun, capacity_of, shape_of
+from controller.scheduler.slurm_pools import SlurmPools
+from controller.scheduler.world import World
+from controller.states import AttemptState, JobState
+from controller.store import Store
 from controller.store.batch import WriteBatch
 from controller.store.rows import ActiveBag, LiveAttemptRow, OpenJob, VmRow
-from controller.waiting_jobs import FreshParams, JobQueue
-from drivers.base import VmState, VmType
+from drivers.base import Driver, VmState, VmType
 
 log = logging.getLogger("spotbag.scheduler")
 
 
-class RecoveryMixin(ActionsMixin):
-    """Restart re-adoption (part of `Scheduler`; see the module docstring)."""
+class Recovery:
+    """Restart re-adoption (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        world: World,
+        store: Store,
+        driver: Driver,
+        executor: Executor,
+        clock: Clock,
+        accounts: Accounts,
+        pools: SlurmPools,
+        checkpoints: CheckpointTimer,
+        events: Events,
+        inbox: Inbox,
+        calls: Calls,
+    ) -> None:
+        self.world = world
+        self.store = store
+        self.driver = driver
+        self.executor = executor
+        self.clock = clock
+        self.accounts = accounts
+        self.pools = pools
+        self.checkpoints = checkpoints
+        self.events = events
+        self.inbox = inbox
+        self.calls = calls
 
     async def recover(self) -> None:
         """Rebuild memory from the store (after a start, or after a failed pass) and
         reconcile it with what the driver and executor still have, in phases: bags and
         their jobs, VMs against the driver's, attempts against the executor's, then
         what ended meanwhile and what was under way."""
-        await self._starts_settled()  # the executor has every attempt it was given
+        await self.calls.starts_settled()  # the executor has every attempt it was given
         self._forget_everything()
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
@@ -51,12 +89,12 @@ class RecoveryMixin(ActionsMixin):
         batch = self.store.new_batch()
         self._load_bags(state["bags"])
         self._load_jobs(state["jobs"])
-        self._pool_runs = {(r["job_id"], r["job_name"]): r for r in state["slurm_runs"]}
+        self.pools.load_runs(state["slurm_runs"])
         missing = await self._load_vms(state["vms"])
         # Every live attempt first (a bag with live attempts is not done), then the
         # ones the executor does not run any more are lost.
         attempts = self._load_attempts(state["attempts"], now)
-        live = [vm.id for vm in self.vms.values() if vm.id not in {m.id for m in missing}]
+        live = [vm.id for vm in self.world.vms.values() if vm.id not in {m.id for m in missing}]
         adopted = await self.executor.recover(
             [self._live_attempt(a) for a in attempts],
             live,
@@ -64,22 +102,24 @@ class RecoveryMixin(ActionsMixin):
         gone_vms = self._reconcile_attempts(attempts, adopted, missing, now, batch)
         for vm in missing:
             if self.executor.confirms_ends and vm.attempts:
-                await self._call(self.executor.vm_lost(vm.id, vm.pool_node))
-            self._end_vm(vm, VmState.TERMINATED, now, "not found after controller restart", batch)
+                await self.calls.call(self.executor.vm_lost(vm.id, vm.pool_node))
+            self.world.end_vm(
+                vm, VmState.TERMINATED, now, "not found after controller restart", batch
+            )
         for vm_id in gone_vms:  # the executor stops what it still has there
-            await self._call(self.executor.vm_lost(vm_id))
+            await self.calls.call(self.executor.vm_lost(vm_id))
         await self._resume_vms(now)
-        for bag in list(self.bags.values()):
+        for bag in list(self.world.bags.values()):
             if bag.done:
-                self._finish_bag(bag, now, batch)
+                self.world.finish_bag(bag, now, batch)
             elif bag.cancel_requested:
-                self._commands.append(_Cancel(bag.id))
+                self.inbox.commands.append(_Cancel(bag.id))
         await self.store.apply(batch)
         log.info(
             "recovered %d active bags, %d open jobs, %d live VMs, %d adopted attempts",
-            len(self.bags),
-            sum(b.open_jobs for b in self.bags.values()),
-            len(self.vms),
+            len(self.world.bags),
+            sum(b.open_jobs for b in self.world.bags.values()),
+            len(self.world.vms),
             len(adopted),
         )
 
@@ -88,7 +128,7 @@ class RecoveryMixin(ActionsMixin):
         for bag_row in bag_rows:
             spec = BagSpec.from_stored(bag_row["spec"])
             counts = bag_row["counts"]
-            self.bags[bag_row["id"]] = BagRun(
+            self.world.bags[bag_row["id"]] = BagRun(
                 id=bag_row["id"],
                 spec=spec,
                 shape=shape_of(spec),
@@ -99,7 +139,7 @@ class RecoveryMixin(ActionsMixin):
                 cancelled_jobs=counts.get("cancelled", 0),
                 cancel_requested=bag_row["cancel_requested_at"] is not None,
             )
-            bag = self.bags[bag_row["id"]]
+            bag = self.world.bags[bag_row["id"]]
             bag.runtimes_s.extend(bag_row["runtimes_s"])
             bag.successes = len(bag_row["runtimes_s"])
             bag.refresh_estimate()
@@ -107,7 +147,7 @@ class RecoveryMixin(ActionsMixin):
     def _load_jobs(self, job_rows: list[OpenJob]) -> None:
         """Open jobs: those that never ran stay compact (their parameters a string)."""
         for job_row in job_rows:
-            bag = self.bags[job_row["bag_id"]]
+            bag = self.world.bags[job_row["bag_id"]]
             if job_row["state"] in (JobState.QUEUED, JobState.HELD) and job_row["attempts"] == 0:
                 bag.fresh[job_row["idx"]] = job_row["params"]
                 if job_row["state"] == JobState.QUEUED:
@@ -128,7 +168,7 @@ class RecoveryMixin(ActionsMixin):
                 work_saved_s=job_row["work_saved_s"],
                 checkpoints=job_row["checkpoints"],
             )
-            self.jobs[(job.bag_id, job.idx)] = job
+            self.world.jobs[(job.bag_id, job.idx)] = job
             if job.state is JobState.QUEUED:
                 bag.queue.append(job.idx)
             elif job.state is JobState.HELD:
@@ -145,19 +185,19 @@ class RecoveryMixin(ActionsMixin):
             status = owned.pop(vm.id, None)
             if status is not None and status.vm_id:
                 vm.provider_id = status.vm_id
-            self._assume_model(vm)
-            self._track_vm(vm)
+            self.world.assume_model(vm)
+            self.world.track_vm(vm)
             if status is None:
                 missing.append(vm)
             elif status.state is not vm.state:
-                self._push(status)
+                self.inbox.push(status)
         for status in owned.values():
             log.warning(
                 "terminating VM %s (token %s): owned by this controller but not in the store",
                 status.vm_id,
                 status.token,
             )
-            await self._call(self.driver.terminate([status.vm_id]))
+            await self.calls.call(self.driver.terminate([status.vm_id]))
         return missing
 
     def _vm_of_row(self, vm_row: VmRow) -> VmRun:
@@ -178,6 +218,9 @@ class RecoveryMixin(ActionsMixin):
             ready=not self.executor.joins_vms or bool(vm_row["pool_node"]),
             ready_at=vm_row["ready_at"],
             pool_node=vm_row["pool_node"],
+            # A noticed VM stays drained: no new attempt; it ends once empty.
+            notice_until=vm_row["notice_until"],
+            draining="spot notice (heard before the restart)" if vm_row["notice_until"] else "",
         )
 
     def _load_attempts(self, attempt_rows: list[LiveAttemptRow], now: float) -> list[AttemptRun]:
@@ -185,7 +228,7 @@ class RecoveryMixin(ActionsMixin):
         restart carries why (its executor had not confirmed its end)."""
         attempts = []
         for attempt_row in attempt_rows:
-            bag = self.bags[attempt_row["bag_id"]]  # a live attempt keeps its bag active
+            bag = self.world.bags[attempt_row["bag_id"]]  # a live attempt keeps its bag active
             attempt = AttemptRun(
                 bag_id=attempt_row["bag_id"],
                 idx=attempt_row["idx"],
@@ -199,7 +242,7 @@ class RecoveryMixin(ActionsMixin):
                 ran_at=attempt_row["ran_at"],
                 mark_at=attempt_row["checkpointed_at"] or attempt_row["started_at"],
             )
-            open_job = self.jobs.get((attempt.bag_id, attempt.idx))
+            open_job = self.world.jobs.get((attempt.bag_id, attempt.idx))
             attempt.saved_s = open_job.work_saved_s if open_job is not None else 0.0
             if attempt_row["vm_state"] not in (None, VmState.PENDING, VmState.RUNNING):
                 vm_state, reason = attempt_row["vm_state"], attempt_row["vm_reason"] or ""
@@ -208,13 +251,13 @@ class RecoveryMixin(ActionsMixin):
                     f": {detail}" if detail else ""
                 )
                 attempt.vm_gone_at = attempt_row["vm_ended_at"] or now
-            self.attempts[attempt.id] = attempt
+            self.world.attempts[attempt.id] = attempt
             bag.live_attempts += 1
             attempts.append(attempt)
         return attempts
 
     def _live_attempt(self, attempt: AttemptRun) -> LiveAttempt:
-        spec = self.bags[attempt.bag_id].spec
+        spec = self.world.bags[attempt.bag_id].spec
         return LiveAttempt(
             attempt.id,
             attempt.vm_id,
@@ -236,11 +279,11 @@ class RecoveryMixin(ActionsMixin):
         lost. Returns the ended VMs whose attempts the executor still runs."""
         # An attempt whose end is waiting in the inbox is not lost, even when its VM is
         # gone: its event (e.g. it finished while the controller was down) says how it ended.
-        ended = {e.attempt_id for e in self._inbox if isinstance(e, AttemptEvent)}
+        ended = {e.attempt_id for e in self.inbox.events if isinstance(e, AttemptEvent)}
         missing_ids = {vm.id for vm in missing}
         gone_vms: set[str] = set()
         for attempt in attempts:
-            host = self.vms.get(attempt.vm_id)
+            host = self.world.vms.get(attempt.vm_id)
             on_missing_vm = host is not None and host.id in missing_ids
             if (
                 attempt.id in adopted
@@ -251,18 +294,18 @@ class RecoveryMixin(ActionsMixin):
                 host.free = host.free.minus(attempt.shape)
                 if attempt.state is AttemptState.RUNNING and not on_missing_vm:
                     self.checkpoints.plan(attempt, now)
-                continue  # on a missing VM: `_end_vm` ends it, or waits for its end
+                continue  # on a missing VM: `World.end_vm` ends it, or waits for its end
             if attempt.id in adopted and attempt.vm_gone and self.executor.confirms_ends:
                 gone_vms.add(attempt.vm_id)  # its end comes once its job is gone
                 continue
             if attempt.id in ended:
                 continue
             if attempt.vm_gone:  # the executor has not got it: its VM's end ends it
-                self._end_on_gone_vm(
+                self.events.end_on_gone_vm(
                     attempt, AttemptEvent(attempt.id, now, Outcome.KILLED, None), batch
                 )
                 continue
-            self._finish_attempt(
+            self.world.finish_attempt(
                 attempt,
                 AttemptState.LOST,
                 now,
@@ -275,19 +318,19 @@ class RecoveryMixin(ActionsMixin):
     async def _resume_vms(self, now: float) -> None:
         """Idle clocks restart; a running VM not yet ready is announced to the executor
         again (one that had joined is re-joining, not booting)."""
-        for vm in self.vms.values():
+        for vm in self.world.vms.values():
             if vm.state is VmState.RUNNING and not vm.attempts:
                 vm.idle_since = now
-            self._refresh_vm_sets(vm)
+            self.world.refresh_vm_sets(vm)
             if vm.state is VmState.RUNNING and not vm.ready:
                 if vm.ready_at is not None:  # it had joined: not a boot to time out
                     vm.rejoin_since = now
-                await self._call(self.executor.vm_started(vm.id, vm.vm_type))
+                await self.calls.call(self.executor.vm_started(vm.id, vm.vm_type))
 
     def _vm_type_of_row(self, row: VmRow) -> VmType:
         """A stored VM's type: the catalog's, or as the row recorded it (a type since
         removed from the configuration)."""
-        return self.catalog.get(row["vm_type"]) or VmType(
+        return self.world.catalog.get(row["vm_type"]) or VmType(
             row["vm_type"],
             row["cpus"],
             row["memory_gb"],
@@ -298,19 +341,6 @@ class RecoveryMixin(ActionsMixin):
         )
 
     def _forget_everything(self) -> None:
-        self.bags.clear()
-        self.jobs.clear()
-        self.attempts.clear()
-        self.vms.clear()
-        for index in (
-            self._pending,
-            self._roomy,
-            self._idle,
-            self._draining,
-            self._by_provider_id,
-            self._pool_vms,
-        ):
-            index.clear()
-        self._pool_runs.clear()
-        self._pool_released.clear()
+        self.world.clear()
+        self.pools.forget()
         self.checkpoints.clear()

@@ -12,8 +12,13 @@ released. Idle pool VMs that the reuse policy
 would not start a typical job on (policies.reuse, `unfit_from_h`; docs/design.md#reuse) are
 handed back to Slurm, so the next job gets a fresh VM.
 
-`PoolsMixin` is a mixin of `Scheduler`: pool VMs are VMs of the scheduler (tracked,
-recorded and ended like the others) and runs are paid from the same accounts.
+`SlurmPools` is given the scheduler's `World` (controller/scheduler/world.py): pool VMs
+are VMs of the scheduler (tracked, recorded and ended like the others, in the world's
+`pool_vms` index) and runs are paid from the same accounts. It owns the pools'
+configuration (`book`), the open runs, and what a pass decided for the acting half:
+pool VMs to launch (taken by the pass, `take_launches`), VMs to terminate (handed to the
+pass through the `terminate` callback), and Slurm jobs refused, nodes released and the
+hooks' verdicts (carried out by `carry_out`).
 """
 
 from __future__ import annotations
@@ -21,15 +26,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from controller.ledger import UnknownAccount
+from controller.executors.base import Executor, PoolExecutor
+from controller.ledger import Accounts, UnknownAccount
 from controller.planner import Terminate, pool_vm_type
-from controller.runtime import VmRun, capacity_of
-from controller.scheduler.inputs import PoolPower, PoolRunEvent
-from controller.scheduler.transitions import TransitionsMixin
-from controller.slurm.pools import RUN_STATES, run_account, run_key
+from controller.scheduler.calls import Calls
+from controller.scheduler.inputs import IdSource, Inbox, PoolPower, PoolRunEvent
+from controller.scheduler.runs import VmRun, capacity_of
+from controller.scheduler.world import World
+from controller.slurm.pools import RUN_STATES, PoolBook, run_account, run_key
 from controller.store import WriteBatch
+from controller.store.rows import SlurmRunRow
 from drivers.base import VmState
 from policies.ledger_rules import InsufficientCredit
 from policies.packing import Shape
@@ -37,46 +45,106 @@ from policies.packing import Shape
 log = logging.getLogger("spotbag.scheduler")
 
 
-class PoolsMixin(TransitionsMixin):
-    """Slurm's pool nodes and the runs on them (part of `Scheduler`; see the module
-    docstring)."""
+class SlurmPools:
+    """Slurm's pool nodes and the runs on them (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        world: World,
+        accounts: Accounts,
+        executor: Executor,
+        ids: IdSource,
+        inbox: Inbox,
+        calls: Calls,
+        terminate: Callable[[Terminate], None],
+    ) -> None:
+        self.world = world
+        self.accounts = accounts
+        self.executor = executor
+        self.ids = ids
+        self.inbox = inbox
+        self.calls = calls
+        self._terminate = terminate  # a VM to terminate in this pass
+        self.book = PoolBook((), ())  # power-saving pools (controller/slurm/pools.py)
+        self.runs: dict[tuple[str, str], SlurmRunRow] = {}  # (job id, name) -> run
+        self._launches: list[VmRun] = []
+        self._refusals: list[tuple[str, str]] = []  # (Slurm job id, why) to cancel
+        self._refused: dict[tuple[str, str], str] = {}  # (job id, name) -> why
+        self._released: dict[str, str] = {}  # VM id -> why spotbag let it go
+        self._releases: list[tuple[str, str]] = []  # (node, why) to power down
+        self._verdicts: list[tuple[asyncio.Future[str], str]] = []  # told after this pass
+
+    def load_runs(self, runs: list[SlurmRunRow]) -> None:
+        """The open runs, as the store has them (recovery)."""
+        self.runs = {(r["job_id"], r["job_name"]): r for r in runs}
+
+    def forget(self) -> None:
+        """Forget the open runs and the VMs let go (recovery rebuilds them)."""
+        self.runs.clear()
+        self._released.clear()
+
+    def take_launches(self) -> list[VmRun]:
+        """The pool VMs recorded PENDING this pass, for the acting half to launch."""
+        launches, self._launches = self._launches, []
+        return launches
+
+    async def carry_out(self) -> None:
+        """Act on what pool events decided, before the pass's other actions: the Slurm
+        jobs refused are cancelled and the pool nodes released powered down, then the
+        hooks are told their verdicts."""
+        # Only the Slurm executor has pools (controller/daemon.py), so refusals and
+        # releases exist only with an executor that has these two calls.
+        refusals, self._refusals = self._refusals, []
+        releases, self._releases = self._releases, []
+        if refusals or releases:
+            pools = self.executor
+            assert isinstance(pools, PoolExecutor), "pool work without a pool executor"
+            for job_id, why in refusals:
+                await self.calls.call(pools.cancel_job(job_id, why))
+            for node, why in releases:
+                await self.calls.call(pools.release_pool_node(node, why))
+        verdicts, self._verdicts = self._verdicts, []
+        for future, verdict in verdicts:  # after the refused were cancelled
+            if not future.done():
+                future.set_result(verdict)
 
     def pool_power(self, kind: str, nodes: Sequence[str]) -> int:
         """Slurm resumes, suspends or gave up on pool nodes; returns how many are ours."""
-        ours = [n for n in nodes if n in self.pools.by_node]
+        ours = [n for n in nodes if n in self.book.by_node]
         for node in ours:
-            self._commands.append(PoolPower(kind, node))
+            self.inbox.commands.append(PoolPower(kind, node))
         if ours:
-            self._wake.set()
+            self.inbox.wake.set()
         return len(ours)
 
     def pool_run(self, event: PoolRunEvent) -> asyncio.Future[str] | None:
         """A run of a Slurm user's job on a pool began or ended: a future of what was
         decided (see PoolRunEvent.verdict); None if it is not on a pool."""
-        if event.partition not in self.pools.by_partition:
+        if event.partition not in self.book.by_partition:
             return None
         verdict = asyncio.get_running_loop().create_future()
-        self._commands.append(dataclasses.replace(event, verdict=verdict))
-        self._wake.set()
+        self.inbox.commands.append(dataclasses.replace(event, verdict=verdict))
+        self.inbox.wake.set()
         return verdict
 
-    def _pool_vm(self, node: str) -> VmRun | None:
-        for vm_id in self._pool_vms:
-            vm = self.vms[vm_id]
+    def vm_of(self, node: str) -> VmRun | None:
+        for vm_id in self.world.pool_vms:
+            vm = self.world.vms[vm_id]
             if vm.pool_node == node and not vm.terminating:
                 return vm
         return None
 
-    def _pool_power(self, command: PoolPower, batch: WriteBatch, now: float) -> None:
-        vm = self._pool_vm(command.node)
+    def on_power(self, command: PoolPower, batch: WriteBatch, now: float) -> None:
+        vm = self.vm_of(command.node)
         if command.kind == "resume":
             if vm is not None:
                 return  # it is on its way already (a repeated resume)
-            pool = self.pools.by_node[command.node]
+            pool = self.book.by_node[command.node]
             name = pool_vm_type(
-                self.market,
+                self.world.market,
                 Shape(pool.cpus, pool.gpus, pool.memory_gb),
-                self.catalog_view,
+                self.world.catalog_view,
                 pool.vm_types,
             )
             if name is None:
@@ -84,7 +152,7 @@ class PoolsMixin(TransitionsMixin):
                     "no VM type of pool %s can be launched for %s", pool.partition, command.node
                 )
                 return
-            vm_type = self.catalog[name]
+            vm_type = self.world.catalog[name]
             vm = VmRun(
                 id=self.ids.new_vm_token(),
                 vm_type=vm_type,
@@ -94,13 +162,13 @@ class PoolsMixin(TransitionsMixin):
                 free=capacity_of(vm_type),
                 pool_node=command.node,
             )
-            self._assume_model(vm)
-            self._track_vm(vm)
-            batch.vm(vm.row(self.driver.name, self.time_scale))
+            self.world.assume_model(vm)
+            self.world.track_vm(vm)
+            batch.vm(vm.row(self.world.driver_name, self.world.time_scale))
             batch.transition(
                 now, "vm", vm.id, "", VmState.PENDING, f"for Slurm node {command.node}"
             )
-            self._pool_launches.append(vm)
+            self._launches.append(vm)
             return
         if vm is None:
             return
@@ -109,32 +177,32 @@ class PoolsMixin(TransitionsMixin):
             if command.kind == "suspend"
             else f"Slurm gave up on node {command.node} (it did not join in ResumeTimeout)"
         )
-        if command.kind == "suspend" and vm.id in self._pool_released:
-            why += f" at spotbag's request: {self._pool_released.pop(vm.id)}"
+        if command.kind == "suspend" and vm.id in self._released:
+            why += f" at spotbag's request: {self._released.pop(vm.id)}"
         vm.terminating = True
         vm.reason = why
-        self._terminate_now.append(Terminate(vm.id, why))
+        self._terminate(Terminate(vm.id, why))
 
-    def _release_unfit_pool_vms(self, now: float) -> float | None:
+    def release_unfit(self, now: float) -> float | None:
         """Idle pool VMs on which the reuse policy would not start a job of the pool's
         typical length are handed back to Slurm (powered down when idle), so that the
         next job gets a fresh VM. Returns when the next idle one turns unfit."""
-        if not self._pool_vms:
+        if not self.world.pool_vms:
             return None
-        to_h = self.time_scale / 3600.0  # real seconds -> model hours
-        busy = {run["node"] for run in self._pool_runs.values()}
+        to_h = self.world.time_scale / 3600.0  # real seconds -> model hours
+        busy = {run["node"] for run in self.runs.values()}
         wake_at: float | None = None
-        for vm_id in self._pool_vms:
-            vm = self.vms[vm_id]
+        for vm_id in self.world.pool_vms:
+            vm = self.world.vms[vm_id]
             if (
                 vm.state is not VmState.RUNNING
                 or vm.terminating
                 or vm.table is None
-                or vm.id in self._pool_released
+                or vm.id in self._released
                 or vm.pool_node in busy
             ):
                 continue
-            job_h = self.pools.by_node[vm.pool_node].job_hours
+            job_h = self.book.by_node[vm.pool_node].job_hours
             age_h = max(0.0, now - vm.requested_at) * to_h
             unfit_h = vm.table.unfit_from_h(age_h, job_h)
             if unfit_h is None or vm.table.unfit_from_h(0.0, job_h) == 0.0:
@@ -148,16 +216,16 @@ class PoolsMixin(TransitionsMixin):
                 f"{job_h:g} h job sooner"
             )
             log.info("releasing idle pool node %s (VM %s): %s", vm.pool_node, vm.id, why)
-            self._pool_released[vm.id] = why
-            self._pool_releases.append((vm.pool_node, why))
+            self._released[vm.id] = why
+            self._releases.append((vm.pool_node, why))
         return wake_at
 
-    def _pool_run(self, event: PoolRunEvent, batch: WriteBatch, now: float) -> None:
+    def on_run(self, event: PoolRunEvent, batch: WriteBatch, now: float) -> None:
         """Reserve for a run at its start (cancelling a job its account cannot pay for),
         charge what it used at its end and release the rest."""
-        pool = self.pools.by_partition[event.partition]
+        pool = self.book.by_partition[event.partition]
         ident = (event.job_id, event.job_name)
-        run = self._pool_runs.get(ident)
+        run = self.runs.get(ident)
         if event.kind == "start":
             if run is not None and run["restart"] >= event.restart:
                 self._tell(event, "repeat")  # or out of order
@@ -173,13 +241,13 @@ class PoolsMixin(TransitionsMixin):
                     why = str(exc)
             if why is not None:
                 self._refusals.append((event.job_id, why))
-                self._pool_refused[ident] = why
+                self._refused[ident] = why
                 self._tell(event, f"refused: {why}")
                 log.warning("cancelling Slurm job %s on %s: %s", event.job_id, event.node, why)
                 return
             self._tell(event, "reserved")
             batch.ledger_entries(now, [entry], f"Slurm job {event.job_id} started")
-            vm = self._pool_vm(event.node)
+            vm = self.vm_of(event.node)
             run = {
                 "key": key,
                 "job_id": event.job_id,
@@ -198,13 +266,13 @@ class PoolsMixin(TransitionsMixin):
                 "exit_code": None,
                 "reason": "",
             }
-            self._pool_runs[ident] = run
+            self.runs[ident] = run
             batch.slurm_run(run)
             return
         started = event.started_at if event.started_at is not None else now
         ended = max(started, event.ended_at if event.ended_at is not None else now)
         state = RUN_STATES.get(event.state, "failed")
-        refused = self._pool_refused.pop(ident, None)
+        refused = self._refused.pop(ident, None)
         if run is None and refused is not None:  # cancelled before it ran: nothing to pay
             return
         if run is None:  # its start was never reported: charge what it used, at once
@@ -221,7 +289,7 @@ class PoolsMixin(TransitionsMixin):
                 reason += f", and {unknown}: {used_h:.4g} CPU-hours not charged"
                 log.warning("Slurm job %s (%s): %s", event.job_id, event.state, reason)
                 entries = []
-            vm = self._pool_vm(event.node)
+            vm = self.vm_of(event.node)
             run = {
                 "key": key,
                 "job_id": event.job_id,
@@ -242,10 +310,10 @@ class PoolsMixin(TransitionsMixin):
                 "reason": reason,
             }
         else:
-            del self._pool_runs[ident]
+            del self.runs[ident]
             cpus = event.cpus or run["cpus"]
             if not run["vm_id"]:  # allocated before Slurm resumed its node
-                vm = self._pool_vm(event.node)
+                vm = self.vm_of(event.node)
                 run = run | {"vm_id": vm.id if vm is not None else ""}
             entries = self.accounts.settle_run(
                 run["key"], cpus, ended - started, preempted=state == "preempted"
@@ -268,7 +336,7 @@ class PoolsMixin(TransitionsMixin):
         it with its configured credit, in this pass's batch, whether or not that covers
         the run (an admin then sees it and can credit it)."""
         matched = run_account(event.account, event.user)
-        credit = self.pools.credit_for_unknown(matched)
+        credit = self.book.credit_for_unknown(matched)
         try:
             opened, entries = self.accounts.open_run_account(matched.name, now, credit)
         except UnknownAccount:

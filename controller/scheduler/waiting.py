@@ -19,31 +19,31 @@ from __future__ import annotations
 from typing import Any
 
 from controller.formatting import duration, number, plural
-from controller.runtime import BagRun
-from controller.scheduler.state import SchedulerState
+from controller.scheduler.loop import Scheduler
+from controller.scheduler.runs import BagRun
 from policies.packing import zone_allowed
 
 
-def _types_of(s: SchedulerState, bag: BagRun) -> list[str]:
+def _types_of(s: Scheduler, bag: BagRun) -> list[str]:
     """The VM types that may run a job of the bag (allowed, in its regions, big enough)."""
     return [
         t.name
-        for t in s.catalog_view
+        for t in s.world.catalog_view
         if (bag.allowed_types is None or t.name in bag.allowed_types)
         and zone_allowed(t.zone, bag.regions)
         and bag.shape.fits_in(t.capacity)
     ]
 
 
-def waiting_reason(s: SchedulerState, bag_id: str, idx: int, now: float) -> str:
+def waiting_reason(s: Scheduler, bag_id: str, idx: int, now: float) -> str:
     """Why the job (queued or held) waits; '' when the scheduler does not hold its bag."""
     return waiting_reasons(s, bag_id, [idx], now)[idx]
 
 
-def waiting_reasons(s: SchedulerState, bag_id: str, idxs: list[int], now: float) -> dict[int, str]:
+def waiting_reasons(s: Scheduler, bag_id: str, idxs: list[int], now: float) -> dict[int, str]:
     """Why each of a bag's waiting jobs `idxs` waits (a page of them: what the bag's
     state says is worded once, then each job is only looked up)."""
-    bag = s.bags.get(bag_id)
+    bag = s.world.bags.get(bag_id)
     if bag is None:
         why = "being admitted" if bag_id in s._handing_over else ""
         return dict.fromkeys(idxs, why)
@@ -56,7 +56,7 @@ def waiting_reasons(s: SchedulerState, bag_id: str, idxs: list[int], now: float)
         if idx in bag.held:
             reasons[idx] = held
             continue
-        job = s.jobs.get((bag_id, idx))
+        job = s.world.jobs.get((bag_id, idx))
         retry = (
             f"to retry (attempt {job.attempts + 1}) " if job is not None and job.attempts else ""
         )
@@ -64,7 +64,7 @@ def waiting_reasons(s: SchedulerState, bag_id: str, idxs: list[int], now: float)
     return reasons
 
 
-def _held_text(s: SchedulerState, bag: BagRun) -> str:
+def _held_text(s: Scheduler, bag: BagRun) -> str:
     account = bag.spec.account
     available = max(0.0, s.accounts.ledger.balance(account).available)
     needed = s.accounts.per_attempt_cpu_h(bag.spec)
@@ -74,7 +74,7 @@ def _held_text(s: SchedulerState, bag: BagRun) -> str:
     )
 
 
-def _queued_text(s: SchedulerState, bag: BagRun, now: float) -> str:
+def _queued_text(s: Scheduler, bag: BagRun, now: float) -> str:
     """Why a queued job of the bag waits, with a {retry} slot for what is said of a retry."""
     if now < s.backoff.starts_blocked_until:
         return (
@@ -89,9 +89,9 @@ def _queued_text(s: SchedulerState, bag: BagRun, now: float) -> str:
             f"backing off: launches of {', '.join(types)} failed; "
             f"next try in {duration(soonest - now)}"
         )
-    if s._pending:
-        return f"waiting {{retry}}for a VM to boot ({plural(len(s._pending), 'VM')} starting)"
-    alive = len(s.vms) - len(s._pool_vms)
+    if s.world.pending:
+        return f"waiting {{retry}}for a VM to boot ({plural(len(s.world.pending), 'VM')} starting)"
+    alive = len(s.world.vms) - len(s.world.pool_vms)
     if alive >= s.settings.max_vms:
         return (
             f"waiting {{retry}}for a free slot: the fleet is at max_vms = {s.settings.max_vms} "
@@ -100,10 +100,10 @@ def _queued_text(s: SchedulerState, bag: BagRun, now: float) -> str:
     return "waiting {retry}for the next scheduling pass to place it"
 
 
-def bag_pace(s: SchedulerState, bag_id: str, now: float) -> dict[str, Any] | None:
+def bag_pace(s: Scheduler, bag_id: str, now: float) -> dict[str, Any] | None:
     """The bag's recent throughput (jobs per hour) and the ETA of its open jobs, or None
     (the bag is not open, or fewer than two of its jobs ended at different times)."""
-    bag = s.bags.get(bag_id)
+    bag = s.world.bags.get(bag_id)
     if bag is None or len(bag.recent_ends) < 2:
         return None
     first, last = bag.recent_ends[0], bag.recent_ends[-1]

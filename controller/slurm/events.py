@@ -1,4 +1,4 @@
-"""Slurm's callbacks, once verified (controller/api/slurm_events.py checks the signature
+"""Slurm's callbacks, once verified (controller/slurm/routes.py checks the signature
 and the shape): about one of spotbag's attempts (the Slurm executor takes it), a
 power-saving pool's nodes or its users' jobs (the scheduler), else only noted so that a
 replay is known. docs/slurm.md says what each hook sends and when.
@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 from controller.clock import RealClock
 from controller.executors.base import CallbackNoted
-from controller.executors.slurm import SlurmExecutor
 from controller.scheduler import PoolRunEvent, Scheduler
 from controller.slurm.callbacks import POWER_EVENTS, SlurmEvent
 from controller.slurm.commands import exit_status, hostlist_expand
+from controller.slurm.executor import SlurmExecutor
 
 POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
 

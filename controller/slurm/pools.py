@@ -35,7 +35,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.bagspec import ACCOUNT_NAME
+from controller.bags.spec import ACCOUNT_NAME
 from controller.config import ConfigError, SlurmPoolConfig
 from controller.slurm.commands import HostlistError, hostlist_expand
 from controller.slurm.conf import PoolConf, pool_memory_mb

@@ -1,5 +1,5 @@
 """Setting a head node's Slurm up for spotbag, and checking it: what the `spotbag slurm`
-commands (conf, install-hooks; their click group is controller/cli/slurm.py) write, and
+commands (conf, install-hooks; their click group is controller/slurm/cli.py) write, and
 what `spotbag config check` verifies when the executor is Slurm.
 """
 

@@ -1,6 +1,6 @@
-"""What cost reports are built from (controller/report.py prices and splits it): the
+"""What cost reports are built from (controller/costs/report.py prices and splits it): the
 bags, VMs, attempts, price samples and Slurm pool runs in a report's scope; and the
-bags' final costs, kept (controller/bag_cost.py)."""
+bags' final costs, kept (controller/costs/bag_cost.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class ReportQueries(Engine):
         bag_ids: Sequence[str] | None = None,
     ) -> dict:
         """What a cost report of one bag, one account or a set of bags (`bag_ids`: the
-        bag views' costs, controller/bag_cost.py) is built from, as tuples:
+        bag views' costs, controller/costs/bag_cost.py) is built from, as tuples:
 
         - bags: the bags in scope (id, name, account, state, job_count, created_at,
           finished_at, checkpoints, cpus, gpus, memory_gb), plus every other bag that
@@ -138,7 +138,7 @@ class ReportQueries(Engine):
         return await self.read(select)
 
     async def fleet_cost_rows(self, known: Collection[str] = ()) -> dict:
-        """What the fleet's costs (controller/fleet_cost.py) are priced from, as tuples:
+        """What the fleet's costs (controller/costs/fleet_cost.py) are priced from, as tuples:
         every VM that ran but those in `known` (the columns of `report_rows`' vms), and
         the spot prices of their types sampled while they lived (as `report_rows`' are:
         the same samples for every VM they share)."""
@@ -223,7 +223,7 @@ def _prices_between(
 def _vm_set_fingerprint(conn: sqlite3.Connection) -> tuple:
     """(VMs that ran, the last start, the last end): equal twice only if no VM started
     running or ended in between, so fleet figures kept from the first reading still list
-    every VM (controller/fleet_cost.py)."""
+    every VM (controller/costs/fleet_cost.py)."""
     return tuple(
         conn.execute(
             "SELECT count(*), max(running_at), max(ended_at) FROM vms WHERE running_at IS NOT NULL"

@@ -370,7 +370,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
     (
         # A bag's cost is the split of its VMs' cost (docs/design.md#cost-reports), computed from the VMs
-        # and attempts (controller/bag_cost.py); the interim per-attempt charges go. Once
+        # and attempts (controller/costs/bag_cost.py); the interim per-attempt charges go. Once
         # it can change no more it is kept, so a restart need not split a large bag again.
         "bag costs from the split-cost report: drop the interim cost totals, keep final costs",
         """
@@ -404,6 +404,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         DROP TRIGGER ledger_balance_on_insert;
         DROP TRIGGER ledger_open_on_reserve;
         DROP TRIGGER ledger_open_on_release;
+        """,
+    ),
+    (
+        "each VM's preemption notice, when its cloud takes it (NULL: none), kept across "
+        "restarts and shown on the timeline",
+        """
+        ALTER TABLE vms ADD COLUMN notice_until REAL;
         """,
     ),
 ]

@@ -7,7 +7,7 @@
 - `lifetime_data`, `model_fits`: preemption models fitted to VM lifetimes.
 - `plots`: the PNG charts of these tools (matplotlib).
 
-Input files are read through `controller.trace_io` (core: the daemon reads price
+Input files are read through `controller.traces.trace_io` (core: the daemon reads price
 traces with it too). Tools may import core modules (config, store, model_book, ...)
 but never `controller.scheduler` or `controller.api`, and never the CLI: they raise
 their own errors and `controller.cli` turns them into messages and exit codes

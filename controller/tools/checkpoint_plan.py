@@ -3,7 +3,7 @@ age, should checkpoint, by each policy, with each policy's expected overhead und
 the VM type's preemption model (docs/design.md#checkpoints).
 
 The optimal schedule comes from the same cached tables the daemon uses
-(controller.checkpoint_tables); the others are evaluated exactly by
+(controller.preemption.checkpoint_tables); the others are evaluated exactly by
 policies.checkpoint.expected_makespan.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.checkpoint_tables import TableCache
 from controller.errors import SpotbagError
-from controller.model_book import load_registry
+from controller.preemption.checkpoint_tables import TableCache
+from controller.preemption.model_book import load_registry
 from policies.checkpoint import CheckpointTable, Schedule, fixed_schedule, young_daly_schedule
 from policies.checkpoint_notices import (
     Notices,

@@ -1,7 +1,7 @@
 """What `spotbag index` and `spotbag simulate-hopping` compute: the cloud index of a spot
 price trace and what each hopping policy would have cost (docs/design.md#index-tracking). The math is
-policies.index and policies.hopping; this module reads the trace (controller.price_trace),
-sizes its VM types (controller.vm_size: a --types file, a --config catalog, the bundled
+policies.index and policies.hopping; this module reads the trace (controller.traces.price_trace),
+sizes its VM types (controller.traces.vm_size: a --types file, a --config catalog, the bundled
 EC2 and GCE table) and runs them. The commands and their tables are
 controller/cli/hopping.py; problems are `TraceError`, `PlanError` or `SizeSourceError`."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from controller.errors import SpotbagError
-from controller.price_trace import PriceTrace
 from controller.tools.checkpoint_plan import PlanError, parse_duration_h
-from controller.trace_io import TraceError
-from controller.vm_size import VmSize, bundled_sizes, catalog_sizes, read_sizes_file
+from controller.traces.price_trace import PriceTrace
+from controller.traces.trace_io import TraceError
+from controller.traces.vm_size import VmSize, bundled_sizes, catalog_sizes, read_sizes_file
 from policies.hopping import Phase, Replay, replay, volatility
 from policies.index import Policy, index_series, normalized_prices
 from policies.registry import region_of

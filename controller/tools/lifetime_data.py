@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from controller.trace_io import Skipped, TraceError, csv_records, parse_datetime
+from controller.traces.trace_io import Skipped, TraceError, csv_records, parse_datetime
 from policies.registry import Observation, day_kind, region_of, time_of_day
 
 REQUIRED = ("machine_type", "zone", "insert_time", "lifetime_s", "event")
@@ -24,7 +24,7 @@ class LifetimeDataError(TraceError):
 
 
 def read_lifetimes(path: str | Path, provider: str = "gce") -> list[Observation]:
-    """Every row of a lifetime CSV (gzip or not, read by controller.trace_io) as an
+    """Every row of a lifetime CSV (gzip or not, read by controller.traces.trace_io) as an
     Observation; a bad row is an error naming its line, and so is a file without rows."""
     path = Path(path)
     observations = []

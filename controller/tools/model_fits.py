@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.blas import one_blas_thread
+from controller.plumbing.blas import one_blas_thread
 from policies.fitting import FitResult, KaplanMeier, at_deadline, fit, kaplan_meier
 from policies.registry import Observation, fit_registry
 

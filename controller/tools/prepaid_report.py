@@ -4,7 +4,7 @@ every core-hour on demand (docs/design.md#cost-reports).
 
 The usage comes from a history of (start, end, cores) intervals:
 
-- `--swf FILE`: a Standard Workload Format trace, gzipped or not (controller.trace_io
+- `--swf FILE`: a Standard Workload Format trace, gzipped or not (controller.traces.trace_io
   reads it: ';' lines are the header, 18 whitespace-separated fields per job, -1 is
   missing). A job runs from submit + wait (fields 2 + 3) for its run time (field 4)
   on its allocated processors (field 5). An unknown wait means the job started when
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from controller import trace_io
 from controller.errors import SpotbagError
 from controller.formatting import percent, usd
-from controller.trace_io import TraceError, parse_time
+from controller.traces import trace_io
+from controller.traces.trace_io import TraceError, parse_time
 from policies.prepaid import (
     PrepaidOptimum,
     break_even_utilisation,

@@ -1,8 +1,12 @@
 """The web UI's routes: the login form, the page shells and their static assets.
 
-Pages are static HTML shells (controller/web/static/); their ES modules fetch every
-figure from the same /v1 JSON API the CLI uses, with the session cookie, so there is
-no second data path. The server renders only the login page's message. Every UI
+Pages are static HTML (controller/web/static/); their ES modules fetch every figure from
+the same /v1 JSON API the CLI uses, with the session cookie, so there is no second data
+path. Every page is put into one shell (static/shell.html: the document and the head all
+pages share); a page's file holds only its own head lines (title, styles, scripts), then
+`<!--body-->` and its body, where `<!--header-->` stands for the signed-in pages' header
+(static/header.html: brand, navigation, log out), its entry for the page shown marked
+current. Besides that, the server renders only the login page's message. Every UI
 answer carries a Content-Security-Policy that allows scripts, styles and requests to
 the daemon itself only (no inline script, no framing), and `nosniff`.
 
@@ -54,6 +58,11 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",  # no-referrer would make Origin "null"
 }
 MESSAGE_SLOT = "<!--message-->"
+SHELL = "shell.html"  # the document and the head every page shares
+HEADER = "header.html"  # the signed-in pages' header: brand, navigation, log out
+HEAD_SLOT = "<!--head-->"  # in the shell: the page's own head lines
+BODY_SLOT = "<!--body-->"  # in the shell: the page's body; in a page: where its head ends
+HEADER_SLOT = "<!--header-->"  # in a page's body: the header
 
 
 def is_ui_path(path: str) -> bool:
@@ -61,8 +70,21 @@ def is_ui_path(path: str) -> bool:
     return path == "/" or path.startswith("/ui/")
 
 
-def _page(name: str, status: int = 200, message: str = "") -> web.Response:
-    text = ASSETS[name].read_text()
+def render_page(name: str, current_path: str = "") -> str:
+    """The page `name` in the shell; the navigation entry for `current_path` (the path the
+    page was asked for) is marked `aria-current="page"`."""
+    head, body = ASSETS[name].read_text().split(BODY_SLOT + "\n", 1)
+    if HEADER_SLOT in body:
+        header = ASSETS[HEADER].read_text()
+        if current_path:
+            entry = f'<a href="{current_path}">'  # nav entries only: the brand link has a class
+            header = header.replace(entry, entry[:-1] + ' aria-current="page">')
+        body = body.replace(HEADER_SLOT + "\n", header)
+    return ASSETS[SHELL].read_text().replace(HEAD_SLOT + "\n", head).replace(BODY_SLOT + "\n", body)
+
+
+def _page(name: str, status: int = 200, message: str = "", current_path: str = "") -> web.Response:
+    text = render_page(name, current_path)
     if message:
         text = text.replace(
             MESSAGE_SLOT, f'<p class="error" role="alert">{html.escape(message)}</p>'
@@ -121,7 +143,7 @@ def _shell(name: str) -> Handler:
     async def page(request: web.Request) -> web.StreamResponse:
         if not _signed_in(request):
             return _redirect(LOGIN_PATH)
-        return _page(name)
+        return _page(name, current_path=request.path)
 
     return page
 

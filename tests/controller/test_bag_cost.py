@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.admission import admit
-from controller.bag_cost import BagCosts
+from controller.bags.admission import admit
 from controller.clock import SimClock
-from controller.report import CostRule, build_report
+from controller.costs.bag_cost import BagCosts
+from controller.costs.report import CostRule, build_report
+from controller.costs.summary import bag_view
 from controller.store import Store
-from controller.summary import bag_view
 from policies.allocation import Weights
 from tests.controller.simworld import bag, config, run_until, world
 

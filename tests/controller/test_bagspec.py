@@ -7,8 +7,8 @@ import shlex
 import pytest
 from pydantic import ValidationError
 
-from controller.bagspec import BagSpec, BagSpecError, parse_bag
-from controller.job_command import job_environment, render_command
+from controller.bags.job_command import job_environment, render_command
+from controller.bags.spec import BagSpec, BagSpecError, parse_bag
 
 BASE = {"account": "lab", "command": "prog", "max_runtime_s": 60}
 

@@ -1,4 +1,4 @@
-"""controller/burst_log.py and the scheduler's back-off: events that come in bursts
+"""controller/plumbing/burst_log.py and the scheduler's back-off: events that come in bursts
 are logged once per burst, with a count, not once each (issue 23)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 import errno
 import logging
 
-from controller.burst_log import BurstLog
 from controller.config import SchedulerConfig
 from controller.executors.base import ExecutorUnavailable, start_error
+from controller.plumbing.burst_log import BurstLog
 from controller.scheduler.backoff import Backoff
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.admission import admit
-from controller.checkpoint_tables import TableCache, table_size_h
+from controller.bags.admission import admit
 from controller.clock import SimClock
+from controller.preemption.checkpoint_tables import TableCache, table_size_h
 from controller.simulation import simulate
 from policies.checkpoint import build_table
 from policies.preemption import Bathtub, Exponential
@@ -242,7 +242,7 @@ async def test_a_restarted_scheduler_keeps_the_saved_work(tmp_path, keep_process
     else:
         second = await world(tmp_path, clock, 2, cfg, store=first.store)
     await second.recover()
-    for job in second.jobs.values():
+    for job in second.world.jobs.values():
         assert job.work_saved_s == before[job.idx]
     await run_until(second, clock, clock.now() + 30 * 3600)
     assert not second.has_work()

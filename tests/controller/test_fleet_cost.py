@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
-from controller.fleet_cost import FleetCosts, compute_fleet_cost
-from controller.report import CostRule, build_report
+from controller.costs.fleet_cost import FleetCosts, compute_fleet_cost
+from controller.costs.report import CostRule, build_report
+from controller.costs.summary import fleet_view
 from controller.store import Store
-from controller.summary import fleet_view
 from tests.controller.simworld import bag, config, run_until, world
 
 SMALL = {  # no zone: priced from its type's samples in any zone
@@ -121,7 +121,9 @@ async def test_fleet_and_each_vm_cost_what_the_report_says_under_sampled_prices(
             reported = by_type[f"{group['vm_type']} (spot)"]
             assert group["spot_cost_usd"] == pytest.approx(reported["spot_cost_usd"], rel=1e-9)
             assert group["vms"] == reported["vms"]
-        checked_live = checked_live or any(vm.id in fleet.vms for vm in scheduler.vms.values())
+        checked_live = checked_live or any(
+            vm.id in fleet.vms for vm in scheduler.world.vms.values()
+        )
     assert checked_live  # some instant had VMs alive (costs still growing)
     assert report["price_samples"] > 0
     # Not the configured prices: those would have given another total.
@@ -180,7 +182,7 @@ async def test_kept_fleet_figures_are_computed_again_when_a_vm_starts_or_ends(tm
         offload=False,
     )
     await run_until(scheduler, clock, 300.0)
-    running = {vm.id for vm in scheduler.vms.values() if vm.state == "running"}
+    running = {vm.id for vm in scheduler.world.vms.values() if vm.state == "running"}
     assert running
     assert set((await fleet_costs.get()).vms) >= running
     await run_until(scheduler, clock, 4 * 3600.0)

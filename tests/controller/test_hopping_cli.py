@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from controller.cli import cli
 from controller.cli.hopping import index_command, simulate_hopping_command
-from controller.price_trace import TraceReplay, read_trace
-from controller.reference_data import SPOT_PRICES
 from controller.tools.hopping_report import parse_job
-from controller.trace_io import TraceError
+from controller.traces.price_trace import TraceReplay, read_trace
+from controller.traces.reference_data import SPOT_PRICES
+from controller.traces.trace_io import TraceError
 from policies.hopping import Phase
 
 REAL_TRACE = SPOT_PRICES
@@ -149,6 +149,7 @@ def test_a_replayed_trace_gives_the_price_in_effect_at_the_drivers_time(tmp_path
     assert first[0].price_per_hour == r3a[0] and ten_minutes_on[0].price_per_hour == r3a[1]
 
 
+@pytest.mark.slow
 def test_the_real_trace_cost_centric_moves_far_more_than_balanced():
     result = CliRunner().invoke(
         simulate_hopping_command,

@@ -22,9 +22,9 @@ import pytest
 from controller.config import ConfigError, load_config
 from controller.executors.attempt_files import hand_over, read_exit_status, read_started
 from controller.executors.job_users import JobUser, JobUserError, JobUsers
-from controller.executors.slurm.state import Attempt, SlurmExecutorSettings, SlurmState
-from controller.executors.slurm.watch import Watcher, job_rows
 from controller.slurm.commands import SlurmTools
+from controller.slurm.executor.state import Attempt, SlurmExecutorSettings, SlurmState
+from controller.slurm.executor.watch import Watcher, job_rows
 
 NOBODY = pwd.getpwnam("nobody")
 ME = os.geteuid()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.errors import InsufficientBalance, NotFound
 from controller.simulation import simulate

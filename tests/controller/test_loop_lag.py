@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import time
 
-from controller.loop_lag import LoopLagMonitor
+from controller.plumbing.loop_lag import LoopLagMonitor
 
 
 def test_a_callback_that_holds_the_loop_is_recorded_as_a_stall_of_its_length():

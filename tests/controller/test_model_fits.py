@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.reference_data import LIFETIMES
 from controller.tools.lifetime_data import group_value, read_lifetimes
 from controller.tools.model_fits import fit_groups
+from controller.traces.reference_data import LIFETIMES
 
 # group/model: parameters and (logL, KS, R²), as the previous code printed them.
 BEFORE = {

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.config import load_config
-from controller.learning import Learner
-from controller.model_book import ModelBook
+from controller.preemption.learning import Learner
+from controller.preemption.model_book import ModelBook
 from controller.simulation import simulate
 from controller.store import Store, WriteBatch
 from policies.preemption import Bathtub

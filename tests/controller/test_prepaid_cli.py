@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli.prepaid import prepaid_command
-from controller.reference_data import SWF
 from controller.tools.prepaid_report import analyse, read_csv, read_swf
-from controller.trace_io import TraceError, parse_time
+from controller.traces.reference_data import SWF
+from controller.traces.trace_io import TraceError, parse_time
 from policies.prepaid import optimal_prepaid_cores, usage_levels
 from tests.conftest import REPO
 
@@ -329,6 +329,7 @@ def test_a_history_of_zero_length_intervals_prepays_nothing(tmp_path):
     assert "all: no core-hours in the period: nothing to prepay" in result.output
 
 
+@pytest.mark.slow
 def test_the_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "prepaid.png"

@@ -11,11 +11,11 @@ import re
 
 import pytest
 
-from controller import report_render
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.cli.render import report_tables
 from controller.clock import SimClock
-from controller.report import CostRule, ReportScopeEmpty, build_report
+from controller.costs import report_render
+from controller.costs.report import CostRule, ReportScopeEmpty, build_report
 from controller.simulation import simulate
 from controller.store import Store
 from tests.controller.simworld import bag, config, rows, run_until, world
@@ -154,7 +154,7 @@ async def test_bags_sharing_vms_split_their_cost_exactly_and_an_account_report_a
 def test_sampled_prices_price_each_vm_and_give_the_index_beside():
     import numpy as np
 
-    from controller.report import SampledMarket
+    from controller.costs.report import SampledMarket
     from policies.vm_cost import split_vm_costs
 
     prices = [

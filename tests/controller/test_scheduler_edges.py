@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.executors.base import AttemptEvent, NodeEvent, Outcome
 from controller.executors.sim import SimExecutor
@@ -62,7 +62,7 @@ async def test_restart_while_a_cancelled_bag_still_has_attempts_being_killed(tmp
     # The cancel is recorded (jobs cancelled) but the kills have not been confirmed yet.
     await first.store.request_cancel(bag_id, clock.now())
     batch = first.store.new_batch()
-    first._run_commands(batch, [scheduler_module._Cancel(bag_id)], clock.now())
+    first.commands.run(batch, [scheduler_module._Cancel(bag_id)], clock.now())
     await first.store.apply(batch)
     assert rows(tmp_path, "SELECT count(*) FROM attempts WHERE state = 'running'") == [(6,)]
     # Crash. The new controller must start, and finish the bag as cancelled.
@@ -115,13 +115,13 @@ async def test_a_rebuild_keeps_running_vms_and_releases_them_when_idle(tmp_path)
     first = await world(tmp_path, clock, 1, cfg)
     await submit(first, cfg, bag(2, runtime_s=600))
     await run_until(first, clock, 120)
-    assert len(first.vms) == 1 and len(first.attempts) == 2
+    assert len(first.world.vms) == 1 and len(first.world.attempts) == 2
     # Same driver and executor (a rebuild after a failed pass, not a crash).
     second = await world(
         tmp_path, clock, 2, cfg, store=first.store, driver=first.driver, executor=first.executor
     )
     await second.recover()
-    assert len(second.vms) == 1 and len(second.attempts) == 2  # re-adopted, not lost
+    assert len(second.world.vms) == 1 and len(second.world.attempts) == 2  # re-adopted, not lost
     await run_until(second, clock, 4 * 3600)
     await second.store.close()
     assert rows(tmp_path, "SELECT state, count(*) FROM attempts GROUP BY state") == [
@@ -283,10 +283,10 @@ async def test_a_big_bag_is_cancelled_a_chunk_per_pass_and_none_of_it_starts(tmp
     await scheduler.store.request_cancel(bag_id, clock.now())
     scheduler.cancel_requested(bag_id)
     passes = 0
-    while bag_id in scheduler.bags:  # until the bag is finished
+    while bag_id in scheduler.world.bags:  # until the bag is finished
         await scheduler.tick()
         passes += 1
-        assert not scheduler.attempts  # nothing of a cancelled bag starts
+        assert not scheduler.world.attempts  # nothing of a cancelled bag starts
         assert passes <= 10
     assert passes == 3  # CANCEL_CHUNK + CANCEL_CHUNK + 10 jobs
     await run_until(scheduler, clock, 600)
@@ -322,14 +322,14 @@ async def test_a_rebuild_does_not_take_joined_vms_for_ones_that_never_booted(tmp
     scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
     await submit(scheduler, cfg, bag(4, runtime_s=7200))
     await run_until(scheduler, clock, clock.now() + 1200)  # past the boot timeout
-    running = {vm.id for vm in scheduler.vms.values() if vm.ready and vm.attempts}
-    assert running and len(scheduler.attempts) == 4
+    running = {vm.id for vm in scheduler.world.vms.values() if vm.ready and vm.attempts}
+    assert running and len(scheduler.world.attempts) == 4
     await scheduler.recover()
     await scheduler.tick()  # before the executor says the nodes are up again
-    assert not [vm.reason for vm in scheduler.vms.values() if vm.terminating]
+    assert not [vm.reason for vm in scheduler.world.vms.values() if vm.terminating]
     await run_until(scheduler, clock, clock.now() + 5)
-    assert {vm.id for vm in scheduler.vms.values() if vm.ready} == running
-    assert len(scheduler.attempts) == 4
+    assert {vm.id for vm in scheduler.world.vms.values() if vm.ready} == running
+    assert len(scheduler.world.attempts) == 4
     await scheduler.store.close()
 
 
@@ -357,7 +357,7 @@ async def test_starts_in_the_background_are_recorded_by_the_next_pass(tmp_path):
     await scheduler.tick(background_starts=True)  # the pass ends, its starts under way
     assert rows(tmp_path, "SELECT state FROM attempts") == [("starting",), ("starting",)]
     executor.gate.set()
-    await asyncio.wait(list(scheduler._starting))
+    await asyncio.wait(list(scheduler.calls.starting))
     await scheduler.tick(background_starts=True)
     assert rows(tmp_path, "SELECT state, ran_at FROM attempts") == [("running", 61.0)] * 2
     await run_until(scheduler, clock, 3600)
@@ -390,3 +390,23 @@ async def test_a_cancel_waits_for_the_starts_under_way_so_none_runs_after_it(tmp
     assert rows(tmp_path, "SELECT state, reason, ended_at FROM attempts") == [cancelled] * 2
     assert rows(tmp_path, "SELECT state FROM bags") == [("cancelled",)]
     check_store_consistent(tmp_path)
+
+
+async def test_nodes_that_break_in_successive_passes_are_each_terminated(tmp_path):
+    """VMs to terminate at once reach the pass through one list the event handlers
+    append to: a node that breaks after an earlier pass took that list is terminated
+    too (issue 25: a pass once replaced the list, and the handlers kept the old one)."""
+    cfg = config()
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    resources = {"cpus": 2, "memory_gb": 1, "vm_types": ["small"]}
+    await submit(scheduler, cfg, bag(2, runtime_s=7200, resources=resources))
+    await run_until(scheduler, clock, 120)
+    vm_ids = sorted(v.id for v in scheduler.world.vms.values() if v.state is VmState.RUNNING)
+    assert len(vm_ids) == 2
+    for vm_id in vm_ids:
+        scheduler.note(NodeEvent(vm_id, clock.now(), False, "slurmd died"))
+        await run_until(scheduler, clock, clock.now() + 5)
+    ended = rows(tmp_path, f"SELECT state, reason FROM vms WHERE id IN {tuple(vm_ids)} ORDER BY id")
+    assert ended == [("terminated", "its node broke: slurmd died")] * 2
+    await scheduler.store.close()

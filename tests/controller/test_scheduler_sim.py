@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.errors import InvalidBag, NoVmTypeFits
 from controller.simulation import simulate
@@ -139,7 +139,7 @@ async def test_a_crashed_scheduler_recovers_from_the_store(tmp_path):
     # Crash: the first scheduler's memory, VMs and running attempts are simply gone.
     second = await world(tmp_path, clock, 2, cfg)  # same database, new driver and executor
     await second.recover()
-    assert len(second.jobs) == 2 and len(second.vms) == 0
+    assert len(second.world.jobs) == 2 and len(second.world.vms) == 0
     await run_until(second, clock, clock.now() + 10 * 3600)
     assert not second.has_work()
     await second.store.close()

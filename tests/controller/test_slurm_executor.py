@@ -34,8 +34,8 @@ from controller.executors.base import (
     NodeEvent,
     Outcome,
 )
-from controller.executors.slurm import SlurmExecutor, SlurmExecutorSettings
 from controller.slurm.commands import SlurmTools
+from controller.slurm.executor import SlurmExecutor, SlurmExecutorSettings
 from drivers.base import VmType
 from drivers.bootstrap import render
 from tests.slurm_cluster import async_wait_for

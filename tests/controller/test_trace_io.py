@@ -1,4 +1,4 @@
-"""controller.trace_io, the one reader of the offline tools' input files, and the tools
+"""controller.traces.trace_io, the one reader of the offline tools' input files, and the tools
 that read through it (`spotbag fit`'s lifetimes, the price traces of `index` and
 `simulate-hopping`): compressed files by their bytes, SWF per the standard, CSV rows
 with their lines, times, and files that leave nothing to work on. Files are tiny and
@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import cli
-from controller.price_trace import read_trace
 from controller.tools.lifetime_data import LifetimeDataError, read_lifetimes
-from controller.trace_io import (
+from controller.traces.price_trace import read_trace
+from controller.traces.trace_io import (
     SWF_FIELDS,
     Skipped,
     TraceError,

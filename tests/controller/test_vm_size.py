@@ -1,4 +1,4 @@
-"""controller.vm_size: the bundled EC2 and GCE size table, sizes from a --types file
+"""controller.traces.vm_size: the bundled EC2 and GCE size table, sizes from a --types file
 or a config's catalog, and the error for a type none of them knows."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.trace_io import TraceError
-from controller.vm_size import (
+from controller.traces.trace_io import TraceError
+from controller.traces.vm_size import (
     UnknownVmSizeError,
     VmSize,
     bundled_sizes,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from controller.admission import admit
+from controller.bags.admission import admit
 from controller.clock import SimClock
 from controller.executors.base import ExecutorUnavailable
-from controller.runtime import VmRun, capacity_of
+from controller.scheduler.runs import VmRun, capacity_of
 from controller.scheduler.waiting import bag_pace, waiting_reason
 from drivers.base import VmState
 from tests.controller.simworld import bag, config, run_until, world
@@ -78,7 +78,7 @@ async def test_a_job_whose_types_all_failed_to_launch_says_so(tmp_path):
     await run_until(scheduler, clock, clock.now() + 5)
     # A failed launch of the only type it may use (the scheduler's own back-off, as a pass
     # that saw it fail records it).
-    small = scheduler.catalog["small"]
+    small = scheduler.world.catalog["small"]
     failed = VmRun("vm-x", small, VmState.PENDING, clock.now(), free=capacity_of(small))
     scheduler.backoff.after_launches([(failed, None, RuntimeError("quota"))], clock.now())
     reason = waiting_reason(scheduler, "b0000000001", 2, clock.now())
@@ -93,7 +93,7 @@ async def test_the_pace_is_the_rate_of_the_last_job_ends(tmp_path):
     scheduler = await admitted(tmp_path, cfg, spec, clock)
     assert bag_pace(scheduler, "b0000000001", clock.now()) is None  # nothing ended yet
     await run_until(scheduler, clock, clock.now() + 1800)
-    run = scheduler.bags["b0000000001"]
+    run = scheduler.world.bags["b0000000001"]
     ends = list(run.recent_ends)
     assert len(ends) >= 2
     pace = bag_pace(scheduler, "b0000000001", clock.now())

@@ -103,3 +103,26 @@ def test_the_pages_load_nothing_from_outside_and_run_no_inline_script():
             scripts = re.findall(r"<script\b[^>]*>", text)
             assert all('src="/ui/static/' in s for s in scripts), f"{name}: inline script"
             assert not re.search(r"\son[a-z]+=|\sstyle=|<style", text), f"{name}: inline handler"
+
+
+def test_every_page_is_put_into_the_one_shell():
+    """One document head for all pages (static/shell.html), one header for the signed-in
+    ones (static/header.html), the navigation entry of the page shown marked current."""
+    import re
+
+    from controller.web.pages import HEADER, SHELL, render_page
+
+    pages = sorted(n for n in ASSETS if n.endswith(".html") and n not in (SHELL, HEADER))
+    assert {"login.html", "bags.html", "bag.html", "timeline.html", "fleet.html"} <= set(pages)
+    for name in pages:
+        own = ASSETS[name].read_text()
+        assert "<head>" not in own and "<!doctype" not in own.lower(), f"{name} copies the shell"
+        path = {"bags.html": "/ui/bags", "fleet.html": "/ui/fleet"}.get(name, "/ui/other")
+        text = render_page(name, path)
+        assert text.startswith("<!doctype html>\n") and text.endswith("</html>\n"), name
+        assert text.count("<title>") == 1 and text.count("<head>") == 1, name
+        assert text.count('href="/ui/static/style.css"') == 1, name
+        assert not re.search(r"<!--(head|body|header)-->", text), f"{name}: a slot left"
+        assert (text.count("<header>") == 1) is (name != "login.html"), name
+        current = re.findall(r'<a href="([^"]+)" aria-current="page">', text)
+        assert current == ([path] if path != "/ui/other" else []), (name, current)

@@ -34,6 +34,9 @@ from drivers.base import (
 )
 from tests.fakes.aws import REGION, MotoCloud
 
+# Every test drives moto's EC2: in `make test`, left out of `make test-fast` (marker clouds).
+pytestmark = pytest.mark.clouds
+
 TYPES = [
     VmType("m5.large", 2, 8.0, 0, 0.035, 0.0, f"{REGION}a"),
     VmType("m5.xlarge", 4, 16.0, 0, 0.07, 0.192, f"{REGION}b"),

@@ -93,7 +93,14 @@ def _cloud_harness(name: str):
     return AwsHarness()
 
 
-@pytest.fixture(params=["local", "sim", "aws", "gce"])
+@pytest.fixture(
+    params=[
+        "local",
+        "sim",
+        pytest.param("aws", marks=pytest.mark.clouds),
+        pytest.param("gce", marks=pytest.mark.clouds),
+    ]
+)
 def harness(request):
     made = LocalHarness(request.param) if request.param in ("local", "sim") else None
     if made is None:

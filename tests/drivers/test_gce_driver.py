@@ -35,6 +35,9 @@ from drivers.gce import (
 )
 from tests.fakes.gce_api import PREEMPTED, FakeGceApi, GceHarness
 
+# Every test drives the fake GCE API: in `make test`, left out of `make test-fast` (marker clouds).
+pytestmark = pytest.mark.clouds
+
 PROJECT = "spotbag-test"
 ZONES = ("us-central1-a", "us-central1-b")
 TYPES = [

@@ -279,7 +279,8 @@ class _LayeredMotoServer(ThreadedMotoServer):
             self._ip_address, self._port, self.layer, True, request_handler=MotoRequestHandler
         )
         self._server_ready_event.set()
-        self._server.serve_forever()
+        # Polled every 50 ms, not 0.5 s: stop() waits for the poll, once per test.
+        self._server.serve_forever(poll_interval=0.05)
 
 
 class MotoCloud:

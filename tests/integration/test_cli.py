@@ -288,7 +288,7 @@ def test_fit_prints_every_model_per_group_and_writes_plot_and_registry(tmp_path)
     plot, registry = tmp_path / "fits.png", tmp_path / "registry.json"
     fit(str(data), "--plot", str(plot), "--registry", str(registry), "--min-samples", "100")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from controller.model_book import load_registry
+    from controller.preemption.model_book import load_registry
 
     loaded = load_registry(str(registry))
     assert loaded.lookup("gce", "n1-highcpu-16", "us-east1-b").key.vm_type == "n1-highcpu-16"

@@ -489,3 +489,32 @@ def test_learned_models_are_loaded_at_start_and_shown(make_daemon):
     )
     client.cancel(bag["id"])
     assert daemon.stop() == 0
+
+
+def test_a_vms_preemption_notice_is_kept_across_a_restart(make_daemon, tmp_path):
+    """notice_until is stored with the VM: GET /v1/vms shows it while the VM lives, once
+    it has ended, and after the daemon restarted."""
+    daemon = make_daemon(max_vms=1)
+    client = daemon.start()
+    bag = client.submit(job_bag(tmp_path, 1, 30))
+    job = wait_until(
+        lambda: (j := client.job(f"{bag['id']}-0"))["state"] == "running" and j, 30, 0.1, "a run"
+    )
+    noticed_at = time.time()
+    client.preempt(job["vm_id"], notice_s=2)
+
+    def view() -> dict:
+        return {v["id"]: v for v in client.vms(include_ended=True)["vms"]}[job["vm_id"]]
+
+    def shown() -> float | None:
+        return view()["notice_until"]
+
+    until = wait_until(shown, 10, 0.05, "the notice")
+    assert until == pytest.approx(noticed_at + 2, abs=1.0)
+    wait_until(lambda: view()["ended_at"], 15, 0.1, "the VM's end")
+    assert shown() == until  # ended: read from the store
+    assert daemon.stop() == 0
+    client = daemon.start()
+    assert shown() == until
+    client.cancel(bag["id"])
+    assert daemon.stop() == 0

@@ -248,6 +248,7 @@ ACCEPT_WORK_H = (0.5, 1.5, 3.0, 5.5, 8.0)
 ACCEPT_AGES_H = (0.0, 2.0, 6.0, 12.0, 18.0, 21.0, 22.0, 23.0, 23.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "restart_h"),
     [(N1_HIGHCPU_16, 0.0), (PAPERLIKE, 0.2)],

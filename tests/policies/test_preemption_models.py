@@ -196,6 +196,7 @@ def test_mle_recovers_classic_parameters(truth, name):
         assert getattr(fitted, key) == pytest.approx(value, rel=0.1), key
 
 
+@pytest.mark.slow
 def test_least_squares_on_preempted_only_is_biased_short_and_mle_is_not():
     truth = Bathtub(A=0.4, tau1=1.5, tau2=1.0, b=25.0, L=24.0)
     t, preempted = censored_sample(truth, 3000, seed=4, censor_mean_h=6.0)

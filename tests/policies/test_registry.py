@@ -7,8 +7,8 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from controller.model_book import load_registry
-from controller.reference_data import LIFETIMES
+from controller.preemption.model_book import load_registry
+from controller.traces.reference_data import LIFETIMES
 from policies.fitting import fit
 from policies.preemption import Bathtub, Exponential
 from policies.registry import (
@@ -67,6 +67,7 @@ def test_lookup_falls_back_from_specific_keys_with_too_few_samples():
     assert again.entries.keys() == registry.entries.keys() and again.min_samples == 30
 
 
+@pytest.mark.slow
 def test_fit_registry_fits_every_key_with_enough_lifetimes():
     rng = np.random.default_rng(5)
     truth = Bathtub(A=0.4, tau1=1.5, tau2=1.0, b=25.0, L=24.0)
@@ -94,6 +95,7 @@ def test_shipped_defaults_cover_the_dataset():
     assert registry.lookup("gce", "e2-medium", "asia-east1-a").key == ModelKey("gce")
 
 
+@pytest.mark.slow
 def test_the_shipped_pooled_model_is_what_the_data_gives():
     import csv
 

@@ -1,0 +1,187 @@
+"""The scheduler's in-memory records of what is open: bags and their queues, jobs,
+attempts and VMs. They mirror rows in the store; the scheduler's `World`
+(controller/scheduler/world.py) holds them, and only the scheduler changes them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.bags.spec import BagSpec
+from controller.bags.waiting_jobs import FreshParams, HeldJobs, JobQueue
+from controller.preemption.model_book import Belief
+from controller.states import AttemptState, JobState
+from controller.store import job_id_of
+from drivers.base import VmState, VmType
+from policies.packing import Shape
+from policies.reuse import ReuseTable
+from policies.runtime_estimate import runtime_estimate_s
+
+RECENT_ENDS = 200  # job ends a bag's pace is measured over
+
+
+def shape_of(spec: BagSpec) -> Shape:
+    r = spec.resources
+    return Shape(r.cpus, r.gpus, r.memory_gb)
+
+
+def capacity_of(vm_type: VmType) -> Shape:
+    return Shape(vm_type.cpus, vm_type.gpus, vm_type.memory_gb)
+
+
+@dataclass(slots=True)
+class BagRun:
+    id: str
+    spec: BagSpec
+    shape: Shape
+    queue: JobQueue  # job indexes waiting for a slot, next first
+    fresh: FreshParams  # params (compact JSON) of waiting jobs that never ran (no JobRun yet)
+    open_jobs: int  # jobs not yet finished
+    failed_jobs: int
+    cancelled_jobs: int = 0
+    cancel_requested: bool = False
+    live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
+    held: HeldJobs = field(default_factory=HeldJobs)  # jobs waiting for credit, in order
+    runtimes_s: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # recent successes
+    # When its last jobs finished (succeeded or failed): its recent pace (scheduler/waiting.py).
+    recent_ends: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ENDS))
+    runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
+    successes: int = 0
+    allowed_types: tuple[str, ...] | None = field(init=False)  # resources.vm_types
+    regions: tuple[str, ...] | None = field(init=False)  # resources.regions
+
+    def __post_init__(self) -> None:
+        resources = self.spec.resources
+        self.allowed_types = tuple(resources.vm_types) if resources.vm_types else None
+        self.regions = tuple(resources.regions) if resources.regions else None
+        self.refresh_estimate()
+
+    def refresh_estimate(self) -> None:
+        self.runtime_estimate_s = runtime_estimate_s(
+            self.runtimes_s, self.spec.estimated_runtime_s, self.spec.max_runtime_s
+        )
+
+    def job_succeeded(self, runtime_s: float) -> None:
+        """Learn from a finished job (re-estimating now and then, not after every job)."""
+        self.runtimes_s.append(runtime_s)
+        self.successes += 1
+        if self.successes <= 20 or self.successes % 50 == 0:
+            self.refresh_estimate()
+
+    @property
+    def done(self) -> bool:
+        return self.open_jobs == 0 and self.live_attempts == 0
+
+
+@dataclass(slots=True)
+class JobRun:
+    bag_id: str
+    idx: int
+    params: dict[str, Any]
+    state: JobState
+    attempts: int = 0  # attempts made, LOST ones included (numbers them)
+    counted: int = 0  # attempts that count toward max_attempts
+    vm_id: str | None = None
+    started_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    work_saved_s: float = 0.0  # runtime its last checkpoint holds: a retry resumes there
+    checkpoints: int = 0
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = job_id_of(self.bag_id, self.idx)
+
+
+@dataclass(slots=True)
+class AttemptRun:
+    bag_id: str
+    idx: int
+    number: int
+    vm_id: str
+    state: AttemptState
+    started_at: float
+    log_path: str
+    shape: Shape
+    ref: str = ""  # the executor's reference (the Slurm job id)
+    ran_at: float | None = None  # when its program began to run (None: not yet, or never)
+    cancelling: bool = False
+    # Checkpoints. Work is measured in seconds of the job's runtime: `saved_s` is what
+    # the job had saved at `mark_at` (the attempt's start, or its last checkpoint), so
+    # the work done by time x is saved_s + (x - mark_at) and a preemption loses x - mark_at.
+    saved_s: float = 0.0
+    mark_at: float = 0.0
+    due_at: float | None = None  # when the scheduler next signals (or reviews) it
+    signalled_at: float | None = None  # a checkpoint asked for and not yet confirmed
+    missed_checkpoints: int = 0  # in a row; the job is left alone after a few
+    migrating: str = ""  # why the hopper moves it: checkpoint, stop, run again elsewhere
+    # Its VM is gone (why, and when), but its executor has not yet confirmed that it can
+    # never run any more (executors that `confirm_ends`): it ends when that comes.
+    vm_gone: str = ""
+    vm_gone_at: float = 0.0
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = f"{job_id_of(self.bag_id, self.idx)}.{self.number}"
+        self.mark_at = self.mark_at or self.started_at
+
+
+@dataclass(slots=True)
+class VmRun:
+    id: str  # the launch token
+    vm_type: VmType
+    state: VmState
+    requested_at: float
+    spot: bool = True
+    zone: str = ""
+    provider_id: str = ""
+    reason: str = ""
+    running_at: float | None = None
+    ended_at: float | None = None
+    free: Shape = field(default_factory=lambda: Shape(0, 0, 0.0))
+    attempts: dict[str, None] = field(default_factory=dict)  # ordered set of attempt ids
+    idle_since: float | None = None
+    terminating: bool = False
+    draining: str = ""  # why no new job is placed on it (the hopper moves its jobs away)
+    notice_until: float | None = None  # a preemption notice: the provider takes it by then
+    # Joined the executor's cluster (a Slurm node registered): only then does it take
+    # attempts. Always true for executors that do not join VMs.
+    ready: bool = True
+    ready_at: float | None = None
+    # It had joined before a controller restart, and is waited for to be seen joined again
+    # since then (its boot timeout counts from there, not from its launch).
+    rejoin_since: float | None = None
+    pool_node: str = ""  # the Slurm power-saving node it serves ("" for spotbag's own VMs)
+    belief: Belief | None = None  # the preemption model assumed for it
+    table: ReuseTable | None = None  # reuse decisions under that model (None: always reuse)
+    capacity: Shape = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.capacity = capacity_of(self.vm_type)
+
+    def row(self, driver: str, time_scale: float = 1.0) -> dict[str, Any]:
+        t = self.vm_type
+        return {
+            "id": self.id,
+            "provider_id": self.provider_id,
+            "driver": driver,
+            "vm_type": t.name,
+            "zone": self.zone,
+            "spot": int(self.spot),
+            "state": str(self.state),
+            "reason": self.reason,
+            "cpus": t.cpus,
+            "gpus": t.gpus,
+            "memory_gb": t.memory_gb,
+            "spot_price_per_hour": t.spot_price_per_hour,
+            "on_demand_price_per_hour": t.on_demand_price_per_hour,
+            "requested_at": self.requested_at,
+            "running_at": self.running_at,
+            "ended_at": self.ended_at,
+            "time_scale": time_scale,
+            "ready_at": self.ready_at,
+            "pool_node": self.pool_node,
+            "notice_until": self.notice_until,
+        }
