@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from targets import against, load_average
 from tee import Tee
 
-from controller.model_book import load_registry
-from controller.price_trace import read_trace
-from controller.reference_data import SPOT_PRICES
+from controller.preemption.model_book import load_registry
+from controller.traces.price_trace import read_trace
+from controller.traces.reference_data import SPOT_PRICES
 from policies.checkpoint import build_table
 from policies.completion_times import build_completion_times
 from policies.deadline_sim import STRATEGIES, BagRun, Market, all_on_demand_makespan_h, simulate
