@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -511,6 +514,15 @@ def test_a_vms_preemption_notice_is_kept_across_a_restart(make_daemon, tmp_path)
 
     until = wait_until(shown, 10, 0.05, "the notice")
     assert until == pytest.approx(noticed_at + 2, abs=1.0)
+    listed = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "--url", client.url, "vms"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPOTBAG_TOKEN": client.token, "COLUMNS": "200"},
+        timeout=60,
+    )
+    ends_by = time.strftime("%H:%M:%S", time.localtime(until))
+    assert f"notice: ends by {ends_by}" in listed.stdout, listed.stdout + listed.stderr
     wait_until(lambda: view()["ended_at"], 15, 0.1, "the VM's end")
     assert shown() == until  # ended: read from the store
     assert daemon.stop() == 0
