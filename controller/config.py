@@ -179,6 +179,19 @@ class DriverConfig(_Section):
         description="Local driver, hosts = netns: the bridge's subnet; its first address is "
         "this host's (the Slurm controller the VMs reach).",
     )
+    metadata_server: Literal["none", "aws", "gce"] = Field(
+        "gce",
+        description="Local driver, hosts = netns: which cloud's metadata server the VM hosts "
+        "see (served on the bridge): gce (instance/preempted) or aws (IMDSv2: "
+        "spot/instance-action, rebalance recommendations). Each VM's boot script starts a "
+        "watcher of it that drains the VM's Slurm node on a notice, which the controller reads "
+        "(docs/checkpoints.md#notices); none: no server and no watcher.",
+    )
+    api_notices: bool = Field(
+        True,
+        description="Local and sim drivers: preemption notices are told through the driver's "
+        "API, as GCE's and EC2's are; false: only the VMs' metadata servers tell them.",
+    )
 
 
 # Choices are Literal types, so pydantic rejects anything else with the allowed values

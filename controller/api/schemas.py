@@ -359,6 +359,9 @@ class TimelineVm(_Response):
     requested_at: float
     running_at: float | None
     ended_at: float | None = Field(description="When it ended (preempted: when it was lost).")
+    notice_until: float | None = Field(
+        None, description="A preemption notice: when the cloud takes it (null: none)."
+    )
 
 
 class Timeline(_Response):
@@ -521,6 +524,11 @@ class RevokedToken(_Response):
 class Preempted(_Response):
     id: str
     preempted: Literal[True]
+
+
+class Recommended(_Response):
+    id: str
+    recommended: Literal[True]
 
 
 class SlurmEventTaken(_Response):

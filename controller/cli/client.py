@@ -176,6 +176,9 @@ class Client:
         query = f"?notice_s={notice_s}" if notice_s else ""
         return self.request("POST", f"/v1/vms/{_q(vm_id)}/preempt{query}")
 
+    def rebalance(self, vm_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/vms/{_q(vm_id)}/rebalance")
+
     def accounts(self) -> dict[str, Any]:
         return self.request("GET", "/v1/accounts")
 

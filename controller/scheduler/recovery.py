@@ -221,6 +221,9 @@ class Recovery:
             ready=not self.executor.joins_vms or bool(vm_row["pool_node"]),
             ready_at=vm_row["ready_at"],
             pool_node=vm_row["pool_node"],
+            # A noticed VM stays drained: no new attempt; it ends once empty.
+            notice_until=vm_row["notice_until"],
+            draining="spot notice (heard before the restart)" if vm_row["notice_until"] else "",
         )
 
     def _load_attempts(self, attempt_rows: list[LiveAttemptRow], now: float) -> list[AttemptRun]:

@@ -96,6 +96,7 @@ class VmChange:
     time_scale: float = 1.0
     ready_at: float | None = None
     pool_node: str = ""
+    notice_until: float | None = None
 
 
 @dataclass(slots=True)
@@ -240,7 +241,12 @@ LEDGER_COLUMNS = _columns(LedgerRow)
 CALLBACK_COLUMNS = _columns(CallbackRecord)
 
 # Columns a VM row may leave out (added by later migrations).
-_VM_DEFAULTS: dict[str, Any] = {"time_scale": 1.0, "ready_at": None, "pool_node": ""}
+_VM_DEFAULTS: dict[str, Any] = {
+    "time_scale": 1.0,
+    "ready_at": None,
+    "pool_node": "",
+    "notice_until": None,
+}
 
 
 def _params_in_order(columns: tuple[str, ...]) -> Any:

@@ -407,6 +407,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
+        "each VM's preemption notice, when its cloud takes it (NULL: none), kept across "
+        "restarts and shown on the timeline",
+        """
+        ALTER TABLE vms ADD COLUMN notice_until REAL;
+        """,
+    ),
+    (
         "bag options (deadline, budget, on-demand, confidence), account budgets, the dollar "
         "ledger budgets are enforced with, and events with their webhook deliveries",
         """

@@ -386,6 +386,11 @@ async def test_a_preemption_notice_drains_the_vm_then_it_is_preempted(api: Api) 
     assert asked + 1.5 <= noticed["notice_until"] <= time.time() + 2.5, noticed
     status, body = await api.call("POST", f"/v1/vms/{vm['id']}/preempt?notice_s=9999")
     assert status == 400 and "notice_s" in body["error"]["message"], body
+    # Rebalance recommendations: only a VM's metadata server tells them (VM hosts).
+    status, body = await api.call("POST", f"/v1/vms/{vm['id']}/rebalance")
+    assert status == 409 and "metadata server" in body["error"]["message"], body
+    status, body = await api.call("POST", "/v1/vms/vm-000000000000/rebalance")
+    assert status == 404, body
     deadline = time.monotonic() + 30
     while (await api.ok("GET", f"/v1/jobs/{submitted['id']}-0"))["attempts"] < 2:
         assert time.monotonic() < deadline, "no retry after the preemption"

@@ -641,6 +641,42 @@ def test_an_injected_preemption_appears_on_the_timeline_without_a_reload(browser
     browser.delete_all_cookies()
 
 
+def test_a_preemption_notice_is_flagged_on_the_timeline(browser, make_daemon):
+    """A VM given a notice through the fault-injection API: the timeline flags it where
+    its cloud said it would take it, and keeps the flag once the VM is gone (notice_until
+    is stored with the VM)."""
+    from selenium.webdriver.common.by import By
+
+    daemon = make_daemon(max_vms=1, token=TOKEN)
+    client = daemon.start()
+    bag = client.submit(bag_spec("web", "sleep 30", 1, name="noticed"))
+    job = wait_until(
+        lambda: (j := client.job(f"{bag['id']}-0"))["state"] == "running" and j, 30, 0.1, "a run"
+    )
+    fresh_login(browser, daemon)
+    browser.get(url_of(daemon, f"/ui/bags/{bag['id']}/timeline"))
+    wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, f"g.vm-row[data-vm='{job['vm_id']}']"),
+        10,
+        what="the VM's row",
+    )
+    assert not browser.find_elements(By.CSS_SELECTOR, ".notice")
+    client.preempt(job["vm_id"], notice_s=2)
+    flag = wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, f".notice[data-vm='{job['vm_id']}']"),
+        20,
+        what="the notice's flag on the timeline",
+    )[0]  # type: ignore[index]
+    until = {v["id"]: v for v in client.vms(include_ended=True)["vms"]}[job["vm_id"]]
+    assert until["notice_until"] is not None
+    assert "preemption notice" in flag.find_element(By.TAG_NAME, "title").get_attribute(
+        "textContent"
+    )
+    assert not severe_console_messages(browser)
+    client.cancel(bag["id"])
+    browser.delete_all_cookies()
+
+
 def market_page(browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
