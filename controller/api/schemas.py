@@ -251,7 +251,11 @@ class Bag(_Response):
     )
     spec: BagSpec = Field(ABSENT, description="The spec as submitted (not in lists).")
     options: BagOptions
-    budget: BagBudget = Field(ABSENT, description="Budgets (single bags only).")
+    budget: BagBudget = Field(
+        ABSENT,
+        description="Budgets: single bags; in lists, the bags the scheduler runs (to mark "
+        "those a budget holds).",
+    )
 
 
 class BagList(_Response):
