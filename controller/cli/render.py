@@ -210,7 +210,9 @@ def deadline_lines(deadline: dict[str, Any] | None, view: dict[str, Any]) -> lis
         now = view["created_at"] + view["elapsed_s"]
         left = at - now
         lines.append(
-            f"  time left   {duration(left)}" if left >= 0 else f"  time left   passed {duration(-left)} ago"
+            f"  time left   {duration(left)}"
+            if left >= 0
+            else f"  time left   passed {duration(-left)} ago"
         )
     finish = deadline.get("finish")
     p_meet = deadline.get("p_meet")

@@ -147,4 +147,3 @@ def test_the_list_flags_bags_at_risk_or_held_by_a_budget():
         ["$12.50", "AT RISK, held: budget"],
         ["12", "$12.50"],  # no flag: the row ends at the cost
     ]
-

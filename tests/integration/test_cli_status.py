@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from controller.formatting import usd
 from tests.conftest import run_cli_recording_modules, wait_for_bag, wait_until
 
 pytestmark = pytest.mark.integration
@@ -79,10 +80,15 @@ def test_status_shows_budget_used_against_the_caps_and_flags_a_held_bag(make_dae
     one, one_modules = spotbag(client, tmp_path, "status", bag["id"])
     assert one.returncode == 0, one.stderr
     lines = one.stdout.splitlines()
+    # The account's month holds what the free bag cost: a few millionths of a dollar,
+    # printed as such (never $0.00).
+    month = client.bag(bag["id"])["budget"]["account_month_charged_usd"]
+    assert month > 0
     assert (
         "  budget      $0.00 charged + $0.00 reserved of $0.01 (0 % used)"
-        " (account: $0.00 of $7.00 this month)"
-    ) in lines
+        f" (account: {usd(month)} of $7.00 this month)"
+    ) in lines, one.stdout
+    assert "$0.00 of $7.00" not in one.stdout
     assert any(line.startswith("  waiting     held: budget: bag ") for line in lines)
     # No deadline: no deadline lines, whether or not the daemon projects deadlines.
     assert "deadline" not in one.stdout and "projected" not in one.stdout
