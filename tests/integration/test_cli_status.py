@@ -67,7 +67,7 @@ def test_status_shows_budget_used_against_the_caps_and_flags_a_held_bag(make_dae
     client.request("POST", "/v1/accounts", body=body)
     spec = {"account": "lab", "command": "true", "max_runtime_s": 7200, "name": "capped"}
     # Half a local-2 VM for 2 h reserves $0.02: a cap of $0.01 holds the bag at once.
-    bag = client.submit({**spec, "budget_usd": 0.01})
+    bag = client.submit({**spec, "budget_usd": 0.01, "deadline": "10h"})
     free = client.submit({**spec, "name": "free"})
     wait_until(lambda: client.bag(bag["id"])["budget"]["held"], 30, 0.1, "the budget to hold it")
     wait_for_bag(client, free["id"])
@@ -90,8 +90,13 @@ def test_status_shows_budget_used_against_the_caps_and_flags_a_held_bag(make_dae
     ) in lines, one.stdout
     assert "$0.00 of $7.00" not in one.stdout
     assert any(line.startswith("  waiting     held: budget: bag ") for line in lines)
-    # No deadline: no deadline lines, whether or not the daemon projects deadlines.
-    assert "deadline" not in one.stdout and "projected" not in one.stdout
+    view = client.bag(bag["id"])
+    deadline = next(line for line in lines if line.startswith("  deadline    "))
+    assert deadline.endswith("(10h), on-demand when_needed, confidence 0.95")
+    # The projection's lines come with the API's `deadline` (the deadline policy's), and
+    # only with it: a daemon without the policy prints the deadline alone.
+    projected = any(line.startswith("  time left   ") for line in lines)
+    assert projected == bool(view.get("deadline")), one.stdout
     for loaded in (modules, one_modules):
         assert not {m for m in loaded if m.split(".")[0] in NOT_FOR_STATUS}
 
