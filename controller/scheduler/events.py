@@ -136,6 +136,8 @@ class Events:
             else:
                 vm.ready_at = at
                 vm.idle_since = at
+                # Its capacity, for an executor that queues attempts itself (local).
+                await self.calls.call(self.executor.vm_started(vm.id, vm.vm_type))
             world.refresh_vm_sets(vm)
             batch.vm(vm.row(world.driver_name, world.time_scale))
             return
