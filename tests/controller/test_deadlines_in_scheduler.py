@@ -1,0 +1,117 @@
+"""The deadline policy drives real launches: the real scheduler and store on the sim
+driver's virtual clock. A bag whose deadline spot alone cannot meet (VMs preempted
+every hour or so, jobs that cannot checkpoint) turns slots on-demand and meets it; a
+bag with ample slack never launches an on-demand VM; `on_demand: always` uses only
+on-demand VMs; the sim driver never preempts an on-demand VM."""
+
+from __future__ import annotations
+
+from controller.bags.admission import admit
+from controller.clock import SimClock
+from tests.controller.simworld import bag, check_store_consistent, config, rows, run_until, world
+
+HOUR = 3600.0
+START = 1_800_000_000.0
+
+
+def deadline_config(**overrides):
+    # One small type (2 slots of a 1-cpu job), 5 VMs: 10 slots.
+    base = {"vm_types": [config().vm_types[0]], "scheduler.max_vms": 5}
+    base.update(overrides)
+    return config(**base)
+
+
+async def submit(scheduler, clock, cfg, bag_id: str, n: int, **extra) -> None:
+    await admit(
+        bag(n, runtime_s=HOUR, **extra),
+        store=scheduler.store,
+        scheduler=scheduler,
+        catalog=cfg.catalog(),
+        bag_id=bag_id,
+        now=clock.now(),
+        max_jobs=100,
+        offload=False,
+    )
+
+
+def vm_markets(state_dir) -> dict[str, int]:
+    """How many VMs were launched on each market, from the store."""
+    found = rows(state_dir, "SELECT spot, count(*) FROM vms GROUP BY spot")
+    return {("spot" if spot else "on_demand"): n for spot, n in found}
+
+
+def finished(state_dir, bag_id: str) -> tuple[str, float | None, float | None]:
+    ((state, finished_at, deadline_at),) = rows(
+        state_dir, f"SELECT state, finished_at, deadline_at FROM bags WHERE id = '{bag_id}'"
+    )
+    return state, finished_at, deadline_at
+
+
+async def test_a_deadline_spot_cannot_meet_escalates_to_on_demand_and_is_met(tmp_path):
+    cfg = deadline_config(**{"preemption.model": "exponential", "preemption.mttf_h": 0.7})
+    clock = SimClock(START)
+    scheduler = await world(tmp_path, clock, 3, cfg)
+    # 20 one-hour jobs on 10 slots: two rounds, about 2 h on on-demand VMs; on VMs that
+    # live 0.7 h on average a one-hour job that cannot checkpoint rarely finishes.
+    await submit(scheduler, clock, cfg, "b0000000001", 20, deadline="3h")
+    await run_until(scheduler, clock, START + 12 * HOUR)
+    await scheduler.store.flush()
+    state, finished_at, deadline_at = finished(tmp_path, "b0000000001")
+    assert deadline_at == START + 3 * HOUR
+    assert state == "succeeded"
+    assert finished_at is not None and finished_at <= deadline_at
+    markets = vm_markets(tmp_path)
+    assert markets.get("on_demand", 0) >= 1
+    # The sim driver never preempts an on-demand VM.
+    assert rows(tmp_path, "SELECT count(*) FROM vms WHERE spot = 0 AND state = 'preempted'") == [
+        (0,)
+    ]
+    # The successes ran on on-demand VMs (spot ones hardly ever finish a job here).
+    on_demand_successes = rows(
+        tmp_path,
+        "SELECT count(*) FROM attempts a JOIN vms v ON v.id = a.vm_id "
+        "WHERE a.state = 'succeeded' AND v.spot = 0",
+    )[0][0]
+    assert on_demand_successes >= 10
+    check_store_consistent(tmp_path)
+
+
+async def test_a_bag_with_ample_slack_never_launches_on_demand(tmp_path):
+    cfg = deadline_config(**{"preemption.model": "exponential", "preemption.mttf_h": 24.0})
+    clock = SimClock(START)
+    scheduler = await world(tmp_path, clock, 4, cfg)
+    await submit(scheduler, clock, cfg, "b0000000001", 20, deadline="48h")
+    await run_until(scheduler, clock, START + HOUR / 2)
+    # The policy was consulted and said so: no slot on on-demand, the deadline safe.
+    view = scheduler.deadlines.view("b0000000001")
+    assert view is not None
+    assert view["on_demand_slots"] == 0 and not view["at_risk"]
+    assert view["p_meet"] > 0.99
+    assert START < view["finish"]["p50"] <= view["finish"]["p95"] < START + 48 * HOUR
+    await run_until(scheduler, clock, START + 12 * HOUR)
+    await scheduler.store.flush()
+    state, finished_at, deadline_at = finished(tmp_path, "b0000000001")
+    assert state == "succeeded" and finished_at is not None and finished_at <= deadline_at
+    markets = vm_markets(tmp_path)
+    assert markets["spot"] >= 5 and "on_demand" not in markets
+    assert scheduler.deadlines.view("b0000000001") is None  # the bag ended: forgotten
+    check_store_consistent(tmp_path)
+
+
+async def test_always_uses_only_on_demand_vms_and_they_are_never_preempted(tmp_path):
+    cfg = deadline_config(**{"preemption.model": "exponential", "preemption.mttf_h": 0.5})
+    clock = SimClock(START)
+    scheduler = await world(tmp_path, clock, 5, cfg)
+    await submit(scheduler, clock, cfg, "b0000000001", 20, on_demand="always")
+    await run_until(scheduler, clock, START + 12 * HOUR)
+    await scheduler.store.flush()
+    state, finished_at, _ = finished(tmp_path, "b0000000001")
+    assert state == "succeeded"
+    markets = vm_markets(tmp_path)
+    assert set(markets) == {"on_demand"}
+    assert rows(tmp_path, "SELECT count(*) FROM vms WHERE state = 'preempted'") == [(0,)]
+    # One attempt per job: nothing was preempted.
+    assert rows(tmp_path, "SELECT count(*) FROM attempts") == [(20,)]
+    # Two rounds of one-hour jobs on 10 slots, plus boots.
+    assert finished_at is not None and finished_at <= START + 2.2 * HOUR
+    check_store_consistent(tmp_path)
