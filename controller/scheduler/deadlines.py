@@ -4,7 +4,8 @@ VMs; Planning passes that to the planner, which launches them (docs/design.md#de
 
 - `on_demand: always`: every slot of the bag is on-demand, spot is never used.
 - `when_needed`: `decide(project=False)` (the cheap path) whenever the bag's state
-  changes (a slot frees, a job is queued or ends) and at least every `DECIDE_EVERY_S`;
+  changes (a slot frees, a job is queued or ends) and at least every `DECIDE_EVERY_S`
+  (or `DECIDE_EVERY_H` model hours, if shorter);
   the projection (`project=True`, P(meet) and the finish quantiles) at most every
   `PROJECT_EVERY_S` per bag, for the API and the `deadline_at_risk` event (once per
   bag until it is no longer at risk).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,8 @@ from policies.preemption import LifetimeModel
 
 log = logging.getLogger("spotbag.scheduler")
 
-DECIDE_EVERY_S = 10.0  # real seconds: the cheap decision at least this often per bag
+DECIDE_EVERY_S = 10.0  # real seconds: the cheap decision at least this often per bag,
+DECIDE_EVERY_H = 0.1  # and at least every this many model hours (a time-scaled daemon)
 PROJECT_EVERY_S = 30.0  # real seconds: the projection at most this often per bag
 QUANTILES = (0.5, 0.9, 0.95)
 ALL_SLOTS = 1 << 30
@@ -82,6 +85,8 @@ class Deadlines:
         self._bags: dict[str, _BagDeadline] = {}
         self._times: dict[_TimesKey, CompletionTimes] = {}
         self._building: dict[_TimesKey, asyncio.Task[None]] = {}
+        # How long a decision stands when nothing changes (real s): the policy's lag.
+        self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
 
     # --- what Planning asks ---------------------------------------------------------
 
@@ -134,11 +139,13 @@ class Deadlines:
         to_s = 3600.0 / self.world.time_scale  # model hours -> real seconds
         projected = state.projected
         finish = {}
-        p_meet = None
+        p_meet: float | None = None
         if projected is not None:
-            p_meet = projected.p_meet
-            finish = {
-                f"p{round(q * 100)}": float(h * to_s) for q, h in projected.finish_quantiles_h
+            p_meet = projected.p_meet if math.isfinite(projected.p_meet) else None
+            finish = {  # a finish beyond the model's horizon is left out (JSON has no inf)
+                f"p{round(q * 100)}": float(h * to_s)
+                for q, h in projected.finish_quantiles_h
+                if math.isfinite(h)
             }
         decision = state.decision or projected
         return {
@@ -156,7 +163,7 @@ class Deadlines:
         state = self._bags.setdefault(bag.id, _BagDeadline())
         key = (len(bag.queue), bag.live_attempts)
         if state.decision is not None and (
-            key == state.decided_for and now - state.decided_at < DECIDE_EVERY_S
+            key == state.decided_for and now - state.decided_at < self.decide_every_s
         ):
             return state.decision
         inputs_times = self._inputs(bag, now)
@@ -249,7 +256,7 @@ class Deadlines:
             on_demand_price_per_hour=od[0].price_per_hour / od[1],
             on_demand_launch_h=self.book.launch_h,
             confidence=bag.spec.deadline_confidence,
-            decision_lag_h=max(DECIDE_EVERY_S * to_h, 1e-3) + self.book.launch_h,
+            decision_lag_h=self.decide_every_s * to_h + self.book.launch_h,
         )
         return inputs, times
 
