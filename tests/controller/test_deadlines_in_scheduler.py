@@ -6,6 +6,8 @@ on-demand VMs; the sim driver never preempts an on-demand VM."""
 
 from __future__ import annotations
 
+import pytest
+
 from controller.bags.admission import admit
 from controller.clock import SimClock
 from tests.controller.simworld import bag, check_store_consistent, config, rows, run_until, world
@@ -118,7 +120,8 @@ async def test_always_uses_only_on_demand_vms_and_they_are_never_preempted(tmp_p
     cfg = deadline_config(**{"preemption.model": "exponential", "preemption.mttf_h": 0.5})
     clock = SimClock(START)
     scheduler = await world(tmp_path, clock, 5, cfg)
-    await submit(scheduler, clock, cfg, "b0000000001", 20, on_demand="always")
+    # A budget with room: its attempts are reserved and charged, at the on-demand price.
+    await submit(scheduler, clock, cfg, "b0000000001", 20, on_demand="always", budget_usd=50)
     await run_until(scheduler, clock, START + 12 * HOUR)
     await scheduler.store.flush()
     state, finished_at, _ = finished(tmp_path, "b0000000001")
@@ -128,6 +131,9 @@ async def test_always_uses_only_on_demand_vms_and_they_are_never_preempted(tmp_p
     assert rows(tmp_path, "SELECT count(*) FROM vms WHERE state = 'preempted'") == [(0,)]
     # One attempt per job: nothing was preempted.
     assert rows(tmp_path, "SELECT count(*) FROM attempts") == [(20,)]
+    # Each job held half a small VM for an hour at the on-demand $0.08/h (spot: $0.02/h).
+    ((charged,),) = rows(tmp_path, "SELECT sum(charged_usd) FROM budget_reservations")
+    assert charged == pytest.approx(20 * 0.08 / 2)
     # Two rounds of one-hour jobs on 10 slots, plus boots.
     assert finished_at is not None and finished_at <= START + 2.2 * HOUR
     check_store_consistent(tmp_path)
