@@ -6,6 +6,8 @@ on-demand VMs; the sim driver never preempts an on-demand VM."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from controller.bags.admission import admit
@@ -137,3 +139,55 @@ async def test_always_uses_only_on_demand_vms_and_they_are_never_preempted(tmp_p
     # Two rounds of one-hour jobs on 10 slots, plus boots.
     assert finished_at is not None and finished_at <= START + 2.2 * HOUR
     check_store_consistent(tmp_path)
+
+
+async def test_a_restart_keeps_the_deadline_and_the_on_demand_vms(tmp_path):
+    cfg = deadline_config(**{"preemption.model": "exponential", "preemption.mttf_h": 3.0})
+    clock = SimClock(START)
+    scheduler = await world(tmp_path, clock, 3, cfg)
+    await submit(scheduler, clock, cfg, "b0000000001", 20, deadline="3h")
+    # Run until the policy has turned slots on-demand, then restart the scheduler on
+    # the same store, driver and executor (the VMs and jobs live on).
+    for _ in range(40):
+        await run_until(scheduler, clock, clock.now() + 300)
+        if any(not vm.spot for vm in scheduler.world.vms.values()):
+            break
+    on_demand = {vm_id for vm_id, vm in scheduler.world.vms.items() if not vm.spot}
+    assert on_demand
+    await scheduler.store.flush()
+    second = await world(
+        tmp_path,
+        clock,
+        3,
+        cfg,
+        store=scheduler.store,
+        driver=scheduler.driver,
+        executor=scheduler.executor,
+        ids=scheduler.planning.ids,
+    )
+    await second.recover()
+    assert second.world.bags["b0000000001"].deadline_at == START + 3 * HOUR
+    assert {vm_id for vm_id, vm in second.world.vms.items() if not vm.spot} >= on_demand
+    await run_until(second, clock, START + 12 * HOUR)
+    await second.store.flush()
+    state, finished_at, deadline_at = finished(tmp_path, "b0000000001")
+    assert state == "succeeded" and finished_at is not None and finished_at <= deadline_at
+
+
+async def test_a_deadline_no_slot_count_can_meet_is_at_risk_and_told_once(tmp_path):
+    cfg = deadline_config(**{"preemption.model": "exponential", "preemption.mttf_h": 3.0})
+    clock = SimClock(START)
+    scheduler = await world(tmp_path, clock, 3, cfg)
+    # One-hour jobs due in 30 minutes: not even on-demand VMs make it.
+    await submit(scheduler, clock, cfg, "b0000000001", 20, deadline="30m")
+    await run_until(scheduler, clock, START + HOUR / 4)
+    view = scheduler.deadlines.view("b0000000001")
+    assert view is not None and view["at_risk"] and view["p_meet"] < 0.5
+    # At risk, every slot goes on-demand.
+    assert view["on_demand_slots"] >= 10
+    await run_until(scheduler, clock, START + 12 * HOUR)
+    await scheduler.store.flush()
+    told = rows(tmp_path, "SELECT bag_id, payload FROM events WHERE kind = 'deadline_at_risk'")
+    assert [bag_id for bag_id, _ in told] == ["b0000000001"]  # once, not every projection
+    payload = json.loads(told[0][1])
+    assert payload["at"] == START + HOUR / 2 and payload["at_risk"] is True
