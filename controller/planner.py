@@ -419,8 +419,10 @@ def _launches(
         on_demand_jobs = min(remaining, on_demand_wanted.get(group.bag_id, 0))
         if on_demand_jobs:
             priced = _fitting(group, snapshot.catalog, on_demand=True)
-            picked = cheapest_type(
-                group.shape, [t for t in priced if snapshot.blocked_until.get(t.name, 0.0) <= now]
+            picked = _cheapest_for(
+                group.shape,
+                [t for t in priced if snapshot.blocked_until.get(t.name, 0.0) <= now],
+                on_demand_jobs,
             )
             if picked is not None:
                 od_type, od_slots = picked
@@ -459,6 +461,27 @@ def _launches(
         budget -= count
         launches.append(Launch(vm_type.name, count, group.bag_id))
     return launches, unplaceable, blocked_wake, short
+
+
+def _cheapest_for(
+    shape: Shape, types: Sequence[PricedType], jobs: int
+) -> tuple[PricedType, int] | None:
+    """The type whose VMs hold `jobs` jobs for the least per hour (ceil(jobs / slots)
+    × price: on-demand VMs are paid whole, and a few slots are wanted at a time), then
+    the cheapest per slot; and its slot count. None when none fits."""
+    best: tuple[float, float, str, PricedType, int] | None = None
+    for vm_type in types:
+        slots = copies_that_fit(shape, vm_type.capacity)
+        if slots == 0:
+            continue
+        key = (
+            math.ceil(jobs / slots) * vm_type.price_per_hour,
+            vm_type.price_per_hour / slots,
+            vm_type.name,
+        )
+        if best is None or key < best[:3]:
+            best = (*key, vm_type, slots)
+    return None if best is None else (best[3], best[4])
 
 
 def _fitting(

@@ -85,6 +85,7 @@ class Deadlines:
         self._bags: dict[str, _BagDeadline] = {}
         self._times: dict[_TimesKey, CompletionTimes] = {}
         self._building: dict[_TimesKey, asyncio.Task[None]] = {}
+        self._counts: dict[str, int] | None = None  # bag -> attempts on on-demand VMs
         # How long a decision stands when nothing changes (real s): the policy's lag.
         self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
 
@@ -181,16 +182,22 @@ class Deadlines:
         state.decision, state.decided_at, state.decided_for = decision, now, key
         return decision
 
+    def begin_pass(self) -> None:
+        """A new planning pass: the attempts on on-demand VMs are counted again."""
+        self._counts = None
+
     def _on_demand_running(self, bag_id: str) -> int:
-        world = self.world
-        return sum(
-            1
-            for attempt in world.attempts.values()
-            if attempt.bag_id == bag_id
-            and not attempt.cancelling
-            and (vm := world.vms.get(attempt.vm_id)) is not None
-            and not vm.spot
-        )
+        """The bag's attempts on on-demand VMs: counted for every bag in one sweep of the
+        attempts per pass, not one per bag."""
+        if self._counts is None:
+            world = self.world
+            counts: dict[str, int] = {}
+            for attempt in world.attempts.values():
+                vm = world.vms.get(attempt.vm_id)
+                if vm is not None and not vm.spot and not attempt.cancelling:
+                    counts[attempt.bag_id] = counts.get(attempt.bag_id, 0) + 1
+            self._counts = counts
+        return self._counts.get(bag_id, 0)
 
     def _inputs(self, bag: BagRun, now: float) -> tuple[DeadlineInputs, CompletionTimes] | None:
         """The policy's inputs for the bag now, in model hours; None while its

@@ -84,6 +84,8 @@ class Planning:
         # While the executor cannot take attempts, nothing is placed (or launched for).
         blocked = now < self.backoff.starts_blocked_until
         noticed = self._noticed_jobs()
+        if self.deadlines is not None:
+            self.deadlines.begin_pass()
         demand = (
             []
             if blocked
