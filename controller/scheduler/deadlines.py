@@ -5,10 +5,10 @@ VMs; Planning passes that to the planner, which launches them (docs/design.md#de
 - `on_demand: always`: every slot of the bag is on-demand, spot is never used.
 - `when_needed`: `decide(project=False)` (the cheap path) whenever the bag's state
   changes (a slot frees, a job is queued or ends) and at least every `DECIDE_EVERY_S`
-  (or `DECIDE_EVERY_H` model hours, if shorter);
-  the projection (`project=True`, P(meet) and the finish quantiles) at most every
-  `PROJECT_EVERY_S` per bag, for the API and the `deadline_at_risk` event (once per
-  bag until it is no longer at risk).
+  (or `DECIDE_EVERY_H` model hours, if shorter); the projection (`project=True`,
+  P(meet) and the finish quantiles) at most every `PROJECT_EVERY_S` per bag and for
+  one bag per pass, for the API and the `deadline_at_risk` event (once per bag until
+  it is no longer at risk).
 - `never` (or no book of preemption models): spot only, as without a deadline.
 
 The policy's inputs come from the World, in model hours: queued work from the bag's
@@ -105,27 +105,34 @@ class Deadlines:
         return OnDemandPlan(decision.on_demand_slots, running, decision.launch_spot)
 
     def project(self, batch: WriteBatch, now: float) -> None:
-        """The projection of each bag with a deadline, at most every PROJECT_EVERY_S;
+        """The projection of one bag with a deadline per pass (tens of ms each, on the
+        loop: bags due together take turns), each at most every PROJECT_EVERY_S;
         `deadline_at_risk` once per bag until it is no longer at risk."""
         for gone in [bag_id for bag_id in self._bags if bag_id not in self.world.bags]:
             del self._bags[gone]  # ended bags are forgotten
+        due: tuple[float, BagRun, _BagDeadline] | None = None
         for bag in self.world.bags.values():
             if bag.deadline_at is None or bag.spec.on_demand_mode == "never":
                 continue
             state = self._bags.setdefault(bag.id, _BagDeadline())
-            if now - state.projected_at < PROJECT_EVERY_S:
-                continue
-            inputs_times = self._inputs(bag, now)
-            if inputs_times is None:
-                continue
-            inputs, times = inputs_times
-            state.projected = decide(inputs, times, QUANTILES, project=True)
-            state.projected_at = now
-            if state.projected.at_risk and not state.at_risk_told:
-                state.at_risk_told = True
-                self.world.notices.deadline_at_risk(bag, now, batch, self._detail(bag, state))
-            elif not state.projected.at_risk:
-                state.at_risk_told = False
+            if now - state.projected_at >= PROJECT_EVERY_S and (
+                due is None or state.projected_at < due[0]
+            ):
+                due = (state.projected_at, bag, state)
+        if due is None:
+            return
+        _, bag, state = due
+        inputs_times = self._inputs(bag, now)
+        if inputs_times is None:
+            return
+        inputs, times = inputs_times
+        state.projected = decide(inputs, times, QUANTILES, project=True)
+        state.projected_at = now
+        if state.projected.at_risk and not state.at_risk_told:
+            state.at_risk_told = True
+            self.world.notices.deadline_at_risk(bag, now, batch, self._detail(bag, state))
+        elif not state.projected.at_risk:
+            state.at_risk_told = False
 
     def view(self, bag_id: str) -> dict[str, Any] | None:
         """The bag's deadline for the API (GET /v1/bags/{id}), without the figures the
