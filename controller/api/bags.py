@@ -119,8 +119,15 @@ async def list_bags(request: web.Request) -> web.Response:
     costs = await c.bag_costs.of([b["id"] for b in bags])
     now = c.clock.now()
     views = [bag_view(b, now, costs[b["id"]]) for b in bags]
-    for view in views:
+    scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
+    for row, view in zip(bags, views, strict=True):
         del view["spec"]
+        if scheduler is not None and view["id"] in scheduler.world.bags:
+            # The scheduler's book, in memory: a page of bags marks those a budget holds.
+            view["budget"] = scheduler.budgets.bag_view(view["id"], view["account"])
+            # And its deadline's projection, to mark those at risk.
+            if row.get("deadline_at") is not None:
+                view["deadline"] = await _deadline(c, row, scheduler, now)
     return json_response({"bags": views, "limit": limit, "offset": offset})
 
 

@@ -269,9 +269,15 @@ class Bag(_Response):
     )
     spec: BagSpec = Field(ABSENT, description="The spec as submitted (not in lists).")
     options: BagOptions
-    budget: BagBudget = Field(ABSENT, description="Budgets (single bags only).")
+    budget: BagBudget = Field(
+        ABSENT,
+        description="Budgets: single bags; in lists, the bags the scheduler runs (to mark "
+        "those a budget holds).",
+    )
     deadline: BagDeadline | None = Field(
-        ABSENT, description="Its deadline and projected finish (single bags only; null: none)."
+        ABSENT,
+        description="Its deadline and projected finish: single bags (null: none); in lists, "
+        "the bags the scheduler runs that have one (to mark those at risk).",
     )
 
 

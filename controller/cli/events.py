@@ -14,6 +14,7 @@ import click
 
 from controller.cli.common import call, client_of
 from controller.cli.render import PlainTable, when
+from controller.formatting import usd
 
 KINDS = ("finished", "failed", "deadline_at_risk", "budget_reached", "preemption_storm")
 
@@ -46,8 +47,8 @@ def budget_line(view: dict[str, Any]) -> str:
     b = view.get("budget") or {}
     cap = b.get("budget_usd")
     text = (
-        f"bag {view['id']}: budget {'none' if cap is None else f'${cap:,.2f}'}, "
-        f"charged ${b.get('charged_usd', 0.0):,.2f}, reserved ${b.get('reserved_usd', 0.0):,.2f}"
+        f"bag {view['id']}: budget {'none' if cap is None else usd(cap)}, "
+        f"charged {usd(b.get('charged_usd', 0.0))}, reserved {usd(b.get('reserved_usd', 0.0))}"
     )
     if b.get("held"):
         text += f"; {b['held']}"
