@@ -88,8 +88,7 @@ class Snapshot:
     market: TypeMarket | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Place:
+class Place(NamedTuple):
     """Start `count` queued jobs of `bag_id` on `vm_id`."""
 
     vm_id: str
@@ -97,8 +96,7 @@ class Place:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(NamedTuple):
     """Launch `count` VMs of `vm_type` (for the queued jobs of `bag_id`)."""
 
     vm_type: str
@@ -169,14 +167,16 @@ def _pack(
                 )
             continue
         candidates.append(vm)
-    candidates.sort(key=lambda vm: (free[vm.vm_id].cpus, free[vm.vm_id].memory_gb, vm.vm_id))
+    if len(candidates) > 1:
+        candidates.sort(key=lambda vm: (free[vm.vm_id].cpus, free[vm.vm_id].memory_gb, vm.vm_id))
     for vm in candidates:
         if remaining == 0:
             break
-        n = min(remaining, copies_that_fit(group.shape, free[vm.vm_id]))
+        room = free[vm.vm_id]
+        n = min(remaining, copies_that_fit(group.shape, room))
         if n == 0:
             continue
-        free[vm.vm_id] = free[vm.vm_id].minus(group.shape, n)
+        free[vm.vm_id] = room.minus(group.shape, n)
         remaining -= n
         if places is not None:
             places.append(Place(vm.vm_id, group.bag_id, n))
@@ -189,10 +189,18 @@ def plan(snapshot: Snapshot) -> Plan:
     noticed VMs; VMs are launched for what is left; what still waits may queue ahead on
     running VMs; then idle, drained and unbooted VMs are ended, and the next wake-up is
     the earliest deadline that could change the plan."""
-    drained = [vm for vm in snapshot.vms if vm.draining]
-    running = [vm for vm in snapshot.vms if vm.state is VmState.RUNNING and not vm.draining]
-    pending = [vm for vm in snapshot.vms if vm.state is VmState.PENDING and not vm.draining]
-    free = {vm.vm_id: vm.free for vm in snapshot.vms}
+    drained: list[VmView] = []
+    running: list[VmView] = []
+    pending: list[VmView] = []
+    free: dict[str, Shape] = {}
+    for vm in snapshot.vms:  # one pass: this runs every pass of the scheduler
+        free[vm.vm_id] = vm.free
+        if vm.draining:
+            drained.append(vm)
+        elif vm.state is VmState.RUNNING:
+            running.append(vm)
+        elif vm.state is VmState.PENDING:
+            pending.append(vm)
     gpu_demand = any(g.shape.gpus > 0 and g.queued > 0 for g in snapshot.demand)
 
     places: list[Place] = []
@@ -344,10 +352,10 @@ def _launches(
         remaining = leftover.get(group.bag_id, 0)
         if remaining == 0:
             continue
-        fitting = _fitting(group, snapshot.catalog)
+        fitting, holds_one = _fitting_types(group, snapshot.catalog)
         # `fitting` holds the allowed types: when one can hold a job, nothing is wrong
         # (why_unplaceable would say None after scanning the catalog again, every pass).
-        if not any(copies_that_fit(group.shape, t.capacity) for t in fitting):
+        if not holds_one:
             problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
             assert problem is not None  # no allowed type holds a job: it says why
             unplaceable.append(Unplaceable(group.bag_id, problem))
@@ -378,6 +386,48 @@ def _launches(
         budget -= count
         launches.append(Launch(vm_type.name, count, group.bag_id))
     return launches, unplaceable, blocked_wake, short
+
+
+# `_fitting_types` answers, per catalog (the scheduler's is one tuple for its whole life):
+# the catalog, then per (shape, allowed types, regions) the answer.
+_FITTING_MEMO: dict[
+    int,
+    tuple[
+        Sequence[CatalogType],
+        dict[
+            tuple[Shape, tuple[str, ...] | None, tuple[str, ...] | None],
+            tuple[list[PricedType], bool],
+        ],
+    ],
+] = {}
+
+
+def _fitting_types(
+    group: DemandGroup, catalog: Sequence[CatalogType]
+) -> tuple[list[PricedType], bool]:
+    """`_fitting(group, catalog)`, and whether any of those types holds one of its jobs:
+    remembered for a tuple catalog (immutable, and the same object every pass), since
+    every pass with demand left over asks (the ranking that follows reads the list and
+    does not change it)."""
+    if type(catalog) is not tuple:
+        fitting = _fitting(group, catalog)
+        return fitting, any(copies_that_fit(group.shape, t.capacity) for t in fitting)
+    known = _FITTING_MEMO.get(id(catalog))
+    if known is None or known[0] is not catalog:
+        if len(_FITTING_MEMO) >= 64:  # catalogs of schedulers gone (tests make many)
+            _FITTING_MEMO.clear()
+        known = _FITTING_MEMO[id(catalog)] = (catalog, {})
+    key = (group.shape, group.vm_types, group.regions)
+    try:
+        answer = known[1].get(key)
+    except TypeError:  # allowed types or regions given as a list: not remembered
+        answer = key = None
+    if answer is None:
+        fitting = _fitting(group, catalog)
+        answer = fitting, any(copies_that_fit(group.shape, t.capacity) for t in fitting)
+        if key is not None:
+            known[1][key] = answer
+    return answer
 
 
 def _fitting(group: DemandGroup, catalog: Sequence[CatalogType]) -> list[PricedType]:

@@ -455,9 +455,11 @@ class Scheduler:
             # What the executor returned for the last pass's starts, before any end of
             # theirs; then events, before commands: what happened before a command (a
             # job exiting 0 just before its bag is cancelled) keeps its outcome.
-            self.actions.record_starts(starts_done, batch, now)
-            await self.events.handle(batch, events)
-            cancels = self.commands.run(batch, commands, now)
+            if starts_done:
+                self.actions.record_starts(starts_done, batch, now)
+            if events:
+                await self.events.handle(batch, events)
+            cancels = self.commands.run(batch, commands, now) if commands else []
             cancels += self.events.take_migration_stops()
             self.commands.admit_held(batch, now)
             pool_wake_at = self.slurm_pools.release_unfit(now)
