@@ -215,6 +215,7 @@ def _params_in_order(columns: tuple[str, ...]) -> Any:
 
 
 _VM_PARAMS = _params_in_order(VM_COLUMNS)
+_VM_ROW_VALUES = itemgetter(*VM_COLUMNS)  # a VM's row dict -> its values (KeyError if one lacks)
 _SLURM_RUN_PARAMS = itemgetter(*SLURM_RUN_COLUMNS)
 _CHECKPOINT_PARAMS = _params_in_order(CHECKPOINT_COLUMNS)
 _CALLBACK_PARAMS = _params_in_order(CALLBACK_COLUMNS)
@@ -351,9 +352,7 @@ class WriteBatch:
 
     def vm(self, row: dict[str, Any]) -> None:
         """A VM's row (every column of VM_COLUMNS, or its default for the later ones)."""
-        self.vms[row["id"]] = VmChange(
-            *(row[c] if c in row else _VM_DEFAULTS[c] for c in VM_COLUMNS)
-        )
+        self.vms[row["id"]] = VmChange(*_VM_ROW_VALUES({**_VM_DEFAULTS, **row}))
 
     def bag_finished(self, bag_id: str, state: str, finished_at: float) -> None:
         self.bags[bag_id] = BagEnd(bag_id, state, finished_at)
