@@ -88,7 +88,8 @@ class Snapshot:
     market: TypeMarket | None = None
 
 
-class Place(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Place:
     """Start `count` queued jobs of `bag_id` on `vm_id`."""
 
     vm_id: str
@@ -96,7 +97,8 @@ class Place(NamedTuple):
     count: int
 
 
-class Launch(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Launch:
     """Launch `count` VMs of `vm_type` (for the queued jobs of `bag_id`)."""
 
     vm_type: str
@@ -117,8 +119,9 @@ class Unplaceable:
     reason: str
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
+    """One pass's decision (made every pass)."""
+
     places: list[Place]
     launches: list[Launch]
     terminations: list[Terminate]
@@ -149,11 +152,13 @@ def _pack(
     Returns how many jobs are left.
     """
     candidates = []
+    restricted = group.vm_types is not None or bool(group.regions)
+    # Keep GPU VMs for GPU jobs while any are waiting.
+    spare_gpus = gpu_demand and group.shape.gpus == 0
     for vm in vms:
-        if not _eligible(group, vm.vm_type, vm.zone):
+        if restricted and not _eligible(group, vm.vm_type, vm.zone):
             continue
-        # Keep GPU VMs for GPU jobs while any are waiting.
-        if gpu_demand and group.shape.gpus == 0 and vm.capacity.gpus > 0:
+        if spare_gpus and vm.capacity.gpus > 0:
             continue
         if (
             places is not None
@@ -206,7 +211,11 @@ def plan(snapshot: Snapshot) -> Plan:
     places: list[Place] = []
     refused: dict[str, str] = {}
     leftover = _place_queued(snapshot.demand, free, running, pending, gpu_demand, places, refused)
-    kept = _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
+    kept = (
+        _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
+        if any(g.expected > 0 for g in snapshot.demand)
+        else set()
+    )
     launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover)
     _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places)
 
@@ -421,12 +430,12 @@ def _fitting_types(
     try:
         answer = known[1].get(key)
     except TypeError:  # allowed types or regions given as a list: not remembered
-        answer = key = None
+        fitting = _fitting(group, catalog)
+        return fitting, any(copies_that_fit(group.shape, t.capacity) for t in fitting)
     if answer is None:
         fitting = _fitting(group, catalog)
         answer = fitting, any(copies_that_fit(group.shape, t.capacity) for t in fitting)
-        if key is not None:
-            known[1][key] = answer
+        known[1][key] = answer
     return answer
 
 
