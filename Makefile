@@ -45,8 +45,9 @@ lint: $(STAMP)
 
 # Every benchmark to the end, each figure printed beside its target (bench/targets.py).
 # From a fresh clone: 22:44 on the 2-CPU development machine while other test suites ran
-# (1:46 of it the virtualenv). The long ones: slurm_dispatch.py ~7 min (needs root, Slurm
-# and munge, as the Slurm tests do; without them it says "skipped"), simulate_fleet.py
+# (1:46 of it the virtualenv). The long ones: slurm_dispatch.py ~7 min and vm_notices.py
+# ~3 min (they need root, Slurm and munge, as the Slurm tests do; without them they say
+# "skipped"), simulate_fleet.py
 # ~3 min, big_bag.py ~2.5 min, local_dispatch.py ~1.5 min, demo_under_load.py ~12 min (ten
 # busy loops slow everything else meanwhile); web_ui.py needs chromium and chromium-driver.
 bench: $(STAMP)
@@ -56,11 +57,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/preemption_models.py
 	$(BIN)/python bench/checkpoint_schedules.py
 	$(BIN)/python bench/notices.py
+	$(BIN)/python bench/notify_budgets.py
 	$(BIN)/python bench/prepaid.py
 	$(BIN)/python bench/report.py
 	$(BIN)/python bench/cloud_drivers.py
 	$(BIN)/python bench/hopping.py
+	$(BIN)/python bench/deadlines.py
 	$(BIN)/python bench/slurm_dispatch.py
+	$(BIN)/python bench/vm_notices.py
 	$(BIN)/python bench/local_dispatch.py
 	$(BIN)/python bench/restart.py
 	$(BIN)/python bench/big_bag.py

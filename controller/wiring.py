@@ -83,7 +83,16 @@ def make_driver(
             boot_delay_s=boot_delay_s,
             time_scale=time_scale,
             notice_lead_s=notice_lead_s,
-            **({"hosts": hosts, "controller_id": controller_id} if hosts is not None else {}),
+            api_notices=config.driver.api_notices,
+            **(
+                {
+                    "hosts": hosts,
+                    "controller_id": controller_id,
+                    "metadata": config.driver.metadata_server,
+                }
+                if hosts is not None
+                else {}
+            ),
         )
     raise ValueError(f"driver {name!r} cannot be built from this configuration")
 

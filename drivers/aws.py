@@ -592,6 +592,8 @@ class AwsDriver:
             "SPOTBAG_CONTROLLER_URL": s.controller_url,
             "SPOTBAG_VM_TYPE": req.vm_type.name,
             "SPOTBAG_AWS_REGION": region_of(zone) or s.region,
+            # A Slurm node watches its metadata server for notices (notice_watch.py).
+            "SPOTBAG_NOTICE_WATCH": "aws",
         }
         if s.endpoint_url:
             settings["SPOTBAG_AWS_ENDPOINT_URL"] = s.endpoint_url

@@ -541,6 +541,8 @@ class GceDriver:
             "SPOTBAG_VM_ID": req.token,
             "SPOTBAG_CONTROLLER_ID": s.controller_id,
             "SPOTBAG_VM_TYPE": req.vm_type.name,
+            # A Slurm node watches its metadata server for notices (notice_watch.py).
+            "SPOTBAG_NOTICE_WATCH": "gce",
         }
         if s.api_endpoint:
             settings["SPOTBAG_GCE_METADATA_URL"] = f"{s.api_endpoint}/computeMetadata/v1"

@@ -14,6 +14,13 @@ With VM hosts (drivers/local_hosts.py, `[driver] hosts = "netns"`) a VM is also 
 host of its own: booting it runs its boot script (drivers/bootstrap.py) in a network
 namespace, where a slurmd joins the head node's Slurm; its end kills that host. The
 VMs then do the work, through Slurm, as cloud VMs do.
+
+Preemption notices (`notice_lead_s`, `inject_preemption(notice_s=...)`) reach the
+controller as a cloud's API tells them (`VmStatus.notice_until`; unless `api_notices`
+is off) and, with VM hosts, the VM itself as a cloud's metadata server tells it
+(drivers/local_metadata.py, `metadata` = "aws" or "gce"), where the notice watcher
+its boot script starts hears it; `inject_rebalance` gives EC2's rebalance
+recommendation, which only the metadata server tells.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from drivers.base import (
     VmStatus,
     VmType,
 )
+from drivers.local_metadata import MetadataServer
 
 log = logging.getLogger("spotbag.drivers.local")
 
@@ -50,6 +58,7 @@ class _Vm:
     timers: list[Any]
     bootstrap: Mapping[str, str] = field(default_factory=dict)
     death_at: float | None = None  # when its sampled lifetime ends (None: never)
+    noticed_until: float | None = None  # a preemption notice was given: taken by then
     ending: bool = False  # its host is being halted; its end is told once it is
 
 
@@ -74,6 +83,8 @@ class LocalDriver:
         hosts: Any = None,
         controller_id: str = "",
         notice_lead_s: float = 0.0,
+        api_notices: bool = True,
+        metadata: str = "none",
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
@@ -82,6 +93,13 @@ class LocalDriver:
         # A preemption notice comes this long (model seconds) before a sampled preemption,
         # as the cloud a VM stands for gives one (EC2 120 s, GCE 30 s); 0: none.
         self._notice_lead_s = notice_lead_s
+        # Whether describe tells notices (as GCE's and EC2's APIs do), and which cloud's
+        # metadata server the VM hosts see ("none": none, and no watcher on the VMs).
+        self._api_notices = api_notices
+        if metadata not in ("none", "aws", "gce"):
+            raise ValueError(f"unknown metadata server {metadata!r} (none, aws, gce)")
+        self._metadata_kind = metadata if hosts is not None else "none"
+        self._metadata: MetadataServer | None = None
         self._hosts = hosts  # drivers.local_hosts.NamespaceHosts, or None: bookkeeping only
         self._controller_id = controller_id
         self._tasks: set[asyncio.Task] = set()
@@ -132,11 +150,17 @@ class LocalDriver:
         if lifetime_h != float("inf"):
             vm.death_at = now + lifetime_h * 3600.0 / self._time_scale
             self._arm_death(vm_id, vm.death_at, f"preempted: sampled lifetime {lifetime_h:.3f} h")
-            if self._notice_lead_s > 0:
-                notice_at = max(now, vm.death_at - self._notice_lead_s / self._time_scale)
-                death_at = vm.death_at
-                vm.timers.append(self._call_at(notice_at, lambda: self._notice(vm_id, death_at)))
+            self._arm_notice(vm_id, vm.death_at)
         return status
+
+    def _arm_notice(self, vm_id: str, death_at: float) -> None:
+        """The notice of a sampled preemption, `notice_lead_s` ahead (now if that passed:
+        a VM adopted after a restart is told again; a notice is idempotent)."""
+        if self._notice_lead_s > 0:
+            notice_at = max(self._now(), death_at - self._notice_lead_s / self._time_scale)
+            self._vms[vm_id].timers.append(
+                self._call_at(notice_at, lambda: self._notice(vm_id, death_at))
+            )
 
     def _arm_death(self, vm_id: str, death_at: float, reason: str) -> None:
         self._vms[vm_id].timers.append(
@@ -189,11 +213,28 @@ class LocalDriver:
         vm = self._vms.get(vm_id)
         if vm is None or vm.ending or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
             return
-        if vm.status.notice_until is not None and vm.status.notice_until <= death_at:
+        if vm.noticed_until is not None and vm.noticed_until <= death_at:
+            return
+        vm.noticed_until = death_at
+        if self._metadata is not None:
+            self._metadata.notice(vm_id, death_at)
+        if not self._api_notices:
             return
         vm.status = replace(vm.status, notice_until=death_at, changed_at=self._now())
         for listener in self._listeners:
             listener(vm.status)
+
+    def inject_rebalance(self, vm_id: str) -> bool:
+        """EC2's rebalance recommendation: the VM is at elevated risk of a preemption,
+        which need not follow. Only its metadata server says so (EC2's API does not);
+        False if the VM is not live or has no metadata server to tell it."""
+        vm = self._vms.get(vm_id)
+        if vm is None or vm.ending or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
+            return False
+        if self._metadata is None:
+            return False
+        self._metadata.rebalance(vm_id, self._now())
+        return True
 
     def inject_launch_errors(self, kind: str, n: int = 1) -> None:
         """Make the next `n` launches fail as a cloud's would: capacity, quota, throttle
@@ -221,6 +262,8 @@ class LocalDriver:
         VM again, with the lifetime it was given at launch."""
         if self._hosts is None:
             return
+        if self._metadata_kind != "none":
+            await self._start_metadata()
         for host in await self._hosts.adopt():
             record = host.record
             status = VmStatus(
@@ -236,8 +279,38 @@ class LocalDriver:
             self._by_token[status.token] = host.vm_id
             if record.get("death_at") is not None:
                 self._arm_death(host.vm_id, record["death_at"], "preempted: sampled lifetime")
+                self._arm_notice(host.vm_id, record["death_at"])
             number = int(host.vm_id.rpartition("-")[2])
             LocalDriver._next_id = max(LocalDriver._next_id, number + 1)
+
+    async def _start_metadata(self) -> None:
+        """The VM hosts' metadata server on their bridge, on the port the last
+        controller used if it is free (the VMs that outlived it ask there)."""
+        hosts = self._hosts
+        await hosts.ensure_bridge()
+        port_file = hosts.consoles / "metadata.port"
+        try:
+            port = int(port_file.read_text())
+        except (OSError, ValueError):
+            port = 0
+        self._metadata = MetadataServer(hosts.vm_at)
+        url = await self._metadata.start(hosts.head_address, port)
+        port_file.parent.mkdir(parents=True, exist_ok=True)
+        port_file.write_text(url.rpartition(":")[2])
+        log.info("VM hosts' metadata server (%s) at %s", self._metadata_kind, url)
+
+    def _metadata_settings(self) -> dict[str, str]:
+        """What a VM's boot script needs to watch its metadata server for notices."""
+        if self._metadata is None:
+            return {}
+        settings = {"SPOTBAG_NOTICE_WATCH": self._metadata_kind}
+        if self._metadata_kind == "aws":
+            settings["SPOTBAG_AWS_METADATA_URL"] = self._metadata.url
+        else:
+            settings["SPOTBAG_GCE_METADATA_URL"] = f"{self._metadata.url}/computeMetadata/v1"
+            if self._notice_lead_s > 0:  # GCE's 30 s otherwise
+                settings["SPOTBAG_NOTICE_LEAD_S"] = f"{self._notice_lead_s / self._time_scale:g}"
+        return settings
 
     @classmethod
     def _take_id(cls) -> int:
@@ -250,6 +323,8 @@ class LocalDriver:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._metadata is not None:
+            await self._metadata.close()
 
     def _boot(self, vm_id: str) -> None:
         vm = self._vms[vm_id]
@@ -270,6 +345,7 @@ class LocalDriver:
             "SPOTBAG_VM_TYPE": vm.status.vm_type,
             # slurmd shares the head's kernel here: it must report its start as a boot.
             "SPOTBAG_SLURMD_REPORT_BOOT": "1",
+            **self._metadata_settings(),
             **vm.bootstrap,
         }
         record = {
@@ -312,6 +388,8 @@ class LocalDriver:
     async def _halt_then_end(self, vm_id: str, vm: _Vm, state: VmState, reason: str) -> None:
         """A VM host's processes die before its end is told, as a real VM's do with it:
         nothing of it runs after the moment the controller hears that it ended."""
+        if self._metadata is not None:
+            self._metadata.forget(vm_id)
         try:
             await self._hosts.halt(vm_id)
         finally:

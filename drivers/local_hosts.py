@@ -323,3 +323,7 @@ class NamespaceHosts:
 
     def host(self, vm_id: str) -> Host | None:
         return self._hosts.get(vm_id)
+
+    def vm_at(self, address: str) -> str | None:
+        """The VM whose host has this address on the bridge (None: no VM of ours)."""
+        return next((h.vm_id for h in self._hosts.values() if h.address == address), None)

@@ -46,6 +46,7 @@ PACKAGE_DATA = (
     "controller/data/reference/hpc-traces/DOST-ASTI_COARE-Saliksik-2020-cln.swf.gz",
     "controller/web/static/style.css",
     "drivers/templates/node_join.sh",
+    "drivers/templates/notice_watch.py",
     "drivers/data/aws_on_demand.json",
     "slurm_hooks/spotbag_hook.py",
 )

@@ -23,7 +23,7 @@ from controller.api.base import (
     int_param,
     json_response,
 )
-from controller.api.schemas import Models, Preempted, VmList
+from controller.api.schemas import Models, Preempted, Recommended, VmList
 from controller.costs.summary import fleet_view
 from controller.errors import Conflict, NotFound
 from drivers.base import VmState
@@ -65,7 +65,6 @@ async def list_vms(request: web.Request) -> web.Response:
         names = c.node_names
         vm["slurm_node"] = vm["pool_node"] or (names.node_of(vm["id"]) if names else "")
         vm["terminating"] = bool(run and run.terminating)
-        vm["notice_until"] = run.notice_until if run is not None else None
     return json_response({"vms": vms, "usage": fleet_view(fleet)})
 
 
@@ -160,6 +159,20 @@ async def preempt_vm(request: web.Request) -> web.Response:
     return json_response({"id": vm_id, "preempted": True}, status=202)
 
 
+async def rebalance_vm(request: web.Request) -> web.Response:
+    c = controller_of(request)
+    vm_id = request.match_info["vm_id"]
+    inject = getattr(c.injector, "inject_rebalance", None)
+    if inject is None:
+        raise Conflict(f"the {c.driver.name} driver cannot give rebalance recommendations")
+    vm = c.running_scheduler.world.vms.get(vm_id)
+    if vm is None or not vm.provider_id:
+        raise NotFound(f"VM {vm_id} is not alive")
+    if not inject(vm.provider_id):
+        raise Conflict(f"VM {vm_id} is not alive, or has no metadata server to tell it")
+    return json_response({"id": vm_id, "recommended": True}, status=202)
+
+
 ROUTES: tuple[Route, ...] = (
     Route(
         "GET",
@@ -196,6 +209,20 @@ ROUTES: tuple[Route, ...] = (
             202: ("The VM was preempted.", Preempted),
             404: ("No such live VM.", ERR),
             409: ("The driver cannot inject preemptions.", ERR),
+        },
+    ),
+    Route(
+        "POST",
+        "/v1/vms/{vm_id}/rebalance",
+        rebalance_vm,
+        "Give a VM EC2's rebalance recommendation (at elevated risk, not preempted), which "
+        "only its metadata server tells (fault injection; local driver with VM hosts only).",
+        admin_only=True,
+        params=(Param("vm_id", "path", "VM id (vm-...).", required=True),),
+        responses={
+            202: ("The VM's metadata server recommends a rebalance.", Recommended),
+            404: ("No such live VM.", ERR),
+            409: ("The driver cannot give recommendations, or the VM has no metadata server.", ERR),
         },
     ),
 )

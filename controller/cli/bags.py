@@ -216,6 +216,18 @@ def logs(ctx: click.Context, job_id: str, attempt: int | None, follow: bool) -> 
 # --- VMs ----------------------------------------------------------------------------------------
 
 
+def vm_state(vm: dict[str, Any]) -> str:
+    """A VM's state, with its preemption notice while it lives ("running (notice: ends
+    by 21:30:05)") and whether spotbag is terminating it."""
+    notes = []
+    if vm.get("notice_until") and not vm.get("ended_at"):
+        ends_by = time.strftime("%H:%M:%S", time.localtime(vm["notice_until"]))
+        notes.append(f"notice: ends by {ends_by}")
+    if vm["terminating"]:
+        notes.append("terminating")
+    return vm["state"] + (f" ({', '.join(notes)})" if notes else "")
+
+
 @click.command()
 @click.option("--all", "include_ended", is_flag=True, help="Include VMs that have ended.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
@@ -232,7 +244,7 @@ def vms(ctx: click.Context, include_ended: bool, as_json: bool) -> None:
         table.add_row(
             vm["id"],
             vm["vm_type"],
-            vm["state"] + (" (terminating)" if vm["terminating"] else ""),
+            vm_state(vm),
             f"Slurm node {vm['pool_node']}" if vm.get("pool_node") else str(vm["jobs"]),
             launched,
             number(vm["billed_hours"]),
@@ -313,11 +325,21 @@ def _notice_s(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help="Announce the preemption this long ahead (30s as GCE, 2m as EC2): the VM takes "
     "no new job and its checkpointable jobs are signalled.",
 )
+@click.option(
+    "--rebalance",
+    is_flag=True,
+    help="Give EC2's rebalance recommendation instead (local VM hosts: told by their "
+    "metadata server only): the VM takes no new job and ends once empty; not preempted.",
+)
 @click.pass_context
-def preempt(ctx: click.Context, vm_id: str, notice: int) -> None:
+def preempt(ctx: click.Context, vm_id: str, notice: int, rebalance: bool) -> None:
     """Preempt VM_ID now (fault injection; local driver only).
 
     With --notice, the VM gets a preemption notice now and is preempted when it ends."""
+    if rebalance:
+        call(client_of(ctx).rebalance, vm_id)
+        console.print(f"recommended a rebalance of {vm_id}")
+        return
     call(client_of(ctx).preempt, vm_id, notice)
     console.print(f"preempted {vm_id}" + (f" after a {notice} s notice" if notice else ""))
 

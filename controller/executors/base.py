@@ -76,6 +76,18 @@ class NodeEvent(NamedTuple):
     detail: str = ""
 
 
+class NodeNotice(NamedTuple):
+    """The VM heard from its cloud, on the VM itself, that it is about to be taken (the
+    notice watcher drained its node: docs/checkpoints.md#notices): by `ends_by` (epoch
+    s), or, with `ends_by` None, only that it is at elevated risk (EC2's rebalance
+    recommendation)."""
+
+    vm_id: str
+    at: float
+    ends_by: float | None
+    detail: str = ""
+
+
 class CallbackNoted(NamedTuple):
     """A callback that changed nothing here (an allocation notice, a wake-up, an event
     for an attempt already ended): recorded so that a replay is known as one."""
@@ -131,7 +143,9 @@ class LiveAttempt(NamedTuple):
     account: str = ""  # its bag's: whose user's files tell how it went
 
 
-ExecutorEvent = AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | CallbackNoted
+ExecutorEvent = (
+    AttemptEvent | CheckpointEvent | AttemptStarted | NodeEvent | NodeNotice | CallbackNoted
+)
 AttemptListener = Callable[[ExecutorEvent], None]
 
 

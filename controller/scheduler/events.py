@@ -6,7 +6,8 @@ that exited 0 just before its bag was cancelled succeeded):
 
 - VM status: a VM running (it joins the executor's cluster, or takes attempts at
   once), or gone (preempted, terminated, failed: its attempts end with it);
-- node events: a VM joined the executor's cluster, or its node broke;
+- node events: a VM joined the executor's cluster, or its node broke, or the VM heard
+  its cloud's preemption notice (or a rebalance recommendation) itself;
 - attempt started, checkpoint written (or not), attempt ended, by outcome: success,
   a retry, a failure, or a loss that is not counted against max_attempts;
 - callbacks of the executor's hook, recorded with the changes they caused.
@@ -32,6 +33,7 @@ from controller.executors.base import (
     Executor,
     ExecutorEvent,
     NodeEvent,
+    NodeNotice,
     Outcome,
 )
 from controller.planner import Terminate
@@ -108,6 +110,8 @@ class Events:
                     batch.callback(event.key, event.at, "started", event.attempt_id)
             elif isinstance(event, NodeEvent):
                 self._on_node(event, batch)
+            elif isinstance(event, NodeNotice):
+                self._on_node_notice(event, batch)
             elif isinstance(event, CallbackNoted):
                 batch.callback(event.key, event.at, event.kind, event.subject)
 
@@ -123,7 +127,7 @@ class Events:
             return
         if status.notice_until is not None and vm.notice_until is None:
             # Now, not the status's changed_at: that is when the VM last changed state.
-            self._on_notice(vm, status.notice_until, self.clock.now())
+            self._on_notice(vm, status.notice_until, self.clock.now(), batch)
         if status.state is vm.state:
             return
         at = status.changed_at
@@ -152,7 +156,7 @@ class Events:
             ours = vm.terminating and status.state is VmState.TERMINATED and vm.reason
             world.end_vm(vm, status.state, at, vm.reason if ours else status.reason, batch)
 
-    def _on_notice(self, vm: VmRun, ends_by: float, at: float) -> None:
+    def _on_notice(self, vm: VmRun, ends_by: float, at: float, batch: WriteBatch) -> None:
         """A preemption notice (docs/design.md#checkpoint-notices): the VM takes no new
         attempt (drained: it ends once empty), each running checkpointable attempt on it
         is asked to checkpoint now if the checkpoint can be written before the VM ends
@@ -163,11 +167,13 @@ class Events:
         if vm.state not in (VmState.PENDING, VmState.RUNNING) or vm.terminating:
             return
         vm.notice_until = ends_by
+        batch.vm(vm.row(world.driver_name, world.time_scale))
         left_s = max(0.0, ends_by - at)
         log.info("VM %s: preemption notice, ends within %.0f s", vm.id, left_s)
         if not vm.draining:
             vm.draining = f"spot notice: ends within {left_s:.0f} s"
             world.refresh_vm_sets(vm)
+        self._move_queued(vm, f"spot notice on {vm.id}")
         for attempt_id in vm.attempts:
             attempt = world.attempts.get(attempt_id)
             if attempt is None or attempt.state is not AttemptState.RUNNING:
@@ -181,6 +187,35 @@ class Events:
                 attempt.migrating = f"spot notice on {vm.id}"
                 self.checkpoints.signal_now(attempt, at)
         self.inbox.wake.set()
+
+    def _on_node_notice(self, event: NodeNotice, batch: WriteBatch) -> None:
+        """The VM heard its cloud's notice itself (docs/checkpoints.md#notices): as the
+        driver's, whichever comes first (the second changes nothing). A rebalance
+        recommendation (no end) only drains it: no new attempt; it ends once empty."""
+        vm = self.world.vms.get(event.vm_id)
+        if vm is None or vm.state is not VmState.RUNNING or vm.terminating:
+            return
+        if event.ends_by is not None:
+            if vm.notice_until is None:
+                self._on_notice(vm, event.ends_by, event.at, batch)
+        elif not vm.draining:
+            log.info("VM %s: %s", vm.id, event.detail)
+            vm.draining = event.detail or "spot rebalance recommendation"
+            self.world.refresh_vm_sets(vm)
+            self._move_queued(vm, f"spot rebalance on {vm.id}")
+            self.inbox.wake.set()
+
+    def _move_queued(self, vm: VmRun, why: str) -> None:
+        """A drained VM's attempts that have not started (queued ahead in Slurm, whose
+        drained node would never start them) are stopped, to start elsewhere: lost,
+        not counted."""
+        for attempt_id in vm.attempts:
+            attempt = self.world.attempts.get(attempt_id)
+            if attempt is None or attempt.state is not AttemptState.STARTING:
+                continue
+            if not attempt.cancelling and not attempt.migrating:
+                attempt.migrating = why
+                self._migration_stops.append(attempt.id)
 
     def _on_node(self, event: NodeEvent, batch: WriteBatch) -> None:
         """The VM joined the executor's cluster (it takes attempts from now on), or its

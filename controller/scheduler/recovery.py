@@ -27,6 +27,7 @@ import logging
 
 from controller.bags.spec import BagSpec
 from controller.bags.waiting_jobs import FreshParams, JobQueue
+from controller.budgets import month_of, month_start
 from controller.executors.base import AttemptEvent, Executor, LiveAttempt, Outcome
 from controller.ledger import Accounts
 from controller.scheduler.calls import Calls
@@ -85,6 +86,8 @@ class Recovery:
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
         self.accounts.load(await self.store.ledger_state())
+        budget_state = await self.store.budget_state(month_of(now), month_start(now))
+        self.world.budgets.load(budget_state, now)
         state = await self.store.load_active()
         batch = self.store.new_batch()
         self._load_bags(state["bags"])
@@ -218,6 +221,9 @@ class Recovery:
             ready=not self.executor.joins_vms or bool(vm_row["pool_node"]),
             ready_at=vm_row["ready_at"],
             pool_node=vm_row["pool_node"],
+            # A noticed VM stays drained: no new attempt; it ends once empty.
+            notice_until=vm_row["notice_until"],
+            draining="spot notice (heard before the restart)" if vm_row["notice_until"] else "",
         )
 
     def _load_attempts(self, attempt_rows: list[LiveAttemptRow], now: float) -> list[AttemptRun]:

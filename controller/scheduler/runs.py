@@ -216,4 +216,5 @@ class VmRun:
             "time_scale": time_scale,
             "ready_at": self.ready_at,
             "pool_node": self.pool_node,
+            "notice_until": self.notice_until,
         }

@@ -97,7 +97,7 @@ class AttemptQueries(Engine):
                 vms += dict_rows(
                     conn,
                     "SELECT id, vm_type, zone, spot, state, reason, requested_at, running_at, "
-                    f"ended_at FROM vms WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id",
+                    f"ended_at, notice_until FROM vms WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id",
                     chunk,
                 )
             return {

@@ -144,6 +144,7 @@ class VmRow(TypedDict):
     time_scale: float
     ready_at: float | None
     pool_node: str
+    notice_until: float | None
 
 
 class LifetimeRow(TypedDict):
@@ -353,6 +354,7 @@ class TimelineVm(TypedDict):
     requested_at: float
     running_at: float | None
     ended_at: float | None
+    notice_until: float | None
 
 
 class BagTimeline(TypedDict):

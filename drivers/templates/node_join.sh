@@ -224,6 +224,38 @@ UNIT
     fi
 }
 
+start_notice_watch() {
+    # The cloud's preemption notices, heard on the VM: the watcher the boot script wrote
+    # beside node.env (drivers/templates/notice_watch.py) asks the metadata server and
+    # drains this node with "spot notice: ends by T", which the controller reads. Only
+    # spotbag's own (dynamic) nodes: a pool node is Slurm's, and a drain would outlive
+    # its VM.
+    case "${SPOTBAG_NOTICE_WATCH:-}" in aws | gce) ;; *) return 0 ;; esac
+    [ "${SPOTBAG_SLURM_DYNAMIC:-0}" = 1 ] || return 0
+    local watcher=/etc/spotbag/notice_watch.py
+    if [ ! -f "$watcher" ]; then
+        say "no $watcher: preemption notices are not watched on this VM"
+        return 0
+    fi
+    if systemd_runs; then
+        cat >/etc/systemd/system/spotbag-notice-watch.service <<UNIT
+[Unit]
+Description=spotbag: drain this Slurm node on a spot preemption notice
+After=slurmd.service
+
+[Service]
+EnvironmentFile=/etc/spotbag/node.env
+ExecStart=/usr/bin/python3 -I $watcher
+Restart=on-failure
+UNIT
+        systemctl daemon-reload
+        # The node is joined already: a watcher that cannot start costs only notices.
+        systemctl restart spotbag-notice-watch || say "the notice watcher did not start"
+    else
+        setsid python3 -I "$watcher" </dev/null >>/var/log/spotbag-notice-watch.log 2>&1 &
+    fi
+}
+
 slurmd_runs_here() {  # this node's slurmd, on this host: in this network namespace (the
     # local driver's VM hosts share one kernel's process table, and another cluster's
     # VM host may run a node of the same name)
@@ -245,4 +277,5 @@ install_munge_key
 start_munge
 mount_shared
 start_slurmd
+start_notice_watch
 say "slurmd started as $SPOTBAG_SLURM_NODE (controller ${SPOTBAG_SLURM_CONF_SERVER})"

@@ -5,17 +5,24 @@ a VM for a noticed VM's jobs."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from controller.clock import SimClock
+from controller.executors.base import NodeNotice
+from controller.executors.sim import SimExecutor
 from controller.planner import CatalogType, DemandGroup, Snapshot, VmView, plan
 from controller.simulation import simulate
-from drivers.base import VmState
+from controller.states import AttemptState
+from drivers.base import VmState, VmStatus
 from policies.packing import Shape
-from tests.controller.simworld import bag, check_store_consistent, config, rows
+from tests.controller.simworld import bag, check_store_consistent, config, rows, run_until, world
 from tests.controller.test_checkpointing import BATHTUB
+from tests.controller.test_scheduler_edges import HeldStarts, submit
 
 BOOT_S = 60.0
 
@@ -117,3 +124,96 @@ def test_an_idle_vm_with_room_is_kept_for_them_instead():
     assert decision.launches == []
     # Idle far past its timeout, but kept: the noticed VM's jobs will need it.
     assert "vm-idle" not in [t.vm_id for t in decision.terminations]
+
+
+# --- notices heard on the VM (the Slurm node poll's NodeNotice) -----------------------
+
+
+async def running_world(tmp_path: Path, executor_cls=None):
+    """Two checkpointable 1-h jobs running on one VM (the sim driver, virtual clock)."""
+    cfg = config(**{"scheduler.max_vms": 2})
+    clock = SimClock(0.0)
+    executor = (executor_cls or SimExecutor)(
+        now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(2)
+    )
+    scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
+    spec = bag(2, runtime_s=3600, checkpointable=True, checkpoint_cost_s=5)
+    await submit(scheduler, cfg, spec)
+    return scheduler, clock, executor
+
+
+def the_vm(scheduler):
+    (vm,) = [v for v in scheduler.world.vms.values() if v.attempts]
+    return vm
+
+
+async def test_a_notice_heard_on_the_vm_moves_its_jobs_and_the_drivers_then_changes_nothing(
+    tmp_path,
+):
+    scheduler, clock, _ = await running_world(tmp_path)
+    await run_until(scheduler, clock, 600)
+    vm = the_vm(scheduler)
+    attempts = [scheduler.world.attempts[a] for a in vm.attempts]
+    assert [a.state for a in attempts] == [AttemptState.RUNNING] * 2
+    scheduler.inbox.on_attempt_event(NodeNotice(vm.id, 600.0, 630.0, "spot notice: ends by ..."))
+    await scheduler.tick()
+    assert vm.notice_until == 630.0 and vm.draining.startswith("spot notice")
+    assert all(a.migrating == f"spot notice on {vm.id}" for a in attempts)
+    # The driver's notice, later and saying another end: the first one stands.
+    scheduler.inbox.push(replace(vm_status(scheduler, vm), notice_until=700.0, changed_at=601.0))
+    clock.advance_to(601.0)
+    await scheduler.tick()
+    assert vm.notice_until == 630.0
+    await run_until(scheduler, clock, 3 * 3600)
+    await scheduler.store.close()
+    assert rows(tmp_path, "SELECT state FROM jobs") == [("succeeded",)] * 2
+    moved = rows(tmp_path, "SELECT count(*) FROM attempts WHERE reason LIKE 'migrated: spot%'")
+    assert moved == [(2,)]
+    check_store_consistent(tmp_path)
+
+
+async def test_a_rebalance_heard_on_the_vm_drains_it_and_its_jobs_finish_there(tmp_path):
+    scheduler, clock, _ = await running_world(tmp_path)
+    await run_until(scheduler, clock, 600)
+    vm = the_vm(scheduler)
+    scheduler.inbox.on_attempt_event(
+        NodeNotice(vm.id, 600.0, None, "spot rebalance: recommended at T")
+    )
+    await scheduler.tick()
+    assert vm.notice_until is None and vm.draining == "spot rebalance: recommended at T"
+    assert not any(scheduler.world.attempts[a].migrating for a in vm.attempts)
+    await run_until(scheduler, clock, 3 * 3600)
+    await scheduler.store.close()
+    assert rows(tmp_path, "SELECT state, vm_id FROM attempts") == [("succeeded", vm.id)] * 2
+    ((state, reason),) = rows(tmp_path, f"SELECT state, reason FROM vms WHERE id = '{vm.id}'")
+    assert state == "terminated" and "spot rebalance" in reason
+    check_store_consistent(tmp_path)
+
+
+async def test_attempts_not_started_on_a_noticed_vm_start_elsewhere(tmp_path):
+    scheduler, clock, executor = await running_world(tmp_path, HeldStarts)
+    await run_until(scheduler, clock, 59)  # the VM boots until 60
+    clock.advance_to(61)
+    await scheduler.tick(background_starts=True)  # handed to the VM, not started
+    vm = the_vm(scheduler)
+    assert [scheduler.world.attempts[a].state for a in vm.attempts] == [AttemptState.STARTING] * 2
+    scheduler.inbox.on_attempt_event(
+        NodeNotice(vm.id, 61.0, None, "spot rebalance: recommended at T")
+    )
+    stopping = asyncio.create_task(scheduler.tick(background_starts=True))
+    await asyncio.sleep(0.1)
+    executor.gate.set()
+    await stopping
+    await run_until(scheduler, clock, 3 * 3600)
+    await scheduler.store.close()
+    first = rows(tmp_path, "SELECT state, vm_id FROM attempts WHERE number = 1")
+    assert first == [("lost", vm.id)] * 2
+    again = rows(tmp_path, "SELECT state, vm_id FROM attempts WHERE number = 2")
+    assert [s for s, _ in again] == ["succeeded"] * 2 and vm.id not in {v for _, v in again}
+    check_store_consistent(tmp_path)
+
+
+def vm_status(scheduler, vm) -> VmStatus:
+    return VmStatus(
+        vm.provider_id, vm.id, vm.vm_type.name, vm.state, vm.zone, "", vm.requested_at, 0.0
+    )

@@ -288,6 +288,15 @@ async def test_a_restart_reads_the_open_work_not_the_whole_ledger(tmp_path):
     assert steps[1] <= steps[0] + 2, steps
 
 
+BAG_OPTION_COLUMNS = (
+    "deadline_at",
+    "budget_usd",
+    "on_demand",
+    "deadline_confidence",
+    "budget_changed_at",
+)
+
+
 async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
     """A database from before the balance tables: the migration builds them from its
     ledger, and from then on they are kept in step with every entry (by triggers, then
@@ -305,6 +314,13 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             "ALTER TABLE bags ADD COLUMN on_demand_cost_usd REAL NOT NULL DEFAULT 0;"
             "DROP TABLE final_bag_costs;"
             "ALTER TABLE attempts DROP COLUMN ran_at;"
+            "ALTER TABLE vms DROP COLUMN notice_until;"
+            # and what the budgets and events migration added
+            + "".join(f"ALTER TABLE bags DROP COLUMN {c};" for c in BAG_OPTION_COLUMNS)
+            + "ALTER TABLE accounts DROP COLUMN budget_usd;"
+            "ALTER TABLE accounts DROP COLUMN budget_changed_at;"
+            "DROP TABLE budget_reservations; DROP TABLE events; DROP TABLE event_deliveries;"
+            "DROP TABLE delivery_attempts;"
         )
         conn.execute("DELETE FROM migrations WHERE version > ?", (LEDGER_BALANCES,))
         conn.execute(f"PRAGMA user_version = {LEDGER_BALANCES}")
@@ -365,7 +381,10 @@ async def test_a_batch_writes_each_kind_of_row_to_its_columns(tmp_path):
         "ended_at": None,
     }
     batch.vm(vm)  # without the columns later migrations added: their defaults
-    batch.vm({**vm, "id": "vm-2", "time_scale": 60.0, "ready_at": 6.0, "pool_node": "n1"})
+    batch.vm(
+        {**vm, "id": "vm-2", "time_scale": 60.0, "ready_at": 6.0, "pool_node": "n1",
+         "notice_until": 35.0}
+    )  # fmt: skip
     batch.checkpoint(
         "b0000000001", 0, 2, requested_at=20.0, at=22.5, ok=True, work_saved_s=8.0,
         checkpoints=1, vm_age_h=0.25,
@@ -405,12 +424,15 @@ async def test_a_batch_writes_each_kind_of_row_to_its_columns(tmp_path):
     assert bag["counts"] == {"queued": 1, "running": 1}
     assert (bag["checkpoints"], bag["checkpoint_s"], bag["lost_s"]) == (1, 2.5, 3.5)
     vms = {v["id"]: v for v in await store.list_vms(states=None, limit=10)}
-    assert (vms["vm-1"]["time_scale"], vms["vm-1"]["ready_at"], vms["vm-1"]["pool_node"]) == (
+    vm1 = vms["vm-1"]
+    assert (vm1["time_scale"], vm1["ready_at"], vm1["pool_node"], vm1["notice_until"]) == (
         1.0,
         None,
         "",
+        None,
     )
     assert (vms["vm-2"]["time_scale"], vms["vm-2"]["pool_node"]) == (60.0, "n1")
+    assert vms["vm-2"]["notice_until"] == 35.0
     assert await store.callback_seen("cb-1")
     account = await store.account("u")
     assert account["sums"] == {"credit": 4.0}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -487,5 +490,43 @@ def test_learned_models_are_loaded_at_start_and_shown(make_daemon):
         and vm["model"] == "bathtub"
         and vm["key"] == "local/local-2/local/*/*"
     )
+    client.cancel(bag["id"])
+    assert daemon.stop() == 0
+
+
+def test_a_vms_preemption_notice_is_kept_across_a_restart(make_daemon, tmp_path):
+    """notice_until is stored with the VM: GET /v1/vms shows it while the VM lives, once
+    it has ended, and after the daemon restarted."""
+    daemon = make_daemon(max_vms=1)
+    client = daemon.start()
+    bag = client.submit(job_bag(tmp_path, 1, 30))
+    job = wait_until(
+        lambda: (j := client.job(f"{bag['id']}-0"))["state"] == "running" and j, 30, 0.1, "a run"
+    )
+    noticed_at = time.time()
+    client.preempt(job["vm_id"], notice_s=2)
+
+    def view() -> dict:
+        return {v["id"]: v for v in client.vms(include_ended=True)["vms"]}[job["vm_id"]]
+
+    def shown() -> float | None:
+        return view()["notice_until"]
+
+    until = wait_until(shown, 10, 0.05, "the notice")
+    assert until == pytest.approx(noticed_at + 2, abs=1.0)
+    listed = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "--url", client.url, "vms"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPOTBAG_TOKEN": client.token, "COLUMNS": "200"},
+        timeout=60,
+    )
+    ends_by = time.strftime("%H:%M:%S", time.localtime(until))
+    assert f"notice: ends by {ends_by}" in listed.stdout, listed.stdout + listed.stderr
+    wait_until(lambda: view()["ended_at"], 15, 0.1, "the VM's end")
+    assert shown() == until  # ended: read from the store
+    assert daemon.stop() == 0
+    client = daemon.start()
+    assert shown() == until
     client.cancel(bag["id"])
     assert daemon.stop() == 0

@@ -7,6 +7,12 @@ cloud says it runs. A VM that is gone has its node downed at once (its jobs end 
 NODE_FAIL) and deleted once Slurm lets go of it; so are nodes of this prefix whose
 VMs nobody knows any more. Also here: powering power-saving pool nodes down, and
 cancelling somebody's pool job or reading its limits.
+
+A VM that hears its cloud's preemption notice (the notice watcher its boot script
+starts: drivers/templates/notice_watch.py) drains its node with the reason "spot
+notice: ends by <ISO time>" (or "spot rebalance: ..."): the poll reports that as a
+`NodeNotice`, not as a broken node, and looks at the nodes that joined every
+NODE_POLL_S so that a 30-s notice leaves most of its time to the jobs.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import time
+from datetime import datetime
 
-from controller.executors.base import NodeEvent
+from controller.executors.base import NodeEvent, NodeNotice
 from controller.slurm.commands import (
     SlurmError,
     SlurmRefused,
@@ -32,7 +40,25 @@ log = logging.getLogger("spotbag.executors.slurm")
 # Node states (sinfo %T, without its flag suffixes) in which a node runs jobs.
 NODE_UP_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
 NODE_BROKEN_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "inval"})
-NODE_POLL_EVERY = 10  # polls, once every node joined
+# How often nodes that joined are looked at (for notices; a preempted VM is the driver's
+# to notice): one sinfo per 5 s. A little early rather than a poll late.
+NODE_POLL_S = 5.0
+NODE_POLL_EARLY_S = 1.0
+DRAIN_STATES = frozenset({"drained", "draining", "drain"})
+NOTICE_REASON = "spot notice: ends by "  # what the notice watcher writes
+REBALANCE_REASON = "spot rebalance: "
+
+
+def notice_end(reason: str, now: float) -> float | None:
+    """When a node drained by the notice watcher says its VM ends ("spot notice: ends by
+    2026-11-26T21:30:00Z"), epoch s; None if the reason is not a notice. A time that
+    cannot be read counts as now: the VM may go at any moment."""
+    if not reason.startswith(NOTICE_REASON):
+        return None
+    try:
+        return datetime.fromisoformat(reason[len(NOTICE_REASON) :].strip()).timestamp()
+    except ValueError:
+        return now
 
 
 class NodeManager:
@@ -40,7 +66,7 @@ class NodeManager:
 
     def __init__(self, state: SlurmState) -> None:
         self._state = state
-        self._polls = 0
+        self._polled_at = float("-inf")  # time.monotonic() of the last sinfo
         user = pwd.getpwuid(os.getuid())
         self._user = (user.pw_name, user.pw_uid, user.pw_gid)
 
@@ -218,9 +244,10 @@ class NodeManager:
             return False
         # Nodes that joined are looked at less often: a broken one also shows in its
         # jobs (NODE_FAIL, pending), and a preempted VM is the driver's to notice.
-        self._polls += 1
-        if all(n.ready for n in watched.values()) and self._polls % NODE_POLL_EVERY:
+        since_s = time.monotonic() - self._polled_at
+        if all(n.ready for n in watched.values()) and since_s < NODE_POLL_S - NODE_POLL_EARLY_S:
             return False
+        self._polled_at = time.monotonic()
         out = await state.tools.run(
             "sinfo", "-h", "-N", "-p", state.settings.partition, "-o", "%N|%T|%m|%E"
         )
@@ -245,6 +272,8 @@ class NodeManager:
                 state.emit(
                     NodeEvent(node.vm_id, now, True, f"node {name} is {node_state} in Slurm")
                 )
+            elif node.ready and base in DRAIN_STATES and _is_notice(reason):
+                self._noticed(node, reason, now)
             elif node.ready and base in NODE_BROKEN_STATES:
                 node.ready = False
                 detail = f"node {name} is {node_state} in Slurm" + (
@@ -252,6 +281,15 @@ class NodeManager:
                 )
                 state.emit(NodeEvent(node.vm_id, now, False, detail))
         return True
+
+    def _noticed(self, node: Node, reason: str, now: float) -> None:
+        """The notice watcher drained the node: say so once per reason (a rebalance
+        recommendation may be followed by a notice)."""
+        if node.notice == reason:
+            return
+        node.notice = reason
+        log.info("node %s: %s", node.name, reason)
+        self._state.emit(NodeNotice(node.vm_id, now, notice_end(reason, now), reason))
 
     def _forget_if_dead(self, name: str, base: str, flags: str) -> None:
         """A node of this prefix whose VM this executor does not know, and which does not
@@ -280,6 +318,10 @@ class NodeManager:
                 node = Node(vm_id, name, 0.0, lost=True)
                 state.nodes[vm_id] = node
                 await self.down(node, "its VM is gone (found after a controller restart)")
+
+
+def _is_notice(reason: str) -> bool:
+    return reason.startswith((NOTICE_REASON, REBALANCE_REASON))
 
 
 def limit_h(text: str) -> float | None:

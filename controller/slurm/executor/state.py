@@ -94,6 +94,7 @@ class Node:
     ready: bool = False
     real_memory_mb: int = 0  # what the node registered with
     lost: bool = False  # its VM is gone: down it and delete it
+    notice: str = ""  # the notice watcher drained it: its reason (nodes.py)
     deleted: bool = False
     attempts: set[str] = field(default_factory=set)
 

@@ -151,6 +151,17 @@ function draw(nowS, active) {
           "data-vm": vm.id,
         }, `${vm.id} preempted at ${clock(vm.ended_at)}${vm.reason ? ` (${vm.reason})` : ""}`));
       }
+      if (vm.notice_until) {
+        // A preemption notice: a flag where the cloud said it would take the VM (its jobs
+        // checkpointed and moved at the notice; the VM may have ended sooner, drained).
+        const nx = x(vm.notice_until);
+        const top = y + height / 2 - 9;
+        g.append(svg("path", {
+          d: `M${nx},${top + 12}L${nx},${top}L${nx + 8},${top + 3}L${nx},${top + 6}`,
+          class: "notice",
+          "data-vm": vm.id,
+        }, `${vm.id}: preemption notice, its cloud takes it by ${clock(vm.notice_until)}`));
+      }
     }
     for (const a of row.list) {
       const top = y + a.lane * LANE_H + 2;

@@ -1,0 +1,476 @@
+"""Finishing a bag by a deadline at the least expected cost: how many of its attempts
+must run on on-demand VMs now (docs/design.md#deadlines).
+
+The bag has K slots (VMs it may run at once). At time `now`, H = deadline − now hours
+are left; some jobs wait in the queue (work w_j each: the estimate less the work
+saved), some run on spot VMs (work left w_j on a VM of age a_j), some on on-demand
+VMs (r_i hours left). Spot attempts checkpoint by the DP (policies/checkpoint.py), and
+each job's completion time T_j on spot is known in distribution
+(policies/completion_times.py: mean μ_j, variance σ_j², CDF F_j). On-demand VMs are
+never preempted: a job there takes its work.
+
+**The decision: keep the on-demand fallback** (`fallback_on_demand`). Spot is cheaper
+in expectation whenever it is worth using at all (its price times the expected time
+μ_j below the on-demand price times w_j: `spot_worth_using`), so the least expected
+cost runs every attempt on spot that the deadline allows. What the deadline allows at
+confidence c: after any decision, every slot must still be able to turn on-demand and
+finish the bag in time. When a slot is free, its next attempt on spot commits it for
+the attempt's time, so the rule is checked with the free slots already busy:
+
+    LS(queue left; slots free at f_i) <= D − now − λ − δ_c
+
+- the free slots take the next jobs, longest first: n of them on-demand (free at
+  launch + w), the others on spot (launch + μ_j + launch: the expected time, then a
+  switch) or, when spot cannot be had or is not worth it, waiting (free at λ + launch,
+  their jobs left in the queue);
+- running attempts keep their slots: on-demand ones for r_i, spot ones for μ_j(age)
+  plus a launch;
+- LS is list scheduling of the rest of the queue, longest first, on the slots as they
+  free (Graham's bound W/K + max first; the exact schedule only when the bound does
+  not fit);
+- λ (`decision_lag_h`) is how long until the next look: a pass plus a launch;
+- δ_c is how late the spot attempts may be at confidence c: while a round of queued
+  jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
+  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less, one late attempt delays the
+  end by its own excess, q_c(T) − μ of the longest.
+
+The decision is the least n that fits (a binary search: fitting is monotone in n), so
+m = (running on-demand attempts) + n slots on on-demand. Recomputed whenever a slot
+frees: spot keeps every slot while the fallback fits (escalate late: at the latest
+safe moment, not on a fixed line); slots turn on-demand one by one as the slack goes;
+an on-demand slot that frees when the fallback fits without it goes back to spot (the
+slack returned). When not even n = all free slots fits, the bag is *at risk* and
+every slot goes on-demand.
+
+**The projection** (`meet_probabilities`, `decide(project=True)`), for the status
+pages and the `deadline_at_risk` notification: with m of the K slots on on-demand and
+K_s = K − m on spot,
+
+- on-demand slots take queued work until near the end (capacity Σ (H' − free_i)⁺ with
+  H' = H − (1 − 1/m)·w_last), the share f of the queued work W_q;
+- spot slots take the rest: a load L ~ N(μ_L, σ_L²) by the central limit theorem,
+  μ_L = Σ_running μ_j + (1 − f)·Σ_queued μ_j, σ_L² likewise with σ_j²;
+- list scheduling on K_s slots ends when the queue empties, at about L/K_s −
+  E[residual], plus the longest residual of the last round's n = min(K_s, queued)
+  attempts, max_k U_k·T_k (each started at a uniform point of its run): P(max <= x) =
+  g(x)^n with g(x) = E[min(1, x/T)], E[residual] = E[T]/2;
+- spot can be had a share α of the time (recent prices), not for o hours when it
+  cannot now;
+- with nothing queued, every job running on spot must finish in time: Π_j F_j(H).
+
+P(m) = max_x Φ((α·K_s·(H − o − x + E[T]/2) − μ_L) / σ_L) · g(x)^n, or Π_j F_j(H) when
+nothing is queued; the finish quantiles invert it in H.
+
+**Against Uniform Progress** (Wu et al., NSDI'24; policies/uniform_progress.py): UP
+needs no model of spot lifetimes: it keeps progress on the straight line from start
+to deadline, uses on-demand when behind it and spot is unavailable, and switches
+everything to on-demand for good at the last moment the remaining work fits (its
+safety net, with a margin of two changeovers). This policy instead keeps the
+on-demand fallback feasible slot by slot, with the completion-time spread the
+preemption model and the checkpoint plan give, turns only as many slots on-demand as
+that needs, and turns them back; it waits out spot outages and prices not worth
+paying while the fallback allows.
+
+Pure: arrays and dataclasses in, a decision out; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import ndtr, ndtri
+
+from policies.completion_times import CompletionTimes
+
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _array(values) -> np.ndarray:
+    return np.asarray(values, dtype=float).reshape(-1)
+
+
+@dataclass(frozen=True)
+class DeadlineInputs:
+    """A bag's state as the scheduler sees it at one pass (hours; prices USD/h per slot).
+
+    `queued_work_h`: jobs waiting (work left each); `spot_work_h` / `spot_age_h`: jobs
+    running on spot VMs (work left, VM age); `on_demand_left_h`: time left of the jobs
+    running on on-demand VMs. `spot_availability` (0–1] is the share of recent time
+    spot VMs could be launched at a price worth paying; `spot_outage_h` how long until
+    they can again when they cannot now (0 when they can). `decision_lag_h` is how long
+    escalating may wait: until the next pass, plus an on-demand VM's launch."""
+
+    now_h: float
+    deadline_h: float
+    slots: int
+    queued_work_h: np.ndarray
+    spot_work_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    on_demand_left_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spot_price_per_hour: float = 0.0
+    on_demand_price_per_hour: float = 1.0
+    on_demand_launch_h: float = 0.0
+    spot_availability: float = 1.0
+    spot_outage_h: float = 0.0
+    confidence: float = DEFAULT_CONFIDENCE
+    decision_lag_h: float = 10 / 60
+
+
+@dataclass(frozen=True)
+class DeadlineDecision:
+    """What the scheduler does until the next pass.
+
+    `on_demand_slots`: how many slots should run on on-demand VMs (new attempts go there
+    while fewer do; on-demand VMs beyond it take no new attempt). `launch_spot`: new
+    spot attempts are worth launching now (else the other slots wait). `p_meet`: the
+    projected probability of finishing by the deadline with this decision;
+    `finish_quantiles_h`: (q, projected finish time) pairs; `latest_switch_h`: the last
+    moment at which all the work left still fits on on-demand VMs; `at_risk`: no number
+    of on-demand slots reaches the confidence."""
+
+    on_demand_slots: int
+    launch_spot: bool
+    p_meet: float
+    finish_quantiles_h: tuple[tuple[float, float], ...]
+    latest_switch_h: float
+    at_risk: bool
+
+
+@dataclass(frozen=True)
+class _Loads:
+    """The sums the projection needs, computed once per decision."""
+
+    queued_work_h: float
+    queued_mean_h: float
+    queued_var_h2: float
+    running_mean_h: float
+    running_var_h2: float
+    last_work_h: float  # the queue's smallest work: the last job list scheduling starts
+    last_round_work_h: float  # the median work of the K smallest queued jobs (the last round)
+    queued_jobs: int
+    on_demand_left_sorted_h: np.ndarray
+    spot_busy_sorted_h: np.ndarray  # each spot slot until free: μ_j + z_c·σ_j, idle ones 0
+
+
+def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
+    queued = _array(inputs.queued_work_h)
+    q_mean, q_var = times.fresh_moments(queued)
+    r_mean, r_var = times.aged_moments(_array(inputs.spot_work_h), _array(inputs.spot_age_h))
+    return _Loads(
+        queued_work_h=float(queued.sum()),
+        queued_mean_h=float(q_mean.sum()),
+        queued_var_h2=float(q_var.sum()),
+        running_mean_h=float(r_mean.sum()),
+        running_var_h2=float(r_var.sum()),
+        last_work_h=float(queued.min()) if len(queued) else 0.0,
+        last_round_work_h=(
+            float(np.median(np.sort(queued)[: max(1, int(inputs.slots))])) if len(queued) else 0.0
+        ),
+        queued_jobs=len(queued),
+        on_demand_left_sorted_h=np.sort(_array(inputs.on_demand_left_h)),
+        spot_busy_sorted_h=np.sort(
+            np.concatenate(
+                [
+                    np.zeros(
+                        max(0, int(inputs.slots) - len(r_mean) - len(inputs.on_demand_left_h))
+                    ),
+                    r_mean + ndtri(inputs.confidence) * np.sqrt(r_var),
+                ]
+            )
+        ),
+    )
+
+
+def _running_spot_done(inputs: DeadlineInputs, times: CompletionTimes, horizon_h: float) -> float:
+    """Π_j F_j(H): every job running on spot is done within the horizon."""
+    work = _array(inputs.spot_work_h)
+    if not len(work):
+        return 1.0
+    cdf = times.aged_cdf_at(work, _array(inputs.spot_age_h), np.full(len(work), horizon_h))
+    return float(np.prod(cdf))
+
+
+def meet_probabilities(
+    inputs: DeadlineInputs, times: CompletionTimes, horizon_h: float | None = None
+) -> np.ndarray:
+    """P(m) for m = 0 .. K on-demand slots (module docstring): the projected chance of
+    finishing within `horizon_h` (default: until the deadline)."""
+    loads = _loads(inputs, times)
+    return _probabilities(inputs, times, loads, horizon_h)
+
+
+def _probabilities(
+    inputs: DeadlineInputs, times: CompletionTimes, loads: _Loads, horizon_h: float | None
+) -> np.ndarray:
+    K = max(1, int(inputs.slots))
+    H = inputs.deadline_h - inputs.now_h if horizon_h is None else horizon_h
+    m = np.arange(K + 1)
+    if H <= 0:
+        return np.zeros(K + 1)
+    spot_slots = K - m
+    # On-demand capacity for queued work: the on-demand VMs finishing first are kept.
+    od = loads.on_demand_left_sorted_h
+    od_tail = np.where(m > 0, (1.0 - 1.0 / np.maximum(m, 1)) * loads.last_work_h, 0.0)
+    usable = H - od_tail
+    kept = np.minimum(m, len(od))
+    free_after = np.concatenate(([0.0], np.cumsum(od)))  # Σ r_i of the first k
+    # Σ_{i < kept} (H' − r_i)⁺: each kept on-demand VM takes queued work once its job ends.
+    first = np.arange(len(od))[None, :] < kept[:, None]
+    capacity_od = (np.maximum(usable[:, None] - od[None, :], 0.0) * first).sum(axis=1)
+    # New on-demand slots come from spot slots as they free (idle ones first, then the
+    # running spot jobs expected to end soonest) and a launch later take queued work.
+    busy = loads.spot_busy_sorted_h
+    new = np.minimum(np.maximum(m - len(od), 0), len(busy))
+    newly = np.arange(len(busy))[None, :] < new[:, None]
+    capacity_od = capacity_od + (
+        np.maximum(usable[:, None] - inputs.on_demand_launch_h - busy[None, :], 0.0) * newly
+    ).sum(axis=1)
+    queued = max(loads.queued_work_h, 1e-12)
+    share_od = np.minimum(1.0, capacity_od / queued) if loads.queued_work_h > 0 else np.ones(K + 1)
+    released = free_after[-1] - free_after[kept]  # on-demand VMs beyond m: their load stays
+    mean = loads.running_mean_h + (1.0 - share_od) * loads.queued_mean_h + released
+    var = loads.running_var_h2 + (1.0 - share_od) * loads.queued_var_h2
+    spot_work_left = (1.0 - share_od) * loads.queued_work_h > 1e-9
+    availability = min(1.0, max(inputs.spot_availability, 0.0))
+    # The end: the queue empties at ΣT/K_s − E[residual] and the bag ends with the
+    # longest residual of the last round, max_k U_k·T_k (each last job started at a
+    # uniform point of its run): P(max <= x) = g(x)^n, g(x) = E[min(1, x/T)].
+    last_round = np.minimum(spot_slots, loads.queued_jobs)
+    x, g, mean_residual = _residuals(times, loads.last_round_work_h)
+    tail_ok = np.where(spot_work_left[None, :], g[:, None] ** last_round[None, :], 1.0)  # (x, m)
+    shift = np.where(spot_work_left[None, :], x[:, None] - mean_residual, 0.0)
+    capacity_spot = (
+        availability * spot_slots[None, :] * np.maximum(H - inputs.spot_outage_h - shift, 0.0)
+    )
+    # With every slot on-demand, spot takes no queued work (spot_work_left is False
+    # then unless on-demand cannot hold it all): the running spot jobs need no capacity
+    # beyond their own slots (their finishing is the product below).
+    capacity_spot = np.where(
+        spot_slots[None, :] == 0,
+        np.where(spot_work_left[None, :], 0.0, np.inf),
+        capacity_spot,
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(
+            var[None, :] > 0,
+            (capacity_spot - mean[None, :]) / np.sqrt(np.where(var > 0, var, 1.0))[None, :],
+            np.where(capacity_spot >= mean[None, :], np.inf, -np.inf),
+        )
+    bulk = np.where(mean[None, :] <= 0, 1.0, ndtr(z)) * tail_ok
+    bulk = bulk.max(axis=0)  # the best split of the confidence between bulk and end
+    if loads.queued_jobs:
+        return bulk
+    # The end game: nothing queued; the jobs running on spot must each finish in time.
+    return bulk * _running_spot_done(inputs, times, H)
+
+
+_TAIL_POINTS = 24
+
+
+def _residuals(times: CompletionTimes, work_h: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """For a last-round job of `work_h` on spot: points x from E[T]/2 to T's 0.99999
+    quantile, g(x) = E[min(1, x/T)] = P(U·T <= x) at each, and E[U·T] = E[T]/2."""
+    if work_h <= 0:
+        return np.zeros(1), np.ones(1), 0.0
+    cdf = times.fresh_cdf[int(times._work_steps(np.array(work_h)))]
+    pmf = np.diff(np.concatenate(([0.0], cdf)))
+    tau = np.arange(len(cdf)) * times.step_h
+    mean_t = float(times.fresh_moments(np.array([work_h]))[0][0])
+    top = times.fresh_quantile_h(work_h, 0.99999)
+    x = np.linspace(mean_t / 2.0, max(top, mean_t / 2.0), _TAIL_POINTS)
+    with np.errstate(divide="ignore"):
+        ratio = np.where(tau[None, :] > 0, x[:, None] / np.maximum(tau[None, :], 1e-12), 1.0)
+    g = (pmf[None, :] * np.minimum(1.0, ratio)).sum(axis=1)
+    return x, np.minimum(g, 1.0), mean_t / 2.0
+
+
+def latest_switch_h(inputs: DeadlineInputs) -> float:
+    """The last moment at which all the work left still fits on K on-demand slots by
+    the deadline: deadline − (W/K + (1 − 1/K)·w_max + d_od) (list scheduling's bound),
+    counting running jobs by their work left."""
+    work = np.concatenate(
+        [
+            _array(inputs.queued_work_h),
+            _array(inputs.spot_work_h),
+            _array(inputs.on_demand_left_h),
+        ]
+    )
+    if not len(work):
+        return inputs.deadline_h
+    K = max(1, int(inputs.slots))
+    makespan = float(work.sum()) / K + (1.0 - 1.0 / K) * float(work.max())
+    return inputs.deadline_h - makespan - inputs.on_demand_launch_h
+
+
+def spot_worth_using(inputs: DeadlineInputs, times: CompletionTimes) -> bool:
+    """Spot is worth launching when its expected cost per hour of work, price × μ/w for
+    the bag's median queued job, is below the on-demand price."""
+    queued = _array(inputs.queued_work_h)
+    if not len(queued) or inputs.spot_outage_h > 0:
+        return inputs.spot_outage_h <= 0
+    work = float(np.median(queued))
+    mean, _ = times.fresh_moments(np.array([work]))
+    return inputs.spot_price_per_hour * float(mean[0]) < inputs.on_demand_price_per_hour * work
+
+
+def decide(
+    inputs: DeadlineInputs,
+    times: CompletionTimes,
+    quantiles: Sequence[float] = (0.5, 0.9, DEFAULT_CONFIDENCE),
+    project: bool = True,
+) -> DeadlineDecision:
+    """How many slots run on on-demand VMs: those already there plus the fewest free
+    slots that keep the on-demand fallback (module docstring) within the deadline;
+    with `project`, the projected chance of meeting it and the finish at `quantiles`
+    (each a bisection of ~20 projections)."""
+    K = max(1, int(inputs.slots))
+    loads = _loads(inputs, times)
+    nothing_left = (
+        loads.queued_work_h <= 0
+        and not len(_array(inputs.spot_work_h))
+        and not len(loads.on_demand_left_sorted_h)
+    )
+    if nothing_left:
+        return DeadlineDecision(0, False, 1.0, (), inputs.deadline_h, False)
+    launch_spot = spot_worth_using(inputs, times)
+    new_on_demand = fallback_on_demand(inputs, times, launch_spot)
+    at_risk = new_on_demand is None
+    m = K if new_on_demand is None else len(loads.on_demand_left_sorted_h) + new_on_demand
+    m = min(m, K)
+    p_meet = math.nan
+    finish: tuple[tuple[float, float], ...] = ()
+    if project:
+        p_meet = float(_probabilities(inputs, times, loads, None)[m])
+        finish = tuple(
+            (q, inputs.now_h + _finish_within(inputs, times, loads, m, q))
+            for q in sorted(quantiles)
+        )
+    return DeadlineDecision(
+        on_demand_slots=m,
+        launch_spot=launch_spot,
+        p_meet=p_meet,
+        finish_quantiles_h=finish,
+        latest_switch_h=float(latest_switch_h(inputs)),
+        at_risk=at_risk,
+    )
+
+
+def fallback_on_demand(
+    inputs: DeadlineInputs, times: CompletionTimes, launch_spot: bool
+) -> int | None:
+    """The fewest of the free slots (those without an attempt) whose next attempts
+    must go on-demand now so that, after `decision_lag_h`, every slot could still turn
+    on-demand and finish the bag by the deadline (None: not even all of them).
+
+    The free slots take the next jobs, longest first; on spot (when `launch_spot`) a
+    slot is busy for its job's expected time plus a launch, on-demand for its work plus
+    a launch; a waiting slot is free after the lag and a launch. Running attempts keep
+    their slots: on-demand ones their time left, spot ones their expected time left
+    plus a launch. The rest of the queue is list scheduled, longest first, on the slots
+    as they free, and must end by deadline − lag − how late the spot attempts may be
+    at the confidence (`_margin_h`)."""
+    K = max(1, int(inputs.slots))
+    H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
+    launch = inputs.on_demand_launch_h
+    queued = np.sort(_array(inputs.queued_work_h))[::-1]
+    spot_work = _array(inputs.spot_work_h)
+    spot_mean, _ = times.aged_moments(spot_work, _array(inputs.spot_age_h))
+    od_left = _array(inputs.on_demand_left_h)
+    free = max(0, K - len(spot_work) - len(od_left))
+    nxt, rest = queued[:free], queued[free:]
+    next_mean, next_var = times.fresh_moments(nxt)
+    spot_var = times.aged_moments(spot_work, _array(inputs.spot_age_h))[1]
+    limit = H - _margin_h(
+        inputs, times, nxt, spot_work, rest, float(next_var.sum() + spot_var.sum())
+    )
+    running = np.concatenate([od_left, spot_mean + launch])
+
+    def fits(n: int) -> bool:
+        """n of the next jobs (the longest) on on-demand, the others on spot or waiting."""
+        on_demand = nxt[:n] + launch
+        if launch_spot:
+            others, left = next_mean[n:] + launch, rest
+        else:  # waiting slots start nothing: their jobs stay queued
+            others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
+            left = np.concatenate([nxt[n:], rest])
+        idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
+        free_at = np.concatenate([running, on_demand, others, idle])[:K]
+        bound = (float(free_at.sum()) + float(left.sum())) / K + max(
+            float(free_at.max(initial=0.0)), float(left.max(initial=0.0))
+        )
+        return bound <= limit or list_schedule_h(left, free_at) <= limit
+
+    if limit <= 0:
+        return None
+    if fits(0):
+        return 0
+    if not fits(len(nxt)):
+        return None
+    low, high = 0, len(nxt)  # fits(high) and not fits(low)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def _margin_h(
+    inputs: DeadlineInputs,
+    times: CompletionTimes,
+    nxt: np.ndarray,
+    spot_work: np.ndarray,
+    rest: np.ndarray,
+    var_h2: float,
+) -> float:
+    """How much later than their means the spot attempts may end, at the confidence.
+    While the fallback has at least a round of jobs to share out (K or more queued
+    beyond the next), a late attempt only leaves its slot less of them: the delay is
+    the spread of their sum over K slots, z_c·sqrt(Σσ²)/K. With less, one late attempt
+    delays the end by its own excess: the c-quantile of the longest attempt's time
+    less its mean."""
+    K = max(1, int(inputs.slots))
+    if len(rest) >= K:
+        return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
+    longest = max(float(nxt.max(initial=0.0)), float(spot_work.max(initial=0.0)))
+    if longest <= 0:
+        return 0.0
+    mean_longest = float(times.fresh_moments(np.array([longest]))[0][0])
+    return max(0.0, times.fresh_quantile_h(longest, inputs.confidence) - mean_longest)
+
+
+def list_schedule_h(works_h, free_at_h) -> float:
+    """Makespan of list scheduling, longest job first, on slots free from `free_at_h`:
+    the time the last slot ends."""
+    loads = sorted(float(b) for b in free_at_h)
+    if not loads:
+        return 0.0
+    for w in sorted((float(w) for w in works_h), reverse=True):
+        heapq.heapreplace(loads, loads[0] + w)
+    return max(loads)
+
+
+def _finish_within(
+    inputs: DeadlineInputs, times: CompletionTimes, loads: _Loads, m: int, q: float
+) -> float:
+    """The least horizon h (hours from now) with P_m(finish within h) >= q, by bisection
+    (infinite when even the table's horizon is not enough)."""
+    low, high = 0.0, max(1.0, inputs.deadline_h - inputs.now_h)
+    while _probabilities(inputs, times, loads, high)[m] < q:
+        high *= 2.0
+        if high > 1e5:
+            return math.inf
+    for _ in range(40):
+        mid = (low + high) / 2.0
+        if _probabilities(inputs, times, loads, mid)[m] >= q:
+            high = mid
+        else:
+            low = mid
+        if high - low < 1e-3:
+            break
+    return float(high)

@@ -1,0 +1,300 @@
+"""The deadline policy (docs/design.md#deadlines): completion-time distributions on
+spot against the checkpoint DP and Monte Carlo, the decision's properties (slack never
+escalates, a deadline spot cannot keep does, escalation grows as slack shrinks and
+falls back when it returns), Uniform Progress's four rules on hand-made cases, and the
+simulator's conservation of jobs, work and money."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import uniform_progress as up
+from policies.checkpoint import CheckpointTable, build_table, simulate_makespan
+from policies.completion_times import CompletionTimes, build_completion_times
+from policies.deadline import DeadlineInputs, decide, list_schedule_h, meet_probabilities
+from policies.deadline_sim import (
+    STRATEGIES,
+    BagRun,
+    Market,
+    all_on_demand_makespan_h,
+    simulate,
+)
+from policies.preemption import Bathtub
+
+MODEL = Bathtub(A=0.2476, tau1=1.127, tau2=52.96, b=0.001, L=24.0)  # the shipped pooled fit
+STEP_H = 2 / 60
+LAUNCH_H = 4 / 60
+
+
+@functools.cache
+def plan() -> tuple[CheckpointTable, CompletionTimes]:
+    table = build_table(MODEL, 2.0, STEP_H, restart_h=LAUNCH_H, step_h=STEP_H)
+    return table, build_completion_times(MODEL, table)
+
+
+# --- completion times ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("work_h", [0.5, 1.0, 2.0])
+def test_fresh_mean_is_the_dp_expectation(work_h: float) -> None:
+    """The distribution's mean is the DP's M(J, 0) (a failure is placed at the end of
+    its grid step: at most a step late per failure)."""
+    table, times = plan()
+    J = round(work_h / STEP_H)
+    mean, var = times.fresh_moments(np.array([work_h]))
+    assert float(mean[0]) == pytest.approx(float(table.makespan[J, 0]), rel=0.01)
+    assert float(mean[0]) >= float(table.makespan[J, 0]) - 1e-9
+    assert var[0] > 0
+    assert times.fresh_cdf[J, -1] == pytest.approx(1.0, abs=1e-6)
+    assert np.all(np.diff(times.fresh_cdf[J]) >= -1e-12)
+
+
+@pytest.mark.parametrize("age_h", [3.0, 12.0, 23.0])
+def test_aged_mean_is_the_dp_expectation(age_h: float) -> None:
+    table, times = plan()
+    mean, _ = times.aged_moments(np.array([1.0]), np.array([age_h]))
+    J, a = round(1.0 / STEP_H), round(age_h / STEP_H)
+    assert float(mean[0]) == pytest.approx(float(table.makespan[J, a]), rel=0.02)
+
+
+def test_fresh_mean_agrees_with_monte_carlo() -> None:
+    table, times = plan()
+    mean, _ = times.fresh_moments(np.array([2.0]))
+    mc, se = simulate_makespan(
+        MODEL,
+        table.schedule(2.0, 0.0).intervals_h,
+        table.delta_steps * STEP_H,
+        np.random.default_rng(5),
+        restart_h=LAUNCH_H,
+        runs=4000,
+        replan=table,
+    )
+    assert abs(float(mean[0]) - mc) <= 4 * se + STEP_H * 0.2
+
+
+def test_a_vm_at_its_deadline_restarts_the_job() -> None:
+    """At age L the VM is gone: the job takes a launch plus a fresh run (not never)."""
+    _, times = plan()
+    mean, _ = times.aged_moments(np.array([1.0]), np.array([24.0]))
+    fresh, _ = times.fresh_moments(np.array([1.0]))
+    assert float(mean[0]) == pytest.approx(float(fresh[0]) + LAUNCH_H, abs=STEP_H)
+
+
+# --- the decision --------------------------------------------------------------------
+
+
+def bag(seed: int, jobs: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.round(rng.uniform(0.5, 2.0, jobs) / STEP_H) * STEP_H
+
+
+def inputs_for(works: np.ndarray, slots: int, deadline_h: float, **extra) -> DeadlineInputs:
+    fields = dict(
+        spot_price_per_hour=0.3,
+        on_demand_price_per_hour=1.0,
+        on_demand_launch_h=LAUNCH_H,
+        confidence=0.99,
+    )
+    fields.update(extra)
+    return DeadlineInputs(
+        now_h=0.0, deadline_h=deadline_h, slots=slots, queued_work_h=works, **fields
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), jobs=st.integers(5, 200), slots=st.integers(1, 40))
+def test_ample_slack_never_escalates(seed: int, jobs: int, slots: int) -> None:
+    works = bag(seed, jobs)
+    makespan = all_on_demand_makespan_h(works, slots, LAUNCH_H)
+    decision = decide(inputs_for(works, slots, 3.0 * makespan + 4.0), plan()[1])
+    assert decision.on_demand_slots == 0
+    assert not decision.at_risk
+    assert decision.launch_spot
+    assert decision.p_meet >= 0.99
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), jobs=st.integers(20, 200), slots=st.integers(2, 40))
+def test_a_deadline_spot_alone_cannot_keep_escalates(seed: int, jobs: int, slots: int) -> None:
+    """With the deadline at the all-on-demand makespan, spot (slower in expectation)
+    cannot keep it: some slots go on-demand, and the projection agrees."""
+    works = bag(seed, jobs)
+    makespan = all_on_demand_makespan_h(works, slots, LAUNCH_H)
+    decision = decide(inputs_for(works, slots, makespan + 0.2), plan()[1])
+    assert decision.on_demand_slots > 0
+    spot_only = meet_probabilities(inputs_for(works, slots, makespan + 0.2), plan()[1])[0]
+    assert spot_only < 0.99
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), jobs=st.integers(20, 150), slots=st.integers(2, 30))
+def test_escalation_grows_as_slack_shrinks(seed: int, jobs: int, slots: int) -> None:
+    works = bag(seed, jobs)
+    makespan = all_on_demand_makespan_h(works, slots, LAUNCH_H)
+    counts = [
+        decide(inputs_for(works, slots, f * makespan), plan()[1], project=False).on_demand_slots
+        for f in (3.0, 1.5, 1.2, 1.1, 1.05, 1.0, 0.9)
+    ]
+    assert counts == sorted(counts)
+    assert counts[-1] == slots  # below the on-demand makespan: at risk, all of them
+
+
+def test_returns_to_spot_when_slack_returns() -> None:
+    """On-demand slots escalated when slack was short take no new attempts once it is
+    back: the decision keeps only the on-demand attempts still running."""
+    _, times = plan()
+    works = bag(3, 120)
+    running = np.full(6, 0.5)  # six on-demand attempts, half an hour left each
+    tight = decide(inputs_for(works, 10, 12.0, on_demand_left_h=running), times, project=False)
+    assert tight.on_demand_slots > 6  # short of slack: free slots go on-demand too
+    loose = decide(inputs_for(works, 10, 60.0, on_demand_left_h=running), times, project=False)
+    assert loose.on_demand_slots == 6  # an on-demand slot that frees goes back to spot
+
+
+def test_waits_for_spot_with_slack_and_not_past_the_latest_switch() -> None:
+    _, times = plan()
+    works = bag(4, 60)
+    makespan = all_on_demand_makespan_h(works, 10, LAUNCH_H)
+    slack = decide(inputs_for(works, 10, 3 * makespan, spot_outage_h=2.0), times, project=False)
+    assert not slack.launch_spot and slack.on_demand_slots == 0  # wait for spot
+    late = decide(inputs_for(works, 10, makespan + 0.3, spot_outage_h=2.0), times, project=False)
+    assert not late.launch_spot and late.on_demand_slots == 10
+
+
+def test_spot_too_dear_is_not_launched() -> None:
+    _, times = plan()
+    works = bag(5, 30)
+    dear = decide(inputs_for(works, 5, 100.0, spot_price_per_hour=0.99), times)
+    assert not dear.launch_spot
+
+
+def test_finish_quantiles_are_ordered_and_at_risk_when_impossible() -> None:
+    _, times = plan()
+    works = bag(6, 80)
+    makespan = all_on_demand_makespan_h(works, 8, LAUNCH_H)
+    decision = decide(inputs_for(works, 8, 2 * makespan), times, quantiles=(0.5, 0.9, 0.99))
+    finish = [h for _, h in decision.finish_quantiles_h]
+    assert finish == sorted(finish) and finish[0] > makespan * 0.9
+    assert decide(inputs_for(works, 8, 0.5 * makespan), times).at_risk
+
+
+def test_list_schedule() -> None:
+    assert list_schedule_h([3, 3, 2, 2, 2], [0, 0]) == 7  # 3 + 2 + 2 and 3 + 2
+    assert list_schedule_h([], [1.0, 2.0]) == 2.0
+    assert list_schedule_h([1.0], [5.0, 0.0]) == 5.0
+
+
+# --- Uniform Progress --------------------------------------------------------------------
+
+
+def state(**changes) -> up.ProgressState:
+    base = dict(
+        now_h=10.0,
+        start_h=0.0,
+        deadline_h=100.0,
+        total_work_h=50.0,
+        progress_h=5.0,
+        work_left_h=45.0,
+        changeover_h=0.1,
+        spot_available=True,
+        current=up.Kind.WAIT,
+    )
+    base.update(changes)
+    return up.ProgressState(**base)
+
+
+def test_uniform_progress_rules() -> None:
+    # ep(10) = 50·10/100 = 5.
+    assert up.expected_progress_h(50, 0, 100, 10) == 5.0
+    # Rule 2: spot whenever available, even behind the line.
+    assert up.decide(state(progress_h=1.0)) == (up.Kind.SPOT, False)
+    # Rule 1: idle, behind the line, no spot: on-demand.
+    assert up.decide(state(progress_h=4.9, spot_available=False)) == (up.Kind.ON_DEMAND, False)
+    # Idle, on or ahead of the line, no spot: wait.
+    assert up.decide(state(progress_h=5.0, spot_available=False)) == (up.Kind.WAIT, False)
+    # Rule 3: on on-demand, stay until cp >= ep(t + 2d) = 50·10.2/100 = 5.1.
+    on_demand = dict(current=up.Kind.ON_DEMAND)
+    assert up.decide(state(progress_h=5.05, **on_demand)) == (up.Kind.ON_DEMAND, False)
+    assert up.decide(state(progress_h=5.1, **on_demand)) == (up.Kind.SPOT, False)
+    # ... and back to spot only when there is spot.
+    assert up.decide(state(progress_h=6, spot_available=False, **on_demand))[0] == up.Kind.ON_DEMAND
+    # Rule 2: on spot, stay there while it lasts.
+    assert up.decide(state(progress_h=1.0, current=up.Kind.SPOT)) == (up.Kind.SPOT, False)
+    # Rule 4: R(t) = 90 < C(t) + 2d = 89.9 + 0.2: on-demand until the end.
+    assert up.decide(state(work_left_h=89.9)) == (up.Kind.ON_DEMAND, True)
+    assert up.decide(state(work_left_h=89.7)) == (up.Kind.SPOT, False)
+    assert up.decide(state(safety_net=True)) == (up.Kind.ON_DEMAND, True)
+
+
+# --- the simulator ------------------------------------------------------------------------
+
+
+def small_market(outage: tuple[float, float] | None = None) -> Market:
+    step = 5 / 60
+    n = round(200 / step)
+    t = np.arange(n) * step
+    prices = 0.3 + 0.05 * np.sin(t)  # below the bid (1.0) ...
+    if outage is not None:  # ... except in an outage, above it
+        prices = np.where((t >= outage[0]) & (t < outage[1]), 1.5, prices)
+    return Market(step, prices, 1.0)
+
+
+def run_for(strategy: str, works: np.ndarray, slots: int, deadline_h: float, market: Market):
+    table, times = plan()
+    run = BagRun(works, slots, deadline_h, market, MODEL, table, times, strategy, launch_h=LAUNCH_H)
+    return simulate(run, np.random.default_rng(11))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_simulation_conserves_jobs_work_and_money(strategy: str) -> None:
+    works = bag(7, 40)
+    market = small_market(outage=(3.0, 4.0))
+    makespan = all_on_demand_makespan_h(works, 5, LAUNCH_H)
+    result = run_for(strategy, works, 5, 1.5 * makespan, market)
+    assert result.jobs_done == 40
+    assert result.work_done_h == pytest.approx(float(works.sum()))
+    assert result.cost_usd == pytest.approx(sum(v.cost_usd for v in result.vms))
+    for vm in result.vms:
+        if vm.kind == "on_demand":
+            assert vm.cost_usd == pytest.approx(1.0 * (vm.end_h - vm.start_h))
+        else:  # Σ price × time over the grid, by a fine Riemann sum
+            t = np.linspace(vm.start_h, vm.end_h, 4001)[:-1]
+            dt = (vm.end_h - vm.start_h) / 4000
+            steps = np.minimum((t / market.step_h + 1e-9).astype(int), len(market.spot_price) - 1)
+            assert vm.cost_usd == pytest.approx(
+                float(market.spot_price[steps].sum() * dt), rel=2e-3
+            )
+    # No VM outlives the bag, and slots never hold two VMs: VM hours fit in K × makespan.
+    assert all(vm.end_h <= result.makespan_h + 1e-9 for vm in result.vms)
+    assert result.spot_vm_h + result.on_demand_vm_h <= 5 * result.makespan_h + 1e-6
+    if strategy == "all_on_demand":
+        assert result.makespan_h == pytest.approx(makespan)
+        assert result.preemptions == 0 and result.spot_vm_h == 0
+    if strategy == "all_spot":
+        assert result.on_demand_vm_h == 0
+
+
+def test_a_bag_spot_cannot_finish_in_time_escalates_and_meets_its_deadline() -> None:
+    """Spot unavailable for hours in the middle: all spot misses, the policy escalates
+    (on-demand hours) and meets the deadline."""
+    works = bag(8, 60)
+    makespan = all_on_demand_makespan_h(works, 6, LAUNCH_H)
+    market = small_market(outage=(2.0, 2.0 + makespan))
+    spot = run_for("all_spot", works, 6, 1.3 * makespan, market)
+    ours = run_for("spotbag", works, 6, 1.3 * makespan, market)
+    assert not spot.met
+    assert ours.met and ours.on_demand_vm_h > 0
+
+
+def test_a_bag_with_slack_never_escalates_in_the_simulator() -> None:
+    works = bag(9, 60)
+    makespan = all_on_demand_makespan_h(works, 6, LAUNCH_H)
+    ours = run_for("spotbag", works, 6, 3 * makespan, small_market())
+    assert ours.met and ours.on_demand_vm_h == 0
+    assert math.isfinite(ours.makespan_h)
