@@ -203,6 +203,8 @@ class Budgets:
         and release the rest. It reserved that share for max_runtime_s, so the charge is
         reserved × elapsed_s / max_runtime_s (at most what it reserved): the same
         figure after a restart, when the VM may be gone."""
+        if not self.book.open:
+            return []  # nothing reserved (no bag or account has a budget): nothing to settle
         key = reservation_key(bag.id, idx, number)
         found = self.book.open.get(key)
         if found is None:

@@ -223,6 +223,8 @@ class Planning:
     ) -> bool:
         """Reserve the attempt's worst case under its bag's and account's budgets, in
         this pass's batch (the transaction that records the attempt); False holds the bag."""
+        if not self.world.budgets.limited(bag):
+            return True  # no caps: nothing to reserve (every attempt of most bags)
         job = self.world.jobs.get((bag.id, idx))
         number = (job.attempts if job is not None else 0) + 1
         entries = self.world.budgets.reserve_attempt(bag, vm, idx, number, now)
