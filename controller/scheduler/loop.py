@@ -489,17 +489,19 @@ class Scheduler:
         batch = self.store.new_batch()
         self.actions.replan = False
         signals = self.checkpoints.due_signals(now)
-        await self.slurm_pools.carry_out()
-        await self.actions.execute(
-            starts,
-            launches,
-            cancels,
-            decision.terminations,
-            batch,
-            signals,
-            background_starts=background_starts,
-        )
-        await self.store.apply(batch)
+        if self.slurm_pools.has_decisions():
+            await self.slurm_pools.carry_out()
+        if starts or launches or cancels or decision.terminations or signals:
+            await self.actions.execute(
+                starts,
+                launches,
+                cancels,
+                decision.terminations,
+                batch,
+                signals,
+                background_starts=background_starts,
+            )
+            await self.store.apply(batch)
         if self.metrics is not None:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
         if self.actions.replan:

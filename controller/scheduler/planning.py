@@ -80,7 +80,7 @@ class Planning:
         to_hours = self.time_scale / 3600.0  # real seconds -> model hours
         # While the executor cannot take attempts, nothing is placed (or launched for).
         blocked = now < self.backoff.starts_blocked_until
-        noticed = self._noticed_jobs()
+        noticed = self._noticed_jobs() if world.draining else {}
         demand = (
             []
             if blocked
@@ -138,7 +138,9 @@ class Planning:
             catalog=world.catalog_view,
             # A VM with a preemption notice is on its way out: its replacement may be
             # launched within max_vms now.
-            alive_vms=len(world.vms) - len(world.pool_vms) - self._noticed_vms(),
+            alive_vms=len(world.vms)
+            - len(world.pool_vms)
+            - (self._noticed_vms() if world.draining else 0),
             max_vms=self.settings.max_vms,
             idle_timeout_s=self.settings.idle_timeout_s,
             boot_timeout_s=self.settings.boot_timeout_s,
