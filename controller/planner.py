@@ -320,7 +320,7 @@ def _end_unbooted(
             terminations.append(
                 Terminate(vm.vm_id, f"did not boot within {snapshot.boot_timeout_s:.0f} s")
             )
-        elif deadline != float("inf"):
+        elif deadline != math.inf:
             wake.append(deadline)
 
 

@@ -147,7 +147,7 @@ class Planning:
             hot_spare_s=self.book.settings.hot_spare_h * 3600.0 / self.time_scale
             if self.book
             else 0.0,
-            blocked_until=self.backoff.blocked_types(),
+            blocked_until=self.backoff.blocked_types() if self.backoff.types else {},
             market=world.market,
         )
 
