@@ -85,7 +85,10 @@ class World:
         self.catalog = {t.name: t for t in catalog}
         # A tuple: the planner remembers what fits per catalog object (planner._fitting_types).
         self.catalog_view = tuple(
-            CatalogType(t.name, t.zone, capacity_of(t), t.spot_price_per_hour) for t in catalog
+            CatalogType(
+                t.name, t.zone, capacity_of(t), t.spot_price_per_hour, t.on_demand_price_per_hour
+            )
+            for t in catalog
         )
         self.market: TypeMarket | None = None  # live prices and policy (controller/hopper.py)
         self.bags: dict[str, BagRun] = {}
