@@ -102,7 +102,10 @@ class DeadlineInputs:
     running on on-demand VMs. `spot_availability` (0–1] is the share of recent time
     spot VMs could be launched at a price worth paying; `spot_outage_h` how long until
     they can again when they cannot now (0 when they can). `decision_lag_h` is how long
-    escalating may wait: until the next pass, plus an on-demand VM's launch."""
+    escalating may wait: until the next pass, plus an on-demand VM's launch.
+    `spot_available` says whether a spot VM can be launched now at all (its price at
+    or below the bid), even when it is not worth its price; None (unknown) means it
+    can exactly when `spot_outage_h` is 0."""
 
     now_h: float
     deadline_h: float
@@ -118,6 +121,7 @@ class DeadlineInputs:
     spot_outage_h: float = 0.0
     confidence: float = DEFAULT_CONFIDENCE
     decision_lag_h: float = 10 / 60
+    spot_available: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -337,8 +341,18 @@ def decide(
     if nothing_left:
         return DeadlineDecision(0, False, 1.0, (), inputs.deadline_h, False)
     launch_spot = spot_worth_using(inputs, times)
+    keep_line = 0
+    if not launch_spot and loads.queued_jobs:
+        # Waiting for spot spends slack: only while spot could still finish after it.
+        keep_line = spot_line_on_demand(inputs, times)
+        if keep_line and inputs.spot_available is True:
+            # Spot is there but dear: it beats idling (billed at the market price,
+            # which may fall) and, unlike on-demand, commits to no price.
+            launch_spot, keep_line = True, 0
     new_on_demand = fallback_on_demand(inputs, times, launch_spot)
     at_risk = new_on_demand is None
+    if new_on_demand is not None:
+        new_on_demand = max(new_on_demand, keep_line)
     m = K if new_on_demand is None else len(loads.on_demand_left_sorted_h) + new_on_demand
     m = min(m, K)
     p_meet = math.nan
@@ -414,6 +428,54 @@ def fallback_on_demand(
     while high - low > 1:
         mid = (low + high) // 2
         if fits(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h: float) -> float:
+    """The expected finish (hours from now) when n of the free slots' next jobs (the
+    longest) run on on-demand and every other slot runs spot once it can be had again
+    (after `wait_h`): running attempts keep their slots (on-demand ones their time
+    left, spot ones their expected time left μ_j(age)), and the queue is list
+    scheduled on the slots as they free, each job taking its expected time on a fresh
+    spot VM, μ_j(0)."""
+    K = max(1, int(inputs.slots))
+    launch = inputs.on_demand_launch_h
+    queued = np.sort(_array(inputs.queued_work_h))[::-1]
+    spot_work = _array(inputs.spot_work_h)
+    spot_mean, _ = times.aged_moments(spot_work, _array(inputs.spot_age_h))
+    od_left = _array(inputs.on_demand_left_h)
+    free = max(0, K - len(spot_work) - len(od_left))
+    n = min(n, free, len(queued))
+    on_demand, rest = queued[:n] + launch, queued[n:]
+    rest_mean, _ = times.fresh_moments(rest)
+    free_at = np.concatenate([od_left, spot_mean, on_demand, np.full(free - n, wait_h + launch)])
+    return list_schedule_h(rest_mean, free_at)
+
+
+def spot_line_on_demand(inputs: DeadlineInputs, times: CompletionTimes) -> int:
+    """While spot cannot be had or is not worth its price: the fewest free slots that
+    must run on-demand now so that spot, once back (after the expected outage, at
+    least the lag), still finishes the bag by the deadline in expectation
+    (`spot_finish_h`). A slot left idle loses its hours for good; when spot alone
+    would then finish late, on-demand hours are needed anyway, and bought now they
+    use capacity that would otherwise idle instead of displacing spot later (the
+    role of Uniform Progress's rule 1, with spot's own expected pace as the line)."""
+    H = inputs.deadline_h - inputs.now_h
+    wait = max(inputs.spot_outage_h, inputs.decision_lag_h)
+    K = max(1, int(inputs.slots))
+    free = max(0, K - len(_array(inputs.spot_work_h)) - len(_array(inputs.on_demand_left_h)))
+    free = min(free, len(_array(inputs.queued_work_h)))
+    if spot_finish_h(inputs, times, 0, wait) <= H:
+        return 0
+    if free == 0 or spot_finish_h(inputs, times, free, wait) > H:
+        return free
+    low, high = 0, free  # fits(high) and not fits(low)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if spot_finish_h(inputs, times, mid, wait) <= H:
             high = mid
         else:
             low = mid

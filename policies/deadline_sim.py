@@ -339,6 +339,7 @@ class _Simulation:
             spot_availability=float(self.view.share_usable[market.index(t)]),
             spot_outage_h=self.view.outage_left_h(t),
             confidence=self.run.confidence,
+            spot_available=bool(self.view.available[market.index(t)]),
         )
         self.decision = spotbag_policy.decide(inputs, self.run.times, quantiles=(), project=False)
         self.decided_at = t

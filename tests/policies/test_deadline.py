@@ -167,6 +167,35 @@ def test_waits_for_spot_with_slack_and_not_past_the_latest_switch() -> None:
     assert not late.launch_spot and late.on_demand_slots == 10
 
 
+def test_an_outage_with_little_slack_runs_on_demand_instead_of_idling() -> None:
+    """Spot unavailable, a deadline spot could keep only without losing time: the free
+    slots do not wait (an idle hour is lost for good) but neither do they all go
+    on-demand; with the same outage and ample slack, they wait."""
+    _, times = plan()
+    works = bag(12, 200)
+    makespan = all_on_demand_makespan_h(works, 20, LAUNCH_H)
+    spot_mean = float(times.fresh_moments(works)[0].sum()) / 20
+    deadline = spot_mean + 0.6  # spot alone fits, but not after an hour's outage
+    tight = decide(inputs_for(works, 20, deadline, spot_outage_h=1.0), times, project=False)
+    assert not tight.launch_spot and 0 < tight.on_demand_slots < 20
+    assert makespan < deadline
+    loose = decide(inputs_for(works, 20, 3 * makespan, spot_outage_h=1.0), times, project=False)
+    assert not loose.launch_spot and loose.on_demand_slots == 0
+
+
+def test_dear_spot_is_launched_rather_than_idling_when_slack_is_short() -> None:
+    """Spot at a price not worth paying but at or below the bid: with slack, wait for a
+    better price; without, launch it (idling would spend the slack)."""
+    _, times = plan()
+    works = bag(13, 200)
+    spot_mean = float(times.fresh_moments(works)[0].sum()) / 20
+    dear = dict(spot_price_per_hour=0.99, spot_outage_h=1.0, spot_available=True)
+    tight = decide(inputs_for(works, 20, spot_mean + 0.6, **dear), times, project=False)
+    assert tight.launch_spot
+    loose = decide(inputs_for(works, 20, 3 * spot_mean, **dear), times, project=False)
+    assert not loose.launch_spot and loose.on_demand_slots == 0
+
+
 def test_spot_too_dear_is_not_launched() -> None:
     _, times = plan()
     works = bag(5, 30)
