@@ -105,7 +105,9 @@ class DeadlineInputs:
     escalating may wait: until the next pass, plus an on-demand VM's launch.
     `spot_available` says whether a spot VM can be launched now at all (its price at
     or below the bid), even when it is not worth its price; None (unknown) means it
-    can exactly when `spot_outage_h` is 0."""
+    can exactly when `spot_outage_h` is 0. `queue_ordered`: `queued_work_h` is in the
+    order the slots will take the jobs (e.g. retries first); else the policy assumes
+    longest first, which packs the end better than some orders do."""
 
     now_h: float
     deadline_h: float
@@ -113,6 +115,7 @@ class DeadlineInputs:
     queued_work_h: np.ndarray
     spot_work_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spot_unsaved_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     on_demand_left_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_price_per_hour: float = 0.0
     on_demand_price_per_hour: float = 1.0
@@ -122,6 +125,7 @@ class DeadlineInputs:
     confidence: float = DEFAULT_CONFIDENCE
     decision_lag_h: float = 10 / 60
     spot_available: bool | None = None
+    queue_ordered: bool = False
 
 
 @dataclass(frozen=True)
@@ -390,7 +394,7 @@ def fallback_on_demand(
     K = max(1, int(inputs.slots))
     H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
     launch = inputs.on_demand_launch_h
-    queued = np.sort(_array(inputs.queued_work_h))[::-1]
+    queued = _dispatch_order(inputs)
     spot_work = _array(inputs.spot_work_h)
     spot_mean, _ = times.aged_moments(spot_work, _array(inputs.spot_age_h))
     od_left = _array(inputs.on_demand_left_h)
@@ -398,28 +402,47 @@ def fallback_on_demand(
     nxt, rest = queued[:free], queued[free:]
     next_mean, next_var = times.fresh_moments(nxt)
     spot_var = times.aged_moments(spot_work, _array(inputs.spot_age_h))[1]
-    limit = H - _margin_h(
-        inputs, times, nxt, spot_work, rest, float(next_var.sum() + spot_var.sum())
-    )
     running = np.concatenate([od_left, spot_mean + launch])
+    # The spot attempt with the most work since its last checkpoint, its VM dying
+    # now: its slot free after a launch, its job (that work lost) back in the queue
+    # ahead of the fresh jobs (retries go first).
+    unsaved = _array(inputs.spot_unsaved_h)
+    worst, retry = -1, np.zeros(0)
+    if len(unsaved) == len(spot_work) and len(unsaved) and unsaved.max() > 0:
+        i = int(np.argmax(unsaved))
+        worst, retry = len(od_left) + i, np.array([spot_work[i] + unsaved[i]])
 
-    def fits(n: int) -> bool:
-        """n of the next jobs (the longest) on on-demand, the others on spot or waiting."""
-        on_demand = nxt[:n] + launch
-        if launch_spot:
-            others, left = next_mean[n:] + launch, rest
-        else:  # waiting slots start nothing: their jobs stay queued
-            others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
-            left = np.concatenate([nxt[n:], rest])
-        idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
-        free_at = np.concatenate([running, on_demand, others, idle])[:K]
+    def ends_by(free_at: np.ndarray, left: np.ndarray, limit: float) -> bool:
         bound = (float(free_at.sum()) + float(left.sum())) / K + max(
             float(free_at.max(initial=0.0)), float(left.max(initial=0.0))
         )
-        return bound <= limit or list_schedule_h(left, free_at) <= limit
+        return bound <= limit or list_schedule_h(left, free_at, inputs.queue_ordered) <= limit
 
-    if limit <= 0:
-        return None
+    def fits(n: int) -> bool:
+        """n of the next jobs on on-demand, the others on spot or waiting."""
+        on_demand = nxt[:n] + launch
+        if launch_spot:
+            others, left = next_mean[n:] + launch, rest
+            spot_next, spot_next_var = nxt[n:], next_var[n:]
+        else:  # waiting slots start nothing: their jobs stay queued
+            others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
+            left = np.concatenate([nxt[n:], rest])
+            spot_next, spot_next_var = nxt[:0], next_var[:0]
+        limit = H - _margin_h(
+            inputs, times, spot_next, spot_work, rest, float(spot_next_var.sum() + spot_var.sum())
+        )
+        if limit <= 0:
+            return False
+        idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
+        free_at = np.concatenate([running, on_demand, others, idle])[:K]
+        if not ends_by(free_at, left, limit):
+            return False
+        if worst < 0:
+            return True
+        retried = free_at.copy()
+        retried[worst] = launch
+        return ends_by(retried, np.concatenate([retry, left]), limit)
+
     if fits(0):
         return 0
     if not fits(len(nxt)):
@@ -443,7 +466,7 @@ def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h
     spot VM, μ_j(0)."""
     K = max(1, int(inputs.slots))
     launch = inputs.on_demand_launch_h
-    queued = np.sort(_array(inputs.queued_work_h))[::-1]
+    queued = _dispatch_order(inputs)
     spot_work = _array(inputs.spot_work_h)
     spot_mean, _ = times.aged_moments(spot_work, _array(inputs.spot_age_h))
     od_left = _array(inputs.on_demand_left_h)
@@ -452,7 +475,7 @@ def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h
     on_demand, rest = queued[:n] + launch, queued[n:]
     rest_mean, _ = times.fresh_moments(rest)
     free_at = np.concatenate([od_left, spot_mean, on_demand, np.full(free - n, wait_h + launch)])
-    return list_schedule_h(rest_mean, free_at)
+    return list_schedule_h(rest_mean, free_at, inputs.queue_ordered)
 
 
 def spot_line_on_demand(inputs: DeadlineInputs, times: CompletionTimes) -> int:
@@ -506,13 +529,22 @@ def _margin_h(
     return max(0.0, times.fresh_quantile_h(longest, inputs.confidence) - mean_longest)
 
 
-def list_schedule_h(works_h, free_at_h) -> float:
-    """Makespan of list scheduling, longest job first, on slots free from `free_at_h`:
-    the time the last slot ends."""
+def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:
+    """The queue in the order slots will take it: as given when `queue_ordered`,
+    else longest first."""
+    queued = _array(inputs.queued_work_h)
+    return queued if inputs.queue_ordered else np.sort(queued)[::-1]
+
+
+def list_schedule_h(works_h, free_at_h, ordered: bool = False) -> float:
+    """Makespan of list scheduling on slots free from `free_at_h` (the time the last
+    slot ends): each job, longest first (in the given order when `ordered`), to the
+    slot free first."""
     loads = sorted(float(b) for b in free_at_h)
     if not loads:
         return 0.0
-    for w in sorted((float(w) for w in works_h), reverse=True):
+    works = [float(w) for w in works_h]
+    for w in works if ordered else sorted(works, reverse=True):
         heapq.heapreplace(loads, loads[0] + w)
     return max(loads)
 

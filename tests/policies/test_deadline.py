@@ -217,6 +217,25 @@ def test_list_schedule() -> None:
     assert list_schedule_h([3, 3, 2, 2, 2], [0, 0]) == 7  # 3 + 2 + 2 and 3 + 2
     assert list_schedule_h([], [1.0, 2.0]) == 2.0
     assert list_schedule_h([1.0], [5.0, 0.0]) == 5.0
+    # In the queue's own order (short ones first) the long job comes last: 1 + 3.
+    assert list_schedule_h([1, 1, 1, 3], [0, 0], ordered=True) == 4
+    assert list_schedule_h([1, 1, 1, 3], [0, 0]) == 3
+
+
+def test_work_a_preemption_would_lose_now_is_allowed_for() -> None:
+    """Eight attempts on spot with half an hour left, 40 one-hour jobs queued: the
+    fallback fits, unless the attempt with 1.5 h of work since its last checkpoint
+    dies now (its job back in the queue with that work to redo)."""
+    _, times = plan()
+    works = np.full(40, 1.0)
+    running = dict(spot_work_h=np.full(8, 0.5), spot_age_h=np.full(8, 5.0))
+    saved = decide(inputs_for(works, 10, 5.0, **running), times, project=False)
+    assert saved.on_demand_slots == 0 and not saved.at_risk
+    unsaved = np.concatenate(([1.5], np.zeros(7)))
+    exposed = decide(inputs_for(works, 10, 5.0, spot_unsaved_h=unsaved, **running), times)
+    assert exposed.on_demand_slots > 0
+    slack = decide(inputs_for(works, 10, 6.0, spot_unsaved_h=unsaved, **running), times)
+    assert slack.on_demand_slots == 0  # with slack, the loss is absorbed
 
 
 # --- Uniform Progress --------------------------------------------------------------------
@@ -327,3 +346,17 @@ def test_a_bag_with_slack_never_escalates_in_the_simulator() -> None:
     ours = run_for("spotbag", works, 6, 3 * makespan, small_market())
     assert ours.met and ours.on_demand_vm_h == 0
     assert math.isfinite(ours.makespan_h)
+
+
+def test_on_demand_attempts_ending_together_go_back_to_spot_together() -> None:
+    """An hour's outage at the start with little slack: the idle slots run one round
+    on on-demand, whose attempts all end at the same instant; the decision then keeps
+    no on-demand slot, and each of them goes back to spot (the simulator counts the
+    slots freeing at that instant as free, not as on-demand attempts still running)."""
+    works = np.full(60, 1.0)
+    makespan = all_on_demand_makespan_h(works, 10, LAUNCH_H)
+    result = run_for("spotbag", works, 10, 1.4 * makespan, small_market(outage=(0.0, 1.0)))
+    first = [vm for vm in result.vms if vm.kind == "on_demand" and vm.start_h < 1.0]
+    assert len(first) == 10
+    assert len({round(vm.end_h, 6) for vm in first}) == 1  # all released together
+    assert result.met
