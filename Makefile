@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/preemption_models.py
 	$(BIN)/python bench/checkpoint_schedules.py
 	$(BIN)/python bench/notices.py
+	$(BIN)/python bench/notify_budgets.py
 	$(BIN)/python bench/prepaid.py
 	$(BIN)/python bench/report.py
 	$(BIN)/python bench/cloud_drivers.py

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from controller.bags.spec import ACCOUNT_NAME
 from controller.errors import SpotbagError
 from controller.executors.job_users import ACCOUNT, template_problem
+from controller.notify.kinds import EventKind
 from drivers.base import VmType
 
 
@@ -644,6 +645,48 @@ class SlurmConfig(_Section):
     )
 
 
+class NotifyWebhookConfig(_Section):
+    url: str = Field(
+        pattern=r"^https?://[^/?#\s]+", description="http(s) URL every matching event is POSTed to."
+    )
+    events: tuple[EventKind, ...] = Field(
+        (),
+        description="Kinds to send (finished, failed, deadline_at_risk, budget_reached, "
+        "preemption_storm); empty: all.",
+    )
+
+
+class NotifyConfig(_Section):
+    """Webhooks (docs/notifications.md): events are POSTed as JSON, signed with
+    HMAC-SHA256 like the Slurm hooks' callbacks, retried with exponential back-off."""
+
+    webhooks: tuple[NotifyWebhookConfig, ...] = Field(
+        (),
+        description="The operator's webhooks: every bag's events of their kinds, and the fleet's.",
+    )
+    secret_file: str = Field(
+        "",
+        description="File holding the secret events are signed with; empty: "
+        "STATE_DIR/notify.secret (made, random, mode 0600, when missing).",
+    )
+    max_attempts: int = Field(
+        8, ge=1, le=100, description="Attempts per delivery before it is given up (failed)."
+    )
+    backoff_s: float = Field(
+        2.0, gt=0, description="Wait before the first retry; doubled after each failure."
+    )
+    max_backoff_s: float = Field(600.0, gt=0, description="The longest wait between retries.")
+    timeout_s: float = Field(10.0, gt=0, description="How long one POST may take.")
+    concurrency: int = Field(8, ge=1, le=256, description="POSTs in flight at once.")
+    poll_interval_s: float = Field(
+        1.0, gt=0, description="How often the delivery worker looks for due deliveries."
+    )
+    storm_preemptions: int = Field(
+        5, ge=1, description="preemption_storm: at least this many preemptions ..."
+    )
+    storm_window_s: float = Field(600.0, gt=0, description="... within this many seconds.")
+
+
 class SimulationConfig(_Section):
     tick_s: float = Field(
         1.0,
@@ -732,6 +775,7 @@ class Config(_Section):
     gce: GceConfig = GceConfig()
     executor: ExecutorConfig = ExecutorConfig()
     slurm: SlurmConfig = SlurmConfig()
+    notify: NotifyConfig = NotifyConfig()
     simulation: SimulationConfig = SimulationConfig()
     vm_types: tuple[VmTypeConfig, ...] = Field(
         DEFAULT_VM_TYPES, min_length=1, description="The VM types the local and sim drivers offer."

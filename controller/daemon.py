@@ -30,6 +30,7 @@ from controller.executors.base import (
 from controller.executors.job_users import JobUsers
 from controller.hopper import Hopper, PriceSource
 from controller.ids import RandomIds
+from controller.notify.delivery import Deliverer
 from controller.plumbing.loop_lag import LoopLagMonitor
 from controller.plumbing.metrics import Metrics
 from controller.preemption.checkpoint_tables import TableCache, planned_notices
@@ -89,6 +90,9 @@ class Controller:
         self.hopper: Hopper | None = None
         self.hook_secret = b""
         self.learner: Learner | None = None
+        self.notify_secret = b""
+        self.deliverer: Deliverer | None = None
+        self._notify_task: asyncio.Task | None = None
 
     @property
     def driver(self) -> Driver:
@@ -178,6 +182,7 @@ class Controller:
             time_scale=self.config.driver.time_scale,
             checkpointing=self.config.checkpoint,
             ledger=self.config.ledger,
+            notify=self.config.notify,
             tables=TableCache(
                 self.state_dir / "checkpoint-tables",
                 step_h=self.config.checkpoint.step_s / 3600.0,
@@ -187,6 +192,12 @@ class Controller:
             ),
         )
         self.scheduler.pools = pools
+        # Webhooks (docs/notifications.md): a task of its own, off the scheduler's path.
+        self.notify_secret = self._resolve_notify_secret()
+        self.deliverer = Deliverer(
+            self.store, self.config.notify, self.notify_secret, self.clock.now
+        )
+        self.scheduler.notices.wake = self.deliverer.wake
         self.metrics.watch(self.scheduler.gauges)
         self.metrics.watch_loop_lag(lambda: self.loop_lag.max_lag_s)
         self._loop_lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
@@ -214,6 +225,7 @@ class Controller:
                 boot_delay_s=self.config.driver.boot_delay_s,
             )
             self._hopper_task = asyncio.create_task(self.hopper.run(), name="hopper")
+        self._notify_task = asyncio.create_task(self.deliverer.run(), name="notify")
         pushes = self.driver.name in EPHEMERAL_DRIVERS
         self._loop_task = asyncio.create_task(
             self.scheduler.run(describe=not pushes), name="scheduler"
@@ -287,15 +299,16 @@ class Controller:
             found.append(f"store: {self.store.write_error}")
         if self.scheduler is not None and self.scheduler.problem:
             found.append(f"scheduler: {self.scheduler.problem}")
-        for task in self.critical_tasks():
-            if task.done():
+        for task in (*self.critical_tasks(), self._notify_task):
+            if task is not None and task.done():
                 found.append(f"task {task.get_name()} ended")
         return found
 
     async def stop(self) -> None:
         """Stop in order, every step whatever an earlier one raised: the background
         tasks, the scheduler (its attempts recorded), the driver, the store."""
-        for task in (self._hopper_task, self._learning_task, self._loop_lag_task):
+        tasks = (self._hopper_task, self._learning_task, self._loop_lag_task, self._notify_task)
+        for task in tasks:
             if task is not None:
                 task.cancel()
                 await logged_step(f"stopping {task.get_name()}", task)
@@ -323,14 +336,14 @@ class Controller:
         (random, mode 0600) when it does not exist yet."""
         configured = self.config.slurm.hook_secret_file
         path = Path(configured) if configured else self.state_dir / "slurm-hook.secret"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32) + "\n")
-        secret = path.read_bytes().strip()
-        if len(secret) < 16:
-            raise ConfigError(f"[slurm] hook secret {path} is shorter than 16 bytes")
-        return secret
+        return _secret_in(path, "[slurm] hook secret")
+
+    def _resolve_notify_secret(self) -> bytes:
+        """The secret webhooks' events are signed with: [notify] secret_file, made
+        (random, mode 0600) when it does not exist yet."""
+        configured = self.config.notify.secret_file
+        path = Path(configured) if configured else self.state_dir / "notify.secret"
+        return _secret_in(path, "[notify] secret")
 
     def _resolve_token(self) -> str:
         token = self.config.api.token or os.environ.get("SPOTBAG_TOKEN", "")
@@ -345,3 +358,16 @@ class Controller:
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         return token
+
+
+def _secret_in(path: Path, what: str) -> bytes:
+    """A shared secret kept in a file, made (32 random bytes in hex, mode 0600) when it
+    does not exist yet; at least 16 bytes."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    secret = path.read_bytes().strip()
+    if len(secret) < 16:
+        raise ConfigError(f"{what} {path} is shorter than 16 bytes")
+    return secret

@@ -158,8 +158,10 @@ async def run_scheduler(
             return
         candidates = [t for t in (clock.next_at(), wanted) if t is not None]
         if not candidates:
-            if scheduler.held_jobs():
-                return  # the rest waits, held, for credit that no one will give here
+            if scheduler.held_jobs() or scheduler.budgets.held:
+                # The rest waits, held for credit or by a budget (controller/budgets.py),
+                # for a change no one will make here.
+                return
             raise SimulationStalled(
                 f"nothing left to happen at t={clock.now():.0f} with {len(scheduler.world.bags)} bags open, "
                 f"{len(scheduler.world.vms)} VMs alive"

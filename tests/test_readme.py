@@ -44,6 +44,7 @@ DOCS = [
     "preemption-models",
     "checkpoints",
     "accounts",
+    "notifications",
     "cost-reports",
     "spot-hopping",
     "clouds",

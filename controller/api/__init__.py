@@ -4,9 +4,9 @@
 - base.py: what the resource modules share (Route, Param, access checks, parsing);
 - one module per resource, each with its handlers and routes: bags.py, jobs.py (and
   logs), vms.py (and preemption models), market.py (spot hopping), accounts.py (and
-  the ledger), account_tokens.py, reports.py, health.py (/healthz,
-  /metrics, /openapi.json); slurmctld's hooks call a route of the Slurm package
-  (controller/slurm/routes.py);
+  the ledger), account_tokens.py, reports.py, events.py (events and their webhook
+  deliveries), health.py (/healthz, /metrics, /openapi.json); slurmctld's hooks call
+  a route of the Slurm package (controller/slurm/routes.py);
 - openapi.py: the OpenAPI document, built from the route table.
 """
 

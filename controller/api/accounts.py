@@ -5,6 +5,7 @@ account route (account_in_path), tokens included."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from aiohttp import web
 
@@ -27,6 +28,7 @@ from controller.api.schemas import (
     Account,
     AccountCreate,
     AccountList,
+    BudgetChange,
     Credit,
     parse_body,
 )
@@ -49,11 +51,19 @@ def account_in_path(request: web.Request) -> str:
     return name
 
 
+def account_view(c: Any, name: str) -> dict[str, Any]:
+    """An account's CPU-hour balance and its budget in dollars this month."""
+    scheduler = c.running_scheduler
+    view = scheduler.accounts.view(name)
+    view["budget"] = scheduler.budgets.account_view(name, c.clock.now())
+    return view
+
+
 async def list_accounts(request: web.Request) -> web.Response:
     c = controller_of(request)
     principal = principal_of(request)
     names = [a["name"] for a in await c.store.list_accounts() if principal.may_use(a["name"])]
-    return json_response({"accounts": [c.running_scheduler.accounts.view(name) for name in names]})
+    return json_response({"accounts": [account_view(c, name) for name in names]})
 
 
 async def create_account(request: web.Request) -> web.Response:
@@ -65,8 +75,22 @@ async def create_account(request: web.Request) -> web.Response:
         c.store, body.name, body.unlimited, body.cpu_hours, c.clock.now(), body.note
     ):
         raise Conflict(f"account {body.name!r} exists already", code="account_exists")
+    if body.budget_usd is not None:
+        await c.store.set_account_budget(body.name, body.budget_usd, c.clock.now())
+        c.running_scheduler.budgets.set_account_cap(body.name, body.budget_usd)
     c.running_scheduler.credited()
-    return json_response(accounts.view(body.name), status=201)
+    return json_response(account_view(c, body.name), status=201)
+
+
+async def set_account(request: web.Request) -> web.Response:
+    """Change an account's monthly budget: written first, then the scheduler's book."""
+    c = controller_of(request)
+    name = account_in_path(request)
+    body = parse_body(BudgetChange, await json_body(request))
+    await c.store.set_account_budget(name, body.budget_usd, c.clock.now())
+    c.running_scheduler.budgets.set_account_cap(name, body.budget_usd)
+    c.running_scheduler.credited()  # wake it: held bags may go on
+    return json_response(account_view(c, name))
 
 
 async def credit_account(request: web.Request) -> web.Response:
@@ -76,13 +100,13 @@ async def credit_account(request: web.Request) -> web.Response:
     accounts = c.running_scheduler.accounts
     await accounts.add_credit(c.store, name, body.cpu_hours, c.clock.now(), body.note)
     c.running_scheduler.credited()
-    return json_response(accounts.view(name))
+    return json_response(account_view(c, name))
 
 
 async def get_account(request: web.Request) -> web.Response:
     c = controller_of(request)
     name = account_in_path(request)
-    return json_response(c.running_scheduler.accounts.view(name))
+    return json_response(account_view(c, name))
 
 
 async def account_ledger(request: web.Request) -> web.Response:
@@ -117,7 +141,7 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/accounts",
         create_account,
-        "Create an account: {name, cpu_hours (its first credit), unlimited, note}.",
+        "Create an account: {name, cpu_hours (its first credit), unlimited, note, budget_usd}.",
         admin_only=True,
         body=AccountCreate,
         responses={
@@ -133,6 +157,20 @@ ROUTES: tuple[Route, ...] = (
         "An account's balance: allocation, charged, reserved and available CPU-hours.",
         params=(ACCOUNT_PATH,),
         responses={200: ("The balance.", Account), 404: ("No such account.", ERR)},
+    ),
+    Route(
+        "PATCH",
+        "/v1/accounts/{account}",
+        set_account,
+        "Change an account's monthly budget: {budget_usd} (US dollars, or null for none).",
+        admin_only=True,
+        body=BudgetChange,
+        params=(ACCOUNT_PATH,),
+        responses={
+            200: ("The account, with its budget now.", Account),
+            400: ("A bad field.", ERR),
+            404: ("No such account.", ERR),
+        },
     ),
     Route(
         "POST",

@@ -1,9 +1,10 @@
 """The HTTP API's application: the route table, the middlewares and `build_app`.
 
 The routes live with their resource (bags.py, jobs.py, vms.py, market.py,
-accounts.py, account_tokens.py, reports.py, health.py; Slurm's callback route with the
-Slurm package, controller/slurm/routes.py); `ROUTES` joins them, and builds both the
-router and the OpenAPI document (openapi.py), so the two cannot drift apart. Middlewares turn every error into
+accounts.py, account_tokens.py, reports.py, events.py, health.py; Slurm's callback route
+with the Slurm package, controller/slurm/routes.py); `ROUTES` joins them, and builds both
+the router and the OpenAPI document (openapi.py), so the two cannot drift apart.
+Middlewares turn every error into
 `{"error": {"code", "message", "detail"}}` with a fitting status, check the bearer
 token, and count requests. The web UI's routes (controller/web/) are added beside them; the API
 also takes the UI's session cookie instead of the bearer header, with a CSRF token for
@@ -30,6 +31,7 @@ from controller.api import (
     account_tokens,
     accounts,
     bags,
+    events,
     health,
     jobs,
     market,
@@ -58,6 +60,7 @@ ROUTES: tuple[Route, ...] = (
     *slurm_routes.ROUTES,
     *accounts.ROUTES,
     *reports.ROUTES,
+    *events.ROUTES,
     *account_tokens.ROUTES,
 )
 

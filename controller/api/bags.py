@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 from aiohttp import web
 
@@ -23,12 +24,13 @@ from controller.api.base import (
     decode_json,
     enum_query,
     int_param,
+    json_body,
     json_response,
     principal_of,
     require_account,
     visible_bag,
 )
-from controller.api.schemas import Bag, BagList, Timeline
+from controller.api.schemas import Bag, BagList, BudgetChange, Timeline, parse_body
 from controller.bags.admission import admit
 from controller.bags.spec import BagSpec
 from controller.costs.summary import bag_view
@@ -117,8 +119,12 @@ async def list_bags(request: web.Request) -> web.Response:
     costs = await c.bag_costs.of([b["id"] for b in bags])
     now = c.clock.now()
     views = [bag_view(b, now, costs[b["id"]]) for b in bags]
+    scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
     for view in views:
         del view["spec"]
+        if scheduler is not None and view["id"] in scheduler.world.bags:
+            # The scheduler's book, in memory: a page of bags marks those a budget holds.
+            view["budget"] = scheduler.budgets.bag_view(view["id"], view["account"])
     return json_response({"bags": views, "limit": limit, "offset": offset})
 
 
@@ -131,7 +137,40 @@ async def _view(request: web.Request, bag_id: str) -> dict:
     view = bag_view(bag, now, costs[bag_id])
     scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
     view["pace"] = bag_pace(scheduler, bag_id, now) if scheduler is not None else None
+    view["budget"] = await _budget(c, bag, scheduler)
     return view
+
+
+async def _budget(c: Any, bag: Any, scheduler: Any) -> dict[str, Any]:
+    """The bag's dollars against its budgets: the scheduler's book while it runs the
+    bag, else the store's sums (an ended bag)."""
+    if scheduler is not None and bag["id"] in scheduler.world.bags:
+        return scheduler.budgets.bag_view(bag["id"], bag["account"])
+    charged, reserved = await c.store.bag_budget_sums(bag["id"])
+    return {
+        "budget_usd": bag["budget_usd"],
+        "charged_usd": charged,
+        "reserved_usd": reserved,
+        "held": None,
+    }
+
+
+async def set_bag(request: web.Request) -> web.Response:
+    """Change a bag's budget: written first, then the scheduler's book; a bag a budget
+    held goes on at the next pass if the new one has room."""
+    c = controller_of(request)
+    bag_id = bag_id_of(request)
+    bag = await visible_bag(request, bag_id)
+    body = parse_body(BudgetChange, await json_body(request))
+    if bag["state"] != BagState.ACTIVE:
+        raise Conflict(
+            f"bag {bag_id} already finished ({bag['state']})", detail={"state": bag["state"]}
+        )
+    await c.store.set_bag_budget(bag_id, body.budget_usd, c.clock.now())
+    scheduler = c.running_scheduler
+    scheduler.budgets.set_bag_cap(bag_id, body.budget_usd)
+    scheduler.credited()  # wake it: held bags may go on
+    return json_response(await _view(request, bag_id))
 
 
 async def get_bag(request: web.Request) -> web.Response:
@@ -254,6 +293,21 @@ ROUTES: tuple[Route, ...] = (
         "A bag: job counts per state, progress, usage and cost.",
         params=(BAG_PATH,),
         responses={200: ("The bag.", Bag), 404: ("No such bag.", ERR)},
+    ),
+    Route(
+        "PATCH",
+        "/v1/bags/{bag_id}",
+        set_bag,
+        "Change a bag's budget: {budget_usd} (US dollars, or null for none). A bag its "
+        "budget held goes on if the new one leaves room.",
+        params=(BAG_PATH,),
+        body=BudgetChange,
+        responses={
+            200: ("The bag, with its budget now.", Bag),
+            400: ("A bad field; the message names it.", ERR),
+            404: ("No such bag.", ERR),
+            409: ("The bag already finished.", ERR),
+        },
     ),
     Route(
         "GET",

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.bags.spec import ACCOUNT_NAME, BagSpec
+from controller.bags.spec import ACCOUNT_NAME, MAX_BUDGET_USD, MIN_BUDGET_USD, BagSpec, Webhook
 from controller.errors import ApiError
 from controller.states import BagState, JobState
 
@@ -66,6 +66,12 @@ _CPU_HOURS_MESSAGE = (
 )
 
 
+_BUDGET_MESSAGE = (
+    "must be a number of US dollars, more than 0 and at most 1e9, or null (no budget), not {value}",
+    "a positive number or null",
+)
+
+
 class AccountCreate(_Request):
     # Fields in the order they are checked: the first problem is the one reported.
     name: str = Field(pattern=ACCOUNT_NAME_PATTERN, description="The account's name.")
@@ -74,13 +80,31 @@ class AccountCreate(_Request):
         0.0, ge=0, lt=MAX_CPU_HOURS, description="Its first credit, CPU-hours."
     )
     note: str = _NOTE
+    budget_usd: float | None = Field(
+        None,
+        ge=MIN_BUDGET_USD,
+        le=MAX_BUDGET_USD,
+        description="Most its bags may cost per calendar month (UTC), US dollars; null: no cap.",
+    )
 
     messages: ClassVar[dict[str, tuple[str, str | None]]] = {
         "name": ("must be 1-64 letters, digits, '_', '.' or '-', not {value}", None),
         "unlimited": ("must be true or false", None),
         "cpu_hours": _CPU_HOURS_MESSAGE,
         "note": _NOTE_MESSAGE,
+        "budget_usd": _BUDGET_MESSAGE,
     }
+
+
+class BudgetChange(_Request):
+    """A new budget for a bag (PATCH /v1/bags/{id}) or an account (PATCH
+    /v1/accounts/{account}): US dollars, or null for none."""
+
+    budget_usd: float | None = Field(
+        ge=MIN_BUDGET_USD, le=MAX_BUDGET_USD, description="The new cap, US dollars; null: no cap."
+    )
+
+    messages: ClassVar[dict[str, tuple[str, str | None]]] = {"budget_usd": _BUDGET_MESSAGE}
 
 
 class Credit(_Request):
@@ -183,6 +207,30 @@ class Pace(_Response):
     as_of: float
 
 
+class BagOptions(_Response):
+    """The bag's options as the daemon keeps them (defaults filled in)."""
+
+    deadline: str | None = Field(description="As submitted: an instant or a duration.")
+    deadline_at: float | None = Field(description="The deadline, epoch seconds.")
+    on_demand: Literal["never", "when_needed", "always"]
+    deadline_confidence: float
+    budget_usd: float | None = Field(description="The cap now (PATCH may have changed it).")
+    notify: list[Webhook]
+
+
+class BagBudget(_Response):
+    """Dollars against the bag's and its account's budgets (docs/bags.md#budgets)."""
+
+    budget_usd: float | None
+    charged_usd: float = Field(description="What its ended attempts were charged.")
+    reserved_usd: float = Field(description="The worst case of its running attempts.")
+    account_budget_usd: float | None = Field(ABSENT, description="Its account's monthly cap.")
+    account_month_charged_usd: float = Field(ABSENT, description="Its account's month so far.")
+    held: str | None = Field(
+        description="Why a budget holds it ('held: budget: ...'), or null when none does."
+    )
+
+
 class Bag(_Response):
     id: str
     name: str
@@ -202,6 +250,12 @@ class Bag(_Response):
         "running or fewer than two of its jobs have ended).",
     )
     spec: BagSpec = Field(ABSENT, description="The spec as submitted (not in lists).")
+    options: BagOptions
+    budget: BagBudget = Field(
+        ABSENT,
+        description="Budgets: single bags; in lists, the bags the scheduler runs (to mark "
+        "those a budget holds).",
+    )
 
 
 class BagList(_Response):
@@ -427,6 +481,13 @@ class VmList(_Response):
     )
 
 
+class AccountBudget(_Response):
+    budget_usd: float | None = Field(description="Monthly cap, US dollars; null: none.")
+    month: str = Field(description="The calendar month (UTC) the figures are of, YYYY-MM.")
+    month_charged_usd: float
+    reserved_usd: float = Field(description="The worst case of its running attempts.")
+
+
 class Account(_Response):
     account: str
     unlimited: bool
@@ -435,6 +496,7 @@ class Account(_Response):
     reserved_cpu_h: float
     available_cpu_h: float | None = Field(description="null when unlimited.")
     held_jobs: int = Field(description="Jobs waiting, held, for credit.")
+    budget: AccountBudget
 
 
 class AccountList(_Response):
@@ -477,3 +539,29 @@ class SlurmEventTaken(_Response):
     key: str = Field(description="The event's idempotency key.")
     duplicate: bool
     applied: bool
+
+
+class EventDelivery(_Response):
+    url: str
+    state: Literal["pending", "delivered", "failed"]
+    attempts: int
+    next_try_at: float
+    last_status: int | None
+    last_error: str
+    delivered_at: float | None
+
+
+class Event(_Response):
+    seq: int = Field(description="The order it was recorded in: pass the last as `after`.")
+    id: str = Field(description="Unique; sent as X-Spotbag-Event-Id.")
+    created_at: float
+    kind: Literal["finished", "failed", "deadline_at_risk", "budget_reached", "preemption_storm"]
+    bag_id: str | None
+    account: str | None
+    payload: dict[str, Any]
+    deliveries: list[EventDelivery]
+
+
+class EventList(_Response):
+    events: list[Event]
+    next_after: int = Field(description="The cursor of the next page (the last seq, or `after`).")

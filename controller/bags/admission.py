@@ -7,6 +7,7 @@ Shared by the HTTP API and `spotbag simulate`, so both accept exactly the same b
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,13 @@ async def admit(
     else:
         expanded = expand(data, catalog, max_jobs, workdir_problem, bag_id, job_user_problem)
     spec = expanded.bag.spec
+    deadline_at = spec.deadline_at(now)
+    if deadline_at is not None and deadline_at <= now:
+        message = f"{spec.deadline} has passed (it is now {_iso(now)})"
+        raise InvalidBag(
+            f"deadline: {message}",
+            detail={"errors": [{"field": "deadline", "message": message}]},
+        )
     row = {
         "id": bag_id,
         "account": spec.account,
@@ -154,6 +162,11 @@ async def admit(
         "created_at": now,
         # What the bag was: a retry with the same Idempotency-Key must be the same bag.
         "request_hash": hashlib.sha256(spec.model_dump_json().encode()).hexdigest(),
+        # Its options as columns: a budget may be changed (PATCH), a duration is resolved.
+        "deadline_at": deadline_at,
+        "budget_usd": spec.budget_usd,
+        "on_demand": spec.on_demand_mode,
+        "deadline_confidence": spec.deadline_confidence,
     }
     job_count = expanded.bag.job_count
     # The balance is reserved now; the jobs' keys are opened once the bag is written.
@@ -186,6 +199,10 @@ async def admit(
         hand_over(scheduler, bag_id, spec.model_copy(update={"points": None}), expanded, admission)
     )
     return bag_row, created
+
+
+def _iso(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="seconds")
 
 
 async def hand_over(

@@ -21,12 +21,14 @@ is plain code over the whole bag at once.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import json
 import math
 import re
 import reprlib
 import string
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -45,6 +47,7 @@ from pydantic import (
 
 from controller.bags.job_command import ParamValue, param_env_name, render_command, size_problem
 from controller.errors import SpotbagError
+from controller.notify.kinds import ALL_EVENT_KINDS, EVENT_KINDS, EventKind
 
 PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,6 +65,14 @@ MIN_CHECKPOINT_COST_S = 0.001
 MAX_VALUE_CHARS = 100_000
 MAX_FORMAT_WIDTH = 1000
 MIN_MEMORY_GB = 0.001  # 1 MB: smaller is a mistake, and a tiny divisor overflows packing
+# A deadline given as a duration from submission: "36h", "90m", "2d", "1h30m", "3600s".
+DURATION = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?[smhdw])+$")
+DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
+UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
+MAX_DEADLINE_S = 366 * 86_400.0  # a year from submission at most
+MAX_BUDGET_USD = 1e9
+MIN_BUDGET_USD = 0.01  # a cent: smaller is a mistake (and no attempt costs less)
+MAX_WEBHOOKS = 10
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,66 @@ class SimulationHints(_Strict):
     )
 
 
+def duration_s(text: str) -> float | None:
+    """Seconds of a duration such as "36h" or "1h30m" (s, m, h, d, w), or None when
+    `text` is not one."""
+    if not DURATION.fullmatch(text):
+        return None
+    return sum(float(n) * UNIT_S[unit] for n, unit in DURATION_PART.findall(text))
+
+
+def instant_s(text: str) -> float | None:
+    """Epoch seconds of an ISO 8601 instant with its offset ("2026-11-27T09:00:00Z",
+    "...+01:00"), or None when `text` is not one (a time without an offset is refused:
+    whose 9:00?)."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.timestamp()
+
+
+def _deadline(value: str | None) -> str | None:
+    if value is None:
+        return value
+    seconds = duration_s(value)
+    if seconds is not None:
+        if not 0 < seconds <= MAX_DEADLINE_S:
+            raise ValueError(
+                f"a duration from submission of more than 0 s and at most 366 days, not {value!r}"
+            )
+        return value
+    if instant_s(value) is None:
+        raise ValueError(
+            f"must be an ISO 8601 instant with its offset (2026-11-27T09:00:00Z) or a "
+            f"duration from submission (36h, 90m, 2d, 1h30m), not {value!r}"
+        )
+    return value
+
+
+def _webhook_url(url: str) -> str:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"must be an http:// or https:// URL with a host, not {url!r}")
+    return url
+
+
+class Webhook(_Strict):
+    """Where to POST events, and which."""
+
+    url: Annotated[str, AfterValidator(_webhook_url)] = Field(
+        min_length=1, max_length=2000, description="http(s) URL the events are POSTed to."
+    )
+    events: list[EventKind] = Field(
+        default_factory=lambda: list(ALL_EVENT_KINDS),
+        min_length=1,
+        max_length=len(EVENT_KINDS),
+        description="Kinds of event to send (default: all): " + ", ".join(EVENT_KINDS) + ".",
+    )
+
+
 class BagSpec(_Strict):
     name: str = Field("", max_length=200, description="Human-readable name.")
     account: str = Field(pattern=ACCOUNT_NAME, description="Account the bag is charged to.")
@@ -223,6 +294,51 @@ class BagSpec(_Strict):
         json_schema_extra={"pattern": "^/"},  # what _absolute checks, with a better message
     )
     simulation: SimulationHints | None = None
+    deadline: Annotated[str | None, AfterValidator(_deadline)] = Field(
+        None,
+        max_length=64,
+        description="When the bag should be done: an ISO 8601 instant with its offset "
+        "(2026-11-27T09:00:00Z) or a duration from submission (36h, 90m, 2d, 1h30m).",
+    )
+    budget_usd: float | None = Field(
+        None,
+        ge=MIN_BUDGET_USD,
+        le=MAX_BUDGET_USD,
+        description="Most the bag may cost, US dollars (spot and on-demand together): "
+        "attempts that would pass it do not start, the bag waits (held: budget).",
+    )
+    on_demand: Literal["never", "when_needed", "always"] | None = Field(
+        None,
+        description="On-demand VMs: never (spot only), when_needed (to meet the deadline), "
+        "always. Default: never without a deadline, when_needed with one.",
+    )
+    deadline_confidence: float = Field(
+        0.95,
+        ge=0.5,
+        le=0.9999,
+        description="With a deadline: the probability with which it should be met.",
+    )
+    notify: list[Webhook] = Field(
+        default_factory=list,
+        max_length=MAX_WEBHOOKS,
+        description="Webhooks told of the bag's events (docs/notifications.md).",
+    )
+
+    @property
+    def on_demand_mode(self) -> str:
+        """on_demand, or its default: when_needed with a deadline, never without."""
+        if self.on_demand is not None:
+            return self.on_demand
+        return "when_needed" if self.deadline is not None else "never"
+
+    def deadline_at(self, submitted_at: float) -> float | None:
+        """The deadline in epoch seconds (a duration counts from `submitted_at`)."""
+        if self.deadline is None:
+            return None
+        seconds = duration_s(self.deadline)
+        if seconds is not None:
+            return submitted_at + seconds
+        return instant_s(self.deadline)
 
     @field_validator("workdir")
     @classmethod
@@ -246,7 +362,10 @@ class BagSpec(_Strict):
         resources = Resources.model_construct(**(data.pop("resources", None) or {}))
         hints = data.pop("simulation", None)
         simulation = SimulationHints.model_construct(**hints) if hints is not None else None
-        return cls.model_construct(resources=resources, simulation=simulation, **data)
+        notify = [Webhook.model_construct(**w) for w in data.pop("notify", None) or ()]
+        return cls.model_construct(
+            resources=resources, simulation=simulation, notify=notify, **data
+        )
 
 
 @dataclass(frozen=True)
@@ -653,6 +772,10 @@ def _check_env(spec: BagSpec, names: list[str], problems: list[FieldProblem]) ->
 
 
 def _check_limits(spec: BagSpec, problems: list[FieldProblem]) -> None:
+    if spec.on_demand == "when_needed" and spec.deadline is None:
+        problems.append(
+            FieldProblem("on_demand", "when_needed needs a deadline (to know when they are needed)")
+        )
     if spec.estimated_runtime_s is not None and spec.estimated_runtime_s > spec.max_runtime_s:
         problems.append(
             FieldProblem(

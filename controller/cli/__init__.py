@@ -16,7 +16,8 @@ unless a dotted path says where), by area:
 - `status`: status (the client and the plain-text summary only)
 - `health`: health (is the daemon ready: GET /healthz; `--wait` until it is)
 - `bags`: submit, watch, cancel, jobs, logs, vms, hopping, preempt, report
-- `accounts`: accounts (create, credit, show, list, ledger) and their tokens
+- `accounts`: accounts (create, credit, set, show, list, ledger) and their tokens
+- `events`: events (the events of bags and the fleet; --follow) and bags (set: a budget)
 - `daemon`: serve, config (defaults, check)
 - `offline`: simulate, fit, checkpoint-plan, split-cost
 - `hopping`: index, simulate-hopping
@@ -88,6 +89,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "accounts": (
         "controller.cli.accounts:accounts",
         "CPU-hour accounts: create, credit, balances and ledger (docs/design.md#ledger).",
+    ),
+    "bags": ("controller.cli.events:bags", "Change a bag: its budget (bags set BAG --budget USD)."),
+    "events": (
+        "controller.cli.events:events",
+        "Events (finished, failed, budget_reached, ...) and their webhook deliveries; "
+        "--follow waits for more.",
     ),
     "simulate": (
         "controller.cli.offline:simulate",

@@ -1,4 +1,5 @@
-"""`spotbag accounts`: CPU-hour accounts (create, credit, show, list, ledger) and the
+"""`spotbag accounts`: CPU-hour accounts (create, credit, set, show, list, ledger), their
+monthly budgets in dollars, and the
 tokens that can only see and spend one account (docs/design.md#ledger)."""
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def _balance_row(table: Table, view: dict[str, Any]) -> None:
     def hours(value: float | None) -> str:
         return "unlimited" if value is None else number(value)
 
+    budget = view.get("budget") or {}
+    cap = budget.get("budget_usd")
     table.add_row(
         view["account"],
         hours(view["allocation_cpu_h"]),
@@ -32,11 +35,22 @@ def _balance_row(table: Table, view: dict[str, Any]) -> None:
         number(view["reserved_cpu_h"]),
         hours(view["available_cpu_h"]),
         str(view["held_jobs"]),
+        "none" if cap is None else f"${number(cap)}",
+        f"${number(budget.get('month_charged_usd', 0.0))}",
     )
 
 
 def _balance_table() -> Table:
-    return table_of("account", "allocation", "charged", "reserved", "available", "held jobs")
+    return table_of(
+        "account",
+        "allocation",
+        "charged",
+        "reserved",
+        "available",
+        "held jobs",
+        "budget/month",
+        "spent this month",
+    )
 
 
 @accounts.command("list")
@@ -59,12 +73,20 @@ def accounts_list(ctx: click.Context, as_json: bool) -> None:
 @click.option("--cpu-hours", type=float, default=0.0, show_default=True, help="First credit.")
 @click.option("--unlimited", is_flag=True, help="No limit (usage is still recorded).")
 @click.option("--note", default="", help="Why (kept in the ledger).")
+@click.option(
+    "--budget-usd", type=float, default=None, help="Most its bags may cost per month (UTC), USD."
+)
 @click.pass_context
 def accounts_create(
-    ctx: click.Context, name: str, cpu_hours: float, unlimited: bool, note: str
+    ctx: click.Context,
+    name: str,
+    cpu_hours: float,
+    unlimited: bool,
+    note: str,
+    budget_usd: float | None,
 ) -> None:
-    """Create an account with an allocation of CPU-hours."""
-    view = call(client_of(ctx).create_account, name, cpu_hours, unlimited, note)
+    """Create an account with an allocation of CPU-hours (and a monthly budget)."""
+    view = call(client_of(ctx).create_account, name, cpu_hours, unlimited, note, budget_usd)
     table = _balance_table()
     _balance_row(table, view)
     console.print(table)
@@ -81,6 +103,33 @@ def accounts_credit(ctx: click.Context, name: str, cpu_hours: float, note: str) 
     table = _balance_table()
     _balance_row(table, view)
     console.print(table)
+
+
+@accounts.command("set")
+@click.argument("name")
+@click.option(
+    "--budget-usd",
+    "budget",
+    required=True,
+    help="Most its bags may cost per calendar month (UTC), US dollars; 'none' removes it.",
+)
+@click.pass_context
+def accounts_set(ctx: click.Context, name: str, budget: str) -> None:
+    """Change an account's monthly budget (bags it held may then go on)."""
+    view = call(client_of(ctx).set_account_budget, name, budget_value(budget))
+    table = _balance_table()
+    _balance_row(table, view)
+    console.print(table)
+
+
+def budget_value(text: str) -> float | None:
+    """A budget given on the command line: US dollars, or none."""
+    if text.strip().lower() in ("none", "null", ""):
+        return None
+    try:
+        return float(text.strip().lstrip("$"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a number of US dollars (or none)") from None
 
 
 @accounts.command("show")

@@ -183,10 +183,35 @@ class Client:
         return self.request("GET", "/v1/accounts")
 
     def create_account(
-        self, name: str, cpu_hours: float = 0.0, unlimited: bool = False, note: str = ""
+        self,
+        name: str,
+        cpu_hours: float = 0.0,
+        unlimited: bool = False,
+        note: str = "",
+        budget_usd: float | None = None,
     ) -> dict[str, Any]:
         body = {"name": name, "cpu_hours": cpu_hours, "unlimited": unlimited, "note": note}
+        if budget_usd is not None:
+            body["budget_usd"] = budget_usd
         return self.request("POST", "/v1/accounts", body=body)
+
+    def set_account_budget(self, name: str, budget_usd: float | None) -> dict[str, Any]:
+        body = {"budget_usd": budget_usd}
+        return self.request("PATCH", f"/v1/accounts/{_q(name)}", body=body)
+
+    def set_bag_budget(self, bag_id: str, budget_usd: float | None) -> dict[str, Any]:
+        return self.request("PATCH", f"/v1/bags/{_q(bag_id)}", body={"budget_usd": budget_usd})
+
+    def events(
+        self,
+        bag: str | None = None,
+        kind: str | None = None,
+        since: int | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        query = {"bag": bag, "kind": kind, "since": since, "after": after, "limit": limit}
+        return self.request("GET", "/v1/events", query=query)
 
     def credit(self, name: str, cpu_hours: float, note: str = "") -> dict[str, Any]:
         body = {"cpu_hours": cpu_hours, "note": note}

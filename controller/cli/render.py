@@ -44,8 +44,21 @@ class PlainTable:
         )
 
 
+def bag_flag(bag: dict[str, Any]) -> str:
+    """What needs a look, in a word or two: 'AT RISK' (its deadline's projection says it
+    may be missed), 'held: budget' (a budget stops its launches); '' else. Both come with
+    the bag when known (`deadline.at_risk`, `budget.held`) and are absent otherwise."""
+    flags = []
+    if (bag.get("deadline") or {}).get("at_risk"):
+        flags.append("AT RISK")
+    if (bag.get("budget") or {}).get("held"):
+        flags.append("held: budget")
+    return ", ".join(flags)
+
+
 def bag_table(bags: list[dict[str, Any]]) -> PlainTable:
-    """One row per bag: state, progress, job counts, spot cost so far."""
+    """One row per bag: state, progress, job counts, spot cost so far, and a flag for a
+    bag at risk of missing its deadline or held by a budget."""
     table = PlainTable(
         "bag",
         "name",
@@ -57,6 +70,7 @@ def bag_table(bags: list[dict[str, Any]]) -> PlainTable:
         "queued",
         "interrupted",
         "spot cost",
+        "flag",
     )
     for bag in bags:
         c = bag["counts"]
@@ -71,6 +85,7 @@ def bag_table(bags: list[dict[str, Any]]) -> PlainTable:
             f"{c['queued'] + c['held']:,}",
             f"{bag['usage']['interrupted_attempts']:,}",
             usd(bag["usage"]["spot_cost_usd"]),
+            bag_flag(bag),
         )
     return table
 
@@ -131,6 +146,7 @@ def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) ->
         f"  cost        spot {usd(u['spot_cost_usd'])} vs on-demand {usd(u['on_demand_cost_usd'])}"
         f" for the same hours: saved {usd(saved)} ({percent(fraction)})",
     ]
+    lines += _option_lines(view)
     if fleet is not None:
         t = fleet["total"]
         fleet_saved = t["on_demand_cost_usd"] - t["spot_cost_usd"]
@@ -140,3 +156,84 @@ def render_summary(view: dict[str, Any], fleet: dict[str, Any] | None = None) ->
             f"{usd(t['on_demand_cost_usd'])} (saved {usd(fleet_saved)})"
         )
     return "\n".join(lines)
+
+
+def _option_lines(view: dict[str, Any]) -> list[str]:
+    """The bag's deadline, on-demand choice and budget, when it has any
+    (docs/bags.md#options)."""
+    options = view.get("options") or {}
+    budget = view.get("budget") or {}
+    lines = []
+    if options.get("deadline_at") is not None:
+        lines.append(
+            f"  deadline    {when(options['deadline_at'])} ({options['deadline']}), "
+            f"on-demand {options['on_demand']}, confidence {options['deadline_confidence']:g}"
+        )
+        lines += deadline_lines(view.get("deadline"), view)
+    elif options.get("on_demand") not in (None, "never"):
+        lines.append(f"  on-demand   {options['on_demand']}")
+    cap = budget.get("budget_usd")
+    account_cap = budget.get("account_budget_usd")
+    if cap is not None or account_cap is not None or budget.get("held"):
+        text = (
+            f"  budget      {usd(budget.get('charged_usd', 0.0))} charged + "
+            f"{usd(budget.get('reserved_usd', 0.0))} reserved of "
+            f"{'no cap' if cap is None else usd(cap)}"
+        )
+        if cap:
+            used = budget.get("charged_usd", 0.0) + budget.get("reserved_usd", 0.0)
+            text += f" ({percent(used / cap)} used)"
+        if account_cap is not None:
+            text += (
+                f" (account: {usd(budget.get('account_month_charged_usd', 0.0))} of "
+                f"{usd(account_cap)} this month)"
+            )
+        lines.append(text)
+        if budget.get("held"):
+            lines.append(f"  waiting     {budget['held']}")
+    if options.get("notify"):
+        lines.append(f"  webhooks    {', '.join(w['url'] for w in options['notify'])}")
+    return lines
+
+
+def deadline_lines(deadline: dict[str, Any] | None, view: dict[str, Any]) -> list[str]:
+    """The deadline's projection (the API's `deadline`, docs/bags.md#status): time left,
+    the projected finish (p50, with p90–p95 as its spread), the chance of meeting the
+    deadline, AT RISK, and the on-demand slots and share so far. Nothing when the bag has
+    no projection (no `deadline` field: a daemon without the deadline policy)."""
+    if not deadline:
+        return []
+    at = deadline.get("at")
+    lines = []
+    if view.get("state") == "active" and at is not None:
+        # The time left is from the view's own clock: created_at + elapsed_s is its now.
+        now = view["created_at"] + view["elapsed_s"]
+        left = at - now
+        lines.append(
+            f"  time left   {duration(left)}"
+            if left >= 0
+            else f"  time left   passed {duration(-left)} ago"
+        )
+    finish = deadline.get("finish")
+    p_meet = deadline.get("p_meet")
+    if finish and finish.get("p50") is not None:
+        text = f"  projected   finish {when(finish['p50'])} (p50)"
+        if finish.get("p90") is not None and finish.get("p95") is not None:
+            text += f", {when(finish['p90'])} – {when(finish['p95'])} (p90 – p95)"
+        if p_meet is not None:
+            text += f"; meets the deadline with p = {percent(p_meet, 3)}"
+        lines.append(text)
+    elif p_meet is not None:
+        lines.append(f"  projected   meets the deadline with p = {percent(p_meet, 3)}")
+    elif view.get("state") == "active":
+        lines.append("  projected   not yet (too few jobs have ended)")
+    if deadline.get("at_risk"):
+        lines.append("  AT RISK     the projection may miss the deadline")
+    slots = deadline.get("on_demand_slots")
+    share = deadline.get("on_demand_share")
+    if slots is not None or share is not None:
+        text = f"  on-demand   {slots or 0:,} slots now"
+        if share is not None:
+            text += f", on-demand share so far {percent(share)}"
+        lines.append(text)
+    return lines

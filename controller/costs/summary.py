@@ -57,6 +57,20 @@ def bag_view(bag: Mapping[str, Any], now: float, cost: BagCost) -> dict[str, Any
             "cost_final": cost.final,
         },
         "spec": spec,
+        "options": bag_options(bag, spec),
+    }
+
+
+def bag_options(bag: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The bag's options (docs/bags.md#options) as kept: the deadline resolved, the
+    budget as it is now (PATCH may have changed it), the defaults filled in."""
+    return {
+        "deadline": spec.get("deadline"),
+        "deadline_at": bag.get("deadline_at"),
+        "on_demand": bag.get("on_demand") or "never",
+        "deadline_confidence": bag.get("deadline_confidence", 0.95),
+        "budget_usd": bag.get("budget_usd"),
+        "notify": spec.get("notify") or [],
     }
 
 

@@ -71,6 +71,7 @@ class Commands:
         # Jobs past the account's credit wait, held: a range, not an entry per job.
         bag.held = HeldJobs(command.held_from, len(command.params_json))
         self.world.bags[bag.id] = bag
+        self.world.budgets.open_bag(bag.id, command.spec.budget_usd)
         self.accounts.hold_range(
             bag.spec.account, bag.id, command.held_from, len(command.params_json)
         )

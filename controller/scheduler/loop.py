@@ -58,9 +58,11 @@ import time
 from collections.abc import Sequence
 
 from controller.bags.spec import BagSpec
-from controller.config import CheckpointConfig, LedgerConfig, SchedulerConfig
+from controller.budgets import Budgets
+from controller.config import CheckpointConfig, LedgerConfig, NotifyConfig, SchedulerConfig
 from controller.executors.base import Executor, ExecutorEvent
 from controller.ledger import Accounts
+from controller.notify.emit import Notices
 from controller.planner import Terminate, plan
 from controller.plumbing.metrics import Metrics
 from controller.preemption.checkpoint_tables import TableCache
@@ -119,6 +121,7 @@ class Scheduler:
         checkpointing: CheckpointConfig | None = None,
         tables: TableCache | None = None,
         ledger: LedgerConfig | None = None,
+        notify: NotifyConfig | None = None,
     ) -> None:
         self.store = store
         self.driver = driver
@@ -131,6 +134,11 @@ class Scheduler:
         self.accounts = Accounts(
             ledger or LedgerConfig()
         )  # CPU-hour balances (docs/design.md#ledger)
+        # Dollar budgets (controller/budgets.py) and events (controller/notify/emit.py),
+        # kept by the world with the accounts; the daemon wakes its webhook deliveries
+        # through `notices.wake`.
+        self.budgets = Budgets(time_scale=time_scale)
+        self.notices = Notices(notify)
         self.world = World(
             catalog=catalog,
             accounts=self.accounts,
@@ -139,6 +147,8 @@ class Scheduler:
             time_scale=time_scale,
             book=book,
             metrics=metrics,
+            budgets=self.budgets,
+            notices=self.notices,
         )
         self.inbox = Inbox()
         self.calls = Calls(settings.max_concurrent_calls)

@@ -22,6 +22,8 @@ source for new VMs. It owns no state of its own.
 
 from __future__ import annotations
 
+import logging
+
 from controller.bags.job_command import render_command
 from controller.bags.waiting_jobs import JobQueue
 from controller.config import SchedulerConfig
@@ -36,6 +38,8 @@ from controller.states import AttemptState, JobState
 from controller.store import WriteBatch
 from drivers.base import VmState
 from policies.packing import Shape
+
+log = logging.getLogger("spotbag.scheduler")
 
 
 def _queue_room(vm: VmRun, queue_ahead: float) -> Shape:
@@ -84,7 +88,8 @@ class Planning:
                 DemandGroup(
                     bag.id,
                     bag.shape,
-                    len(bag.queue),
+                    # At most what its budgets leave room for (controller/budgets.py).
+                    world.budgets.launchable(bag, len(bag.queue), world.catalog_view, now),
                     bag.allowed_types,
                     bag.regions,
                     bag.runtime_estimate_s * to_hours,
@@ -178,8 +183,13 @@ class Planning:
             bag = world.bags[place.bag_id]
             vm = world.vms[place.vm_id]
             for _ in range(place.count):
-                starts.append(self._new_attempt(bag, vm, bag.queue.popleft(), now, batch))
+                idx = bag.queue.popleft()
+                if not self._budget_reserved(bag, vm, idx, now, batch):
+                    bag.queue.appendleft(idx)  # held: budget (it waits, queued)
+                    break
+                starts.append(self._new_attempt(bag, vm, idx, now, batch))
             world.refresh_vm_sets(vm)
+        self._budget_holds(batch, now)
         launches: list[VmRun] = []
         for launch in decision.launches:
             vm_type = world.catalog[launch.vm_type]
@@ -205,6 +215,30 @@ class Planning:
             ending.reason = termination.reason
             world.refresh_vm_sets(ending)
         return starts, launches
+
+    # --- budgets (controller/budgets.py): checked and reserved before every attempt ------
+
+    def _budget_reserved(
+        self, bag: BagRun, vm: VmRun, idx: int, now: float, batch: WriteBatch
+    ) -> bool:
+        """Reserve the attempt's worst case under its bag's and account's budgets, in
+        this pass's batch (the transaction that records the attempt); False holds the bag."""
+        job = self.world.jobs.get((bag.id, idx))
+        number = (job.attempts if job is not None else 0) + 1
+        entries = self.world.budgets.reserve_attempt(bag, vm, idx, number, now)
+        if entries is None:
+            return False
+        batch.budget_entries(now, entries)
+        return True
+
+    def _budget_holds(self, batch: WriteBatch, now: float) -> None:
+        """Bags a budget has just held: budget_reached, once per hold."""
+        world = self.world
+        for bag_id, _account, why in world.budgets.take_new_holds():
+            bag = world.bags.get(bag_id)
+            if bag is not None:
+                log.info("bag %s held: budget: %s", bag_id, why)
+                world.notices.budget_reached(bag, why, now, batch)
 
     def _new_attempt(
         self, bag: BagRun, vm: VmRun, idx: int, now: float, batch: WriteBatch

@@ -27,6 +27,7 @@ import logging
 
 from controller.bags.spec import BagSpec
 from controller.bags.waiting_jobs import FreshParams, JobQueue
+from controller.budgets import month_of, month_start
 from controller.executors.base import AttemptEvent, Executor, LiveAttempt, Outcome
 from controller.ledger import Accounts
 from controller.scheduler.calls import Calls
@@ -85,6 +86,8 @@ class Recovery:
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
         self.accounts.load(await self.store.ledger_state())
+        budget_state = await self.store.budget_state(month_of(now), month_start(now))
+        self.world.budgets.load(budget_state, now)
         state = await self.store.load_active()
         batch = self.store.new_batch()
         self._load_bags(state["bags"])

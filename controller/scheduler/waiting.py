@@ -4,7 +4,8 @@ changing it. Slurm's squeue and AWS Batch's console show a pending reason the sa
 
 `waiting_reasons` answers for a page of a bag's jobs (the bag's part worded once), for
 each the first that holds: the bag is cancelling; the job is held for credit (and what
-its account has against what an attempt needs); the executor could not take attempts
+its account has against what an attempt needs); a budget holds the bag (held:
+budget, controller/budgets.py); the executor could not take attempts
 (backing off, until when); every VM type the bag may use is backed off after failed
 launches; a VM is booting for the queue; the fleet is at `max_vms` with every VM busy;
 else the next scheduling pass places it (a retry says which attempt it waits to make).
@@ -50,7 +51,18 @@ def waiting_reasons(s: Scheduler, bag_id: str, idxs: list[int], now: float) -> d
     if bag.cancel_requested:
         return dict.fromkeys(idxs, "not started: the bag is being cancelled")
     held = _held_text(s, bag) if any(idx in bag.held for idx in idxs) else ""
-    queued = _queued_text(s, bag, now)
+    budget = s.budgets.held.get(bag_id)
+    if budget is not None:  # controller/budgets.py
+        queued = (
+            (
+                f"held: budget: {budget.why} (a larger budget lets it go on: "
+                f"spotbag bags set {bag_id} --budget USD)"
+            )
+            .replace("{", "{{")
+            .replace("}", "}}")
+        )  # formatted below with its {retry} slot
+    else:
+        queued = _queued_text(s, bag, now)
     reasons = {}
     for idx in idxs:
         if idx in bag.held:

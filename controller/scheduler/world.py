@@ -18,9 +18,10 @@ Each change is checked against the state machines of controller/models.py
 (`check_transition`), made in memory, and written to the pass's `WriteBatch` with its
 transition row and reason, so that memory and the store move together: an attempt's end
 settles its CPU-hours in the ledger (controller/ledger.py, docs/design.md#ledger) and
+its dollars in the budgets (controller/budgets.py), and
 adds its time to its bag's usage (what it cost is the cost report's split,
 controller/report.py); a job's end may finish its bag; a VM's end preempts what ran on
-it.
+it. A bag's end and a storm of preemptions raise events (controller/notify/emit.py).
 
 Every collaborator of the scheduler (controller/scheduler/loop.py says which) is given
 the same `World` and changes it only through these methods or the run records' fields;
@@ -35,8 +36,10 @@ import json
 import logging
 from collections.abc import Sequence
 
+from controller.budgets import Budgets
 from controller.executors.base import Executor
 from controller.ledger import Accounts
+from controller.notify.emit import Notices
 from controller.planner import CatalogType
 from controller.plumbing.metrics import Metrics
 from controller.preemption.model_book import ModelBook
@@ -63,8 +66,14 @@ class World:
         time_scale: float,
         book: ModelBook | None,
         metrics: Metrics | None,
+        budgets: Budgets | None = None,
+        notices: Notices | None = None,
     ) -> None:
         self.accounts = accounts  # CPU-hour balances (docs/design.md#ledger)
+        # Dollar budgets (controller/budgets.py: an attempt's end settles its dollars) and
+        # events (controller/notify/emit.py: a bag's end, a preemption storm).
+        self.budgets = budgets or Budgets(time_scale=time_scale)
+        self.notices = notices or Notices()
         self.executor = executor
         self.driver_name = driver_name  # written in each VM's row
         self.time_scale = time_scale  # model seconds per real second (local driver)
@@ -200,6 +209,12 @@ class World:
             ),
             f"attempt {attempt.number} {state}",
         )
+        batch.budget_entries(  # its dollars too (controller/budgets.py)
+            at,
+            self.budgets.settle_attempt(
+                bag, attempt.idx, attempt.number, at - attempt.started_at, at
+            ),
+        )
         if self.metrics is not None:
             self.metrics.attempts.labels(state=str(state)).inc()
 
@@ -327,6 +342,8 @@ class World:
             state = BagState.SUCCEEDED
         batch.bag_finished(bag.id, state, at)
         batch.transition(at, "bag", bag.id, BagState.ACTIVE, state, "")
+        self.notices.bag_ended(bag, state, at, batch)  # finished or failed
+        self.budgets.bag_ended(bag.id)
         del self.bags[bag.id]
         log.info("bag %s finished: %s", bag.id, state)
 
@@ -367,8 +384,10 @@ class World:
             vm.running_at = min(vm.running_at, at)
         batch.vm(vm.row(self.driver_name, self.time_scale))
         self.untrack_vm(vm)
-        if self.metrics is not None and state is VmState.PREEMPTED:
-            self.metrics.preemptions.inc()
+        if state is VmState.PREEMPTED:
+            self.notices.preempted(vm.id, vm.vm_type.name, at, batch, self.bags.values())
+            if self.metrics is not None:
+                self.metrics.preemptions.inc()
 
     def await_confirmed_end(self, attempt: AttemptRun, vm: VmRun, why: str, at: float) -> None:
         """The attempt's VM is gone, and its executor will say when its job has ended for

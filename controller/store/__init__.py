@@ -8,7 +8,8 @@
 - rows.py: the shapes of the rows the queries return (TypedDicts);
 - one module of queries per domain: bags.py (bags and jobs, and what a restart
   recovers), attempts.py, vms.py, accounts.py (accounts and the ledger),
-  tokens.py, callbacks.py, prices.py (price samples and the hopper's migrations),
+  tokens.py, callbacks.py, budgets.py (dollar budgets), events.py (events and
+  their webhook deliveries), prices.py (price samples and the hopper's migrations),
   preemption_models.py, reports.py, meta.py.
 
 `Store` composes them: each domain's queries are a subclass of `Engine`, so a
@@ -22,8 +23,10 @@ from controller.store.accounts import AccountQueries
 from controller.store.attempts import AttemptQueries
 from controller.store.bags import BagQueries, IdempotencyConflict, job_id_of, split_job_id
 from controller.store.batch import SLURM_RUN_COLUMNS, VM_COLUMNS, WriteBatch
+from controller.store.budgets import BudgetQueries
 from controller.store.callbacks import CallbackQueries
 from controller.store.engine import Engine, StoreClosed, StoreUnavailable
+from controller.store.events import EventQueries
 from controller.store.meta import MetaQueries
 from controller.store.preemption_models import ModelQueries
 from controller.store.prices import PriceQueries
@@ -44,6 +47,8 @@ class Store(
     PriceQueries,
     ModelQueries,
     ReportQueries,
+    BudgetQueries,
+    EventQueries,
     Engine,
 ):
     """Async access to the spotbag database at `path` (see Engine for the options)."""

@@ -198,6 +198,35 @@ class CallbackRecord:
     subject: str
 
 
+@dataclass(slots=True)
+class BudgetRow:
+    """One dollar ledger entry (budget_reservations: a reserve inserts the attempt's row,
+    a charge settles it, a release is the rest and writes nothing): an attempt's reservation,
+    charge or release against its bag's and account's budgets."""
+
+    at: float
+    account: str
+    bag_id: str
+    kind: str
+    usd: float
+    key: str
+    month: str
+    new_month: bool = False  # a charge in another month than its reservation's
+
+
+@dataclass(slots=True)
+class EventRecord:
+    """An event and the webhooks to deliver it to (INSERT INTO events, event_deliveries)."""
+
+    id: str
+    created_at: float
+    kind: str
+    bag_id: str | None
+    account: str | None
+    payload: str  # JSON
+    urls: tuple[str, ...] = ()
+
+
 def _columns(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
@@ -259,6 +288,8 @@ class WriteBatch:
     callbacks: dict[str, CallbackRecord] = field(default_factory=dict)
     accounts: list[dict[str, Any]] = field(default_factory=list)  # opened by this batch
     slurm_runs: dict[str, SlurmRunRow] = field(default_factory=dict)
+    budget: list[BudgetRow] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -274,6 +305,8 @@ class WriteBatch:
             or self.callbacks
             or self.accounts
             or self.slurm_runs
+            or self.budget
+            or self.events
         )
 
     def size(self) -> int:
@@ -299,6 +332,8 @@ class WriteBatch:
         self.checkpoints.extend(later.checkpoints)
         for bag_id, totals in later.checkpoint_deltas.items():
             self.checkpoint_deltas.setdefault(bag_id, CheckpointTotals()).add(totals)
+        self.budget.extend(later.budget)
+        self.events.extend(later.events)
 
     def job(
         self,
@@ -441,6 +476,19 @@ class WriteBatch:
         """A callback was handled (with whatever else this batch changes because of it)."""
         self.callbacks.setdefault(key, CallbackRecord(key, at, kind, subject))
 
+    def budget_entries(self, at: float, entries: Iterable[Any]) -> None:
+        """Dollar ledger entries (policies.budget_rules.Entry) caused by this batch's changes."""
+        # A release writes nothing (the row keeps what was reserved and what was charged).
+        self.budget.extend(
+            BudgetRow(at, e.account, e.bag_id, e.kind, e.usd, e.key, e.month, e.new_month)
+            for e in entries
+            if e.kind != "release"
+        )
+
+    def event(self, record: EventRecord) -> None:
+        """An event raised by this batch's changes, with its deliveries."""
+        self.events.append(record)
+
     def work_lost(self, bag_id: str, lost_s: float) -> None:
         """Work a preemption threw away (since the job's last checkpoint)."""
         self.checkpoint_deltas.setdefault(bag_id, CheckpointTotals()).lost_s += lost_s
@@ -457,6 +505,20 @@ _INSERT_CHECKPOINT = _insert_sql("checkpoints", CHECKPOINT_COLUMNS)
 _INSERT_CALLBACK = _insert_sql("callbacks", CALLBACK_COLUMNS, "INSERT OR IGNORE")
 _INSERT_TRANSITION = _insert_sql("transitions", TRANSITION_COLUMNS)
 _INSERT_LEDGER = _insert_sql("ledger", LEDGER_COLUMNS)
+_INSERT_BUDGET = (
+    "INSERT INTO budget_reservations (key, bag_id, account, reserved_at, reserved_usd, month) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+# A charge sets no indexed column (SQLite then leaves the indexes alone), but in the rare
+# case of a month passed since its reservation.
+_SETTLE_BUDGET = (
+    "UPDATE budget_reservations SET settled_at = ?, charged_usd = ? "
+    "WHERE key = ? AND settled_at IS NULL"
+)
+_SETTLE_BUDGET_NEW_MONTH = (
+    "UPDATE budget_reservations SET settled_at = ?, charged_usd = ?, month = ? "
+    "WHERE key = ? AND settled_at IS NULL"
+)
 
 
 def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
@@ -515,6 +577,41 @@ def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
         conn.executemany(_INSERT_CALLBACK, map(_CALLBACK_PARAMS, batch.callbacks.values()))
     if batch.transitions:
         conn.executemany(_INSERT_TRANSITION, map(_TRANSITION_PARAMS, batch.transitions))
+    _apply_money_and_events(conn, batch)
+
+
+def _apply_money_and_events(conn: sqlite3.Connection, batch: WriteBatch) -> None:
+    """The dollar ledger's entries and the events (docs/notifications.md) of a batch."""
+    rows = batch.budget
+    if rows:
+        reserved = [
+            (r.key, r.bag_id, r.account, r.at, r.usd, r.month) for r in rows if r.kind == "reserve"
+        ]
+        if reserved:
+            conn.executemany(_INSERT_BUDGET, reserved)
+        charged = [(r.at, r.usd, r.key) for r in rows if r.kind == "charge" and not r.new_month]
+        if charged:
+            conn.executemany(_SETTLE_BUDGET, charged)
+        moved = [(r.at, r.usd, r.month, r.key) for r in rows if r.kind == "charge" and r.new_month]
+        if moved:
+            conn.executemany(_SETTLE_BUDGET_NEW_MONTH, moved)
+    if batch.events:
+        insert_events(conn, batch.events)
+
+
+def insert_events(conn: sqlite3.Connection, events: Iterable[EventRecord]) -> None:
+    """Events and one pending delivery per webhook, due at once."""
+    for event in events:
+        conn.execute(
+            "INSERT INTO events (id, created_at, kind, bag_id, account, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (event.id, event.created_at, event.kind, event.bag_id, event.account, event.payload),
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO event_deliveries (event_id, url, state, next_try_at) "
+            "VALUES (?, ?, 'pending', ?)",
+            [(event.id, url, event.created_at) for url in event.urls],
+        )
 
 
 def insert_ledger(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:

@@ -397,3 +397,58 @@ async def test_a_preemption_notice_drains_the_vm_then_it_is_preempted(api: Api) 
         await asyncio.sleep(0.05)
     (ended,) = (await api.ok("GET", "/v1/vms?state=preempted"))["vms"]
     assert ended["id"] == vm["id"] and ended["ended_at"] >= noticed["notice_until"] - 0.1
+
+
+async def test_budgets_hold_a_bag_until_raised_and_events_tell_its_story(api: Api) -> None:
+    created = await api.ok(
+        "POST", "/v1/accounts", 201, json={"name": "lab", "unlimited": True, "budget_usd": 50.0}
+    )
+    assert created["budget"]["budget_usd"] == 50.0 and created["budget"]["month_charged_usd"] == 0
+    changed = await api.ok("PATCH", "/v1/accounts/lab", json={"budget_usd": 60.0})
+    assert changed["budget"]["budget_usd"] == 60.0
+    status, body = await api.call("PATCH", "/v1/accounts/lab", json={"budget_usd": -1})
+    assert status == 400 and body["error"]["message"].startswith("budget_usd: "), body
+    status, _ = await api.call("PATCH", "/v1/accounts/nobody", json={"budget_usd": 1.0})
+    assert status == 404
+    # Half a sim-2 VM ($0.02/h) for max_runtime_s of 2 h reserves $0.02: past $0.01.
+    spec = bag(parameters={"i": [1, 2]}, max_runtime_s=7200, budget_usd=0.01)
+    submitted = await api.ok("POST", "/v1/bags", 201, json=spec)
+    bag_id = submitted["id"]
+    assert submitted["options"] == {
+        "deadline": None,
+        "deadline_at": None,
+        "on_demand": "never",
+        "deadline_confidence": 0.95,
+        "budget_usd": 0.01,
+        "notify": [],
+    }
+    deadline = time.monotonic() + 20
+    while not (view := await api.ok("GET", f"/v1/bags/{bag_id}"))["budget"]["held"]:
+        assert time.monotonic() < deadline, view
+        await asyncio.sleep(0.05)
+    assert view["budget"]["held"].startswith(f"held: budget: bag {bag_id}: spent $0.00")
+    assert view["counts"]["queued"] == 2 and view["budget"]["reserved_usd"] == 0.0
+    jobs = await api.ok("GET", f"/v1/bags/{bag_id}/jobs")
+    assert all(j["waiting"].startswith("held: budget: ") for j in jobs["jobs"])
+    events = await api.ok("GET", f"/v1/events?bag={bag_id}")
+    assert [e["kind"] for e in events["events"]] == ["budget_reached"]
+    assert events["events"][0]["payload"]["held"] == view["budget"]["held"]
+    assert events["events"][0]["deliveries"] == []  # no webhook asked for it
+    status, body = await api.call("PATCH", f"/v1/bags/{bag_id}", json={"budget_usd": "1"})
+    assert status == 400 and "budget_usd" in body["error"]["message"], body
+    raised = await api.ok("PATCH", f"/v1/bags/{bag_id}", json={"budget_usd": 1.0})
+    assert raised["options"]["budget_usd"] == 1.0
+    done = await api.wait_bag(bag_id, ("succeeded",))
+    assert done["budget"]["reserved_usd"] == 0.0 and 0 < done["budget"]["charged_usd"] <= 0.04
+    after = events["next_after"]
+    later = await api.ok("GET", f"/v1/events?after={after}&kind=finished")
+    assert [(e["kind"], e["bag_id"]) for e in later["events"]] == [("finished", bag_id)]
+    status, _ = await api.call("PATCH", f"/v1/bags/{bag_id}", json={"budget_usd": 2.0})
+    assert status == 409  # finished
+    status, _ = await api.call("GET", "/v1/events?kind=exploded")
+    assert status == 400
+    status, _ = await api.call("GET", "/v1/events?bag=b0123456789")
+    assert status == 404
+    issued = await api.ok("POST", "/v1/accounts/lab/tokens", 201, json={})
+    mine = await api.ok("GET", "/v1/events", token=issued["token"])
+    assert {e["bag_id"] for e in mine["events"]} == {bag_id}

@@ -251,6 +251,15 @@ async def test_a_restart_reads_the_open_work_not_the_whole_ledger(tmp_path):
     assert steps[1] <= steps[0] + 2, steps
 
 
+BAG_OPTION_COLUMNS = (
+    "deadline_at",
+    "budget_usd",
+    "on_demand",
+    "deadline_confidence",
+    "budget_changed_at",
+)
+
+
 async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
     """A database from before the balance tables: the migration builds them from its
     ledger, and from then on they are kept in step with every entry (by triggers, then
@@ -269,6 +278,12 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             "DROP TABLE final_bag_costs;"
             "ALTER TABLE attempts DROP COLUMN ran_at;"
             "ALTER TABLE vms DROP COLUMN notice_until;"
+            # and what the budgets and events migration added
+            + "".join(f"ALTER TABLE bags DROP COLUMN {c};" for c in BAG_OPTION_COLUMNS)
+            + "ALTER TABLE accounts DROP COLUMN budget_usd;"
+            "ALTER TABLE accounts DROP COLUMN budget_changed_at;"
+            "DROP TABLE budget_reservations; DROP TABLE events; DROP TABLE event_deliveries;"
+            "DROP TABLE delivery_attempts;"
         )
         conn.execute("DELETE FROM migrations WHERE version > ?", (LEDGER_BALANCES,))
         conn.execute(f"PRAGMA user_version = {LEDGER_BALANCES}")

@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import run_cli_recording_modules, wait_for_bag
+from controller.formatting import usd
+from tests.conftest import run_cli_recording_modules, wait_for_bag, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +45,7 @@ def test_status_imports_the_client_only_and_prints_the_fleet_line(make_daemon, t
         "interrupted",
         "spot",
         "cost",
+        "flag",
     ]
     # Percentages print as every figure does (controller/formatting.py): "100 %".
     assert row.split()[:6] == [bag["id"], "one", "succeeded", "100", "%", "1"]
@@ -57,6 +59,46 @@ def test_status_imports_the_client_only_and_prints_the_fleet_line(make_daemon, t
         heavy = {m for m in modules if m.split(".")[0] in NOT_FOR_STATUS or m == "rich.console"}
         assert not heavy, heavy
         assert not {m for m in modules if m.startswith("controller.cli.bags")}
+
+
+def test_status_shows_budget_used_against_the_caps_and_flags_a_held_bag(make_daemon, tmp_path):
+    client = make_daemon().start()
+    body = {"name": "lab", "unlimited": True, "budget_usd": 7}
+    client.request("POST", "/v1/accounts", body=body)
+    spec = {"account": "lab", "command": "true", "max_runtime_s": 7200, "name": "capped"}
+    # Half a local-2 VM for 2 h reserves $0.02: a cap of $0.01 holds the bag at once.
+    bag = client.submit({**spec, "budget_usd": 0.01, "deadline": "10h"})
+    free = client.submit({**spec, "name": "free"})
+    wait_until(lambda: client.bag(bag["id"])["budget"]["held"], 30, 0.1, "the budget to hold it")
+    wait_for_bag(client, free["id"])
+
+    listing, modules = spotbag(client, tmp_path, "status")
+    assert listing.returncode == 0, listing.stderr
+    rows = {line.split()[0]: line for line in listing.stdout.splitlines()[1:]}
+    assert rows[bag["id"]].endswith("  held: budget")
+    assert not rows[free["id"]].endswith("budget")  # ended: no flag
+    one, one_modules = spotbag(client, tmp_path, "status", bag["id"])
+    assert one.returncode == 0, one.stderr
+    lines = one.stdout.splitlines()
+    # The account's month holds what the free bag cost: a few millionths of a dollar,
+    # printed as such (never $0.00).
+    month = client.bag(bag["id"])["budget"]["account_month_charged_usd"]
+    assert month > 0
+    assert (
+        "  budget      $0.00 charged + $0.00 reserved of $0.01 (0 % used)"
+        f" (account: {usd(month)} of $7.00 this month)"
+    ) in lines, one.stdout
+    assert "$0.00 of $7.00" not in one.stdout
+    assert any(line.startswith("  waiting     held: budget: bag ") for line in lines)
+    view = client.bag(bag["id"])
+    deadline = next(line for line in lines if line.startswith("  deadline    "))
+    assert deadline.endswith("(10h), on-demand when_needed, confidence 0.95")
+    # The projection's lines come with the API's `deadline` (the deadline policy's), and
+    # only with it: a daemon without the policy prints the deadline alone.
+    projected = any(line.startswith("  time left   ") for line in lines)
+    assert projected == bool(view.get("deadline")), one.stdout
+    for loaded in (modules, one_modules):
+        assert not {m for m in loaded if m.split(".")[0] in NOT_FOR_STATUS}
 
 
 def test_cancelling_a_cancelled_bag_is_a_no_op_that_says_so(make_daemon, tmp_path):

@@ -261,12 +261,13 @@ def test_unknown_accounts_create_opens_a_limited_account(pool_daemons, slurm_clu
 def test_an_idle_pool_vm_the_reuse_policy_distrusts_is_handed_back(
     pool_daemons, slurm_cluster, out_dir
 ):
-    """VMs live 24 model hours (1 real second = 1 model hour here) and the pool's jobs
+    """VMs live 24 model hours (1 real second = half a model hour here: 48 s, so a busy
+    host's slow boot does not let the cloud take the VM first) and the pool's jobs
     take 20: from about 4 h on, a fresh VM does such a job sooner than a warm one
     (docs/design.md#reuse). When its job ends, the warm VM is handed back at once (Slurm would have kept it
     for SuspendTime), and the next job resumes the node on a fresh VM."""
     daemon = pool_daemons(
-        max_vms=2, model="exponential", mttf_h=1e6, time_scale=3600, pool="job_hours = 20.0\n"
+        max_vms=2, model="exponential", mttf_h=1e6, time_scale=1800, pool="job_hours = 20.0\n"
     )
     text = daemon.config_path.read_text().replace(
         "mttf_h = 1000000.0\n", "mttf_h = 1000000.0\nmax_lifetime_h = 24.0\n"

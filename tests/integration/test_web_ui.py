@@ -977,6 +977,110 @@ def test_a_waiting_job_shows_why_it_waits(page, daemon):
         client.cancel(busy["id"])
 
 
+# GET /v1/bags/{id}'s `deadline` as the deadline policy fills it (wt-escalate): the panel's
+# functions are run on it, since the daemon here has no deadline to project.
+PROJECTED = {
+    "at": 1_790_036_000.0,
+    "confidence": 0.95,
+    "p_meet": 0.9712,
+    "finish": {"p50": 1_790_025_200.0, "p90": 1_790_028_800.0, "p95": 1_790_030_600.0},
+    "at_risk": True,
+    "on_demand_slots": 8,
+    "on_demand_share": 0.0004,
+}
+
+
+def test_a_bags_budget_deadline_and_events_show_on_its_page(page, daemon):
+    """A bag a budget holds: budget used against both caps (text and bar), why it waits,
+    its budget_reached event with the webhook's delivery state, its flag on the bags
+    page, at 400 px too; the deadline facts from a realistic projection (plan.js)."""
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.test_notifications import free_port
+
+    client = daemon.client()
+    client.create_account("bud", unlimited=True, budget_usd=7.0)
+    hook = {"url": f"http://127.0.0.1:{free_port()}/hook"}  # refused: stays pending
+    # 2 h of half a local-2 VM reserves $0.02: a cap of $0.01 holds the bag at once.
+    bag = client.submit(
+        bag_spec("bud", "true", 2, name="capped", max_runtime_s=7200, budget_usd=0.01,
+                 notify=[hook])
+    )  # fmt: skip
+    try:
+        log_in(page, daemon, TOKEN)
+        page.get(url_of(daemon, f"/ui/bags/{bag['id']}"))
+        wait_until(lambda: "held: budget" in text_of(page, "plan-facts"), 20, what="the hold")
+        assert text_of(page, "budget-text") == (
+            "Budget: $0.00 charged + $0.00 reserved of $0.01 (0 % used); "
+            "account: $0.00 of $7.00 this month"
+        )
+        assert page.find_element(By.ID, "budget-bar").is_displayed()
+        assert not page.find_element(By.ID, "at-risk").is_displayed()  # no deadline
+        assert "Deadline" not in text_of(page, "plan-facts")
+        row = wait_until(
+            lambda: page.find_elements(By.CSS_SELECTOR, "#events tbody tr"), 20, what="an event"
+        )[0]  # type: ignore[index]
+        assert "budget reached" in row.text and "held: budget: bag " in row.text
+        assert hook["url"] in row.text
+        assert any(s in row.text for s in ("pending (", "failed (")), row.text
+        page.set_window_size(400, 900)
+        try:
+            widths = page.execute_script(
+                "const d = document.documentElement; return [d.scrollWidth, d.clientWidth];"
+            )
+            assert widths[0] <= widths[1], widths
+            screenshot(page, "bag-budget-narrow")
+        finally:
+            page.set_window_size(1280, 1000)
+        assert_figures_read_right(page, "the held bag's page")
+        screenshot(page, "bag-budget")
+
+        page.get(url_of(daemon, "/ui/bags"))
+        flag = wait_until(
+            lambda: page.find_elements(By.CSS_SELECTOR, f"tr[data-bag='{bag['id']}'] .flag"),
+            15,
+            what="the bag's flag",
+        )[0]  # type: ignore[index]
+        assert flag.text == "held: budget"
+
+        # The deadline panel on the API's answer once the policy projects it.
+        view = {**client.bag(bag["id"]), "deadline": PROJECTED}
+        view["options"] = {**view["options"], "deadline": "10h", "deadline_at": PROJECTED["at"]}
+        view["options"]["on_demand"] = "when_needed"
+        got = page.execute_async_script(
+            "const [view, now, done] = arguments;"
+            "import('/ui/static/plan.js').then((p) => done({"
+            "  facts: p.deadlineFacts(view, now), flags: p.bagFlags(view),"
+            "  none: p.deadlineFacts({...view, deadline: null, options: {}}, now),"
+            "  unprojected: p.deadlineFacts({...view, deadline: {...view.deadline,"
+            "    p_meet: null, finish: null, on_demand_share: null}}, now)"
+            "}), (e) => done(String(e)));",
+            view,
+            PROJECTED["at"] - 8 * 3600.0,
+        )
+        assert isinstance(got, dict), got
+        facts = dict(got["facts"])
+        assert list(facts) == [
+            "Deadline",
+            "Time left",
+            "Projected finish",
+            "Spread (p90 – p95)",
+            "Meets it",
+            "On-demand",
+        ]
+        assert facts["Time left"] == "8.0 h"
+        assert facts["Deadline"].endswith("(10h, on-demand when_needed)")
+        assert facts["Meets it"] == "p = 97.1 % (wanted 95 %)"
+        assert facts["On-demand"] == "8 slots now, share so far 0.04 %"  # never 0 %
+        assert got["flags"] == ["at risk", "held: budget"]
+        assert got["none"] == []
+        assert [k for k, _ in got["unprojected"]][2:] == ["Projected finish", "On-demand"]
+        assert dict(got["unprojected"])["Projected finish"] == "not yet known"
+        assert not severe_console_messages(page)
+    finally:
+        client.cancel(bag["id"])
+
+
 def test_the_fleet_page_lists_a_preempted_vm_after_its_bag_ended(page, daemon):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select

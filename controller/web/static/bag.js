@@ -18,6 +18,7 @@ import {
   usd,
   when,
 } from "/ui/static/api.js";
+import { budgetFacts, deadlineFacts } from "/ui/static/plan.js";
 
 const REFRESH_MS = 2000;
 const PAGE_SIZE = 50;
@@ -81,6 +82,74 @@ function renderBag() {
     ["On demand", usd(u.on_demand_cost_usd)],
   ];
   $("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  renderPlan();
+}
+
+// --- the deadline and the budget --------------------------------------------------------
+
+// The bag's now: the API's own clock (created + elapsed), not the browser's.
+function bagNow() {
+  return bag.created_at + bag.elapsed_s;
+}
+
+function renderPlan() {
+  const facts = deadlineFacts(bag, bagNow());
+  const budget = budgetFacts(bag);
+  if (budget && budget.held) facts.push(["Waiting", budget.held]);
+  $("plan").hidden = !facts.length && !budget;
+  $("at-risk").hidden = !(bag.deadline && bag.deadline.at_risk);
+  $("plan-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  $("budget-line").hidden = !budget;
+  if (!budget) return;
+  $("budget-text").textContent = `Budget: ${budget.text}`;
+  const bar = $("budget-bar");
+  bar.hidden = !budget.bar;
+  if (budget.bar) {
+    const [charged, reserved, available] = bar.children;
+    charged.style.width = `${100 * budget.bar.charged}%`;
+    reserved.style.width = `${100 * budget.bar.reserved}%`;
+    available.style.width = `${100 * Math.max(0, 1 - budget.bar.charged - budget.bar.reserved)}%`;
+    bar.setAttribute("aria-label", `budget: ${budget.text}`);
+  }
+}
+
+// --- the bag's events ---------------------------------------------------------------------
+
+const EVENTS_EVERY = 3; // refreshes (6 s) between two reads of the bag's events
+
+function eventWhat(event) {
+  const p = event.payload || {};
+  if (event.kind === "finished" || event.kind === "failed") {
+    return `${p.state ?? ""}${p.failed_jobs ? `, ${plural(p.failed_jobs, "failed job")}` : ""}`;
+  }
+  if (event.kind === "budget_reached") return p.held ?? "";
+  if (event.kind === "deadline_at_risk" && p.p_meet != null) return `p = ${percent(p.p_meet, 3)} of meeting it`;
+  return JSON.stringify(p).slice(0, 200);
+}
+
+function deliveryCell(event) {
+  if (!event.deliveries.length) return el("td", { class: "hint" }, "none");
+  return el("td", {}, ...event.deliveries.map((d) => el(
+    "div", {},
+    el("span", { class: `badge delivery ${d.state}`, title: d.last_error || null }, `${d.state} (${plural(d.attempts, "try", "tries")})`),
+    " ", el("code", {}, d.url),
+  )));
+}
+
+function eventRow(event) {
+  return el(
+    "tr", { "data-event": event.id },
+    el("td", {}, when(event.created_at)),
+    el("td", {}, el("span", { class: `badge ${event.kind}` }, event.kind.replaceAll("_", " "))),
+    el("td", {}, eventWhat(event)),
+    deliveryCell(event),
+  );
+}
+
+async function loadEvents() {
+  const { events } = await api(`/v1/events?bag=${enc(bagId)}&limit=1000`);
+  $("events").querySelector("tbody").replaceChildren(...events.map(eventRow));
+  $("no-events").hidden = events.length > 0;
 }
 
 async function cancelBag() {
@@ -297,6 +366,7 @@ async function refresh() {
       await loadJobs();
     }
     if (shown.jobId !== null) await refreshJob();
+    if (searchTicks % EVENTS_EVERY === 1) await loadEvents();
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
     if (error instanceof ApiError && error.code === "invalid_query") {

@@ -1,6 +1,8 @@
 // The bags page: every bag the token may see, newest first, a page at a time, with its
-// progress and its jobs by state; refreshed by polling GET /v1/bags.
+// progress and its jobs by state, flagged when at risk of missing its deadline or held by
+// a budget (plan.js); refreshed by polling GET /v1/bags.
 import { api, countsText, el, percent, poll, progressBar, setStatus, when } from "/ui/static/api.js";
+import { bagFlags } from "/ui/static/plan.js";
 
 const REFRESH_MS = 2000;
 const PAGE_SIZE = 50;
@@ -17,7 +19,8 @@ function row(bag) {
     el("td", {}, link),
     el("td", {}, bag.name),
     el("td", {}, bag.account),
-    el("td", {}, el("span", { class: `badge ${bag.state}` }, state)),
+    el("td", {}, el("span", { class: `badge ${bag.state}` }, state),
+      ...bagFlags(bag).map((flag) => [" ", el("span", { class: `badge flag ${flag === "at risk" ? "at-risk" : "held"}` }, flag)])),
     el(
       "td",
       { class: "progress-cell" },

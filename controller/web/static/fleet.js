@@ -87,7 +87,10 @@ function vmRow(vm) {
         ? el("span", { class: "badge notice", title: "preemption notice" },
           `notice: ends by ${when(vm.notice_until)}`)
         : null),
-    el("td", {}, vm.spot ? "spot" : "on-demand"),
+    // An on-demand VM (the deadline policy's, or a bag's `on_demand: always`): marked.
+    el("td", {}, (vm.on_demand ?? !vm.spot)
+      ? el("span", { class: "badge on-demand", title: "on-demand: never preempted, full price" }, "on-demand")
+      : "spot"),
     el("td", {}, duration(vm.age * 3600)),
     el("td", {}, vm.jobs),
     el("td", {}, usd(vm.cost_usd)),
