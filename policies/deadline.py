@@ -428,15 +428,24 @@ def fallback_on_demand(
             others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
             left = np.concatenate([nxt[n:], rest])
             spot_next, spot_next_var = nxt[:0], next_var[:0]
-        limit = H - _margin_h(
-            inputs, times, spot_next, spot_work, rest, float(spot_next_var.sum() + spot_var.sum())
-        )
-        if limit <= 0:
-            return False
         idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
         free_at = np.concatenate([running, on_demand, others, idle])[:K]
-        if not ends_by(free_at, left, limit):
-            return False
+        if len(rest) >= K:
+            limit = H - _margin_h(inputs, float(spot_next_var.sum() + spot_var.sum()))
+            if limit <= 0 or not ends_by(free_at, left, limit):
+                return False
+        else:
+            # The end: a late spot attempt delays its own slot, by up to the excess
+            # of its time's c-quantile over its mean.
+            limit = H
+            late = free_at.copy()
+            late[len(od_left) : len(running)] += _excess_h(times, spot_work, inputs.confidence)
+            first_next = len(running) + n
+            late[first_next : first_next + len(spot_next)] += _excess_h(
+                times, spot_next, inputs.confidence
+            )
+            if limit <= 0 or not ends_by(late, left, limit):
+                return False
         if worst < 0:
             return True
         retried = free_at.copy()
@@ -505,28 +514,24 @@ def spot_line_on_demand(inputs: DeadlineInputs, times: CompletionTimes) -> int:
     return high
 
 
-def _margin_h(
-    inputs: DeadlineInputs,
-    times: CompletionTimes,
-    nxt: np.ndarray,
-    spot_work: np.ndarray,
-    rest: np.ndarray,
-    var_h2: float,
-) -> float:
-    """How much later than their means the spot attempts may end, at the confidence.
-    While the fallback has at least a round of jobs to share out (K or more queued
-    beyond the next), a late attempt only leaves its slot less of them: the delay is
-    the spread of their sum over K slots, z_c·sqrt(Σσ²)/K. With less, one late attempt
-    delays the end by its own excess: the c-quantile of the longest attempt's time
-    less its mean."""
+def _margin_h(inputs: DeadlineInputs, var_h2: float) -> float:
+    """How much later than their means the spot attempts may end, at the confidence,
+    while the fallback has at least a round of jobs to share out (K or more queued
+    beyond the next): a late attempt only leaves its slot less of them, so the delay
+    is the spread of their sum over K slots, z_c·sqrt(Σσ²)/K."""
     K = max(1, int(inputs.slots))
-    if len(rest) >= K:
-        return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
-    longest = max(float(nxt.max(initial=0.0)), float(spot_work.max(initial=0.0)))
-    if longest <= 0:
-        return 0.0
-    mean_longest = float(times.fresh_moments(np.array([longest]))[0][0])
-    return max(0.0, times.fresh_quantile_h(longest, inputs.confidence) - mean_longest)
+    return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
+
+
+def _excess_h(times: CompletionTimes, works_h: np.ndarray, confidence: float) -> np.ndarray:
+    """q_c(T) − E[T] for each job of `works_h` on a fresh spot VM: how much later
+    than its mean it may end, at the confidence."""
+    if not len(works_h):
+        return np.zeros(0)
+    mean, _ = times.fresh_moments(works_h)
+    steps = times._work_steps(works_h)
+    quantile = {int(j): times.fresh_quantile_h(j * times.step_h, confidence) for j in set(steps)}
+    return np.maximum(np.array([quantile[int(j)] for j in steps]) - mean, 0.0)
 
 
 def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:
