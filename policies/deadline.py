@@ -31,8 +31,12 @@ the attempt's time, so the rule is checked with the free slots already busy:
 - λ (`decision_lag_h`) is how long until the next look: a pass plus a launch;
 - δ_c is how late the spot attempts may be at confidence c: while a round of queued
   jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
-  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less, one late attempt delays the
-  end by its own excess, q_c(T) − μ of the longest.
+  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less, each spot attempt's slot is
+  free only after its own excess q_c(T_j) − μ_j (a late attempt delays its own slot);
+- the queue is taken in the scheduler's order when it says so (`queue_ordered`);
+- the check also holds if the spot attempt with the most work since its last
+  checkpoint (`spot_unsaved_h`) loses its VM now (its job back in the queue with that
+  work to redo): a preemption triggers a decision, but by then the loss is made.
 
 The decision is the least n that fits (a binary search: fitting is monotone in n), so
 m = (running on-demand attempts) + n slots on on-demand. Recomputed whenever a slot
@@ -41,6 +45,12 @@ safe moment, not on a fixed line); slots turn on-demand one by one as the slack 
 an on-demand slot that frees when the fallback fits without it goes back to spot (the
 slack returned). When not even n = all free slots fits, the bag is *at risk* and
 every slot goes on-demand.
+
+**Idling costs slack** (`spot_line_on_demand`): when spot cannot be had or is not
+worth its price, a free slot waits only while spot, once back (after the expected
+outage), would still finish the bag in expectation (the queue at μ_j(0) each, list
+scheduled); else the fewest free slots that restore that go on-demand, or, when spot
+can be had at a price not worth paying (`spot_available`), spot is launched anyway.
 
 **The projection** (`meet_probabilities`, `decide(project=True)`), for the status
 pages and the `deadline_at_risk` notification: with m of the K slots on on-demand and
@@ -69,7 +79,8 @@ safety net, with a margin of two changeovers). This policy instead keeps the
 on-demand fallback feasible slot by slot, with the completion-time spread the
 preemption model and the checkpoint plan give, turns only as many slots on-demand as
 that needs, and turns them back; it waits out spot outages and prices not worth
-paying while the fallback allows.
+paying only while spot's expected pace still finishes the bag (UP runs on-demand in
+an outage whenever it is behind its straight line).
 
 Pure: arrays and dataclasses in, a decision out; no clock, no I/O.
 """
@@ -98,9 +109,11 @@ class DeadlineInputs:
     """A bag's state as the scheduler sees it at one pass (hours; prices USD/h per slot).
 
     `queued_work_h`: jobs waiting (work left each); `spot_work_h` / `spot_age_h`: jobs
-    running on spot VMs (work left, VM age); `on_demand_left_h`: time left of the jobs
-    running on on-demand VMs. `spot_availability` (0–1] is the share of recent time
-    spot VMs could be launched at a price worth paying; `spot_outage_h` how long until
+    running on spot VMs (work left, VM age), `spot_unsaved_h` their work since their
+    last checkpoint (what a preemption now would lose; empty: unknown, taken as 0);
+    `on_demand_left_h`: time left of the jobs running on on-demand VMs.
+    `spot_availability` (0–1] is the share of recent time spot VMs could be launched
+    at a price worth paying; `spot_outage_h` how long until
     they can again when they cannot now (0 when they can). `decision_lag_h` is how long
     escalating may wait: until the next pass, plus an on-demand VM's launch.
     `spot_available` says whether a spot VM can be launched now at all (its price at
@@ -388,9 +401,11 @@ def fallback_on_demand(
     slot is busy for its job's expected time plus a launch, on-demand for its work plus
     a launch; a waiting slot is free after the lag and a launch. Running attempts keep
     their slots: on-demand ones their time left, spot ones their expected time left
-    plus a launch. The rest of the queue is list scheduled, longest first, on the slots
-    as they free, and must end by deadline − lag − how late the spot attempts may be
-    at the confidence (`_margin_h`)."""
+    plus a launch. The rest of the queue is list scheduled (in dispatch order) on the
+    slots as they free, and must end by deadline − lag − how late the spot attempts
+    may be at the confidence (`_margin_h`; in the last round, each spot slot later by
+    its own `_excess_h` instead), also when the spot attempt with the most unsaved
+    work loses its VM now."""
     K = max(1, int(inputs.slots))
     H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
     launch = inputs.on_demand_launch_h

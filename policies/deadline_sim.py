@@ -19,7 +19,8 @@ bench/deadlines.py) and a fixed on-demand price; the bid is the on-demand price.
 - A strategy chooses, whenever a slot is free (and for waiting slots every `pass_h`),
   what its next attempt runs on: spot, on-demand, or nothing yet (wait):
   `all_spot`, `all_on_demand`, `uniform_progress` (policies/uniform_progress.py) or
-  `spotbag` (policies/deadline.py). Running attempts are never moved.
+  `spotbag` (policies/deadline.py). Running attempts are never moved. Slots freeing
+  at one instant share one spotbag decision, which counts them all as free.
 
 The result: whether the bag met its deadline, what it cost, its makespan, and every
 VM's life (for checking that cost is Σ price × time).
