@@ -98,6 +98,7 @@ from scipy.special import ndtr, ndtri
 from policies.completion_times import CompletionTimes
 
 DEFAULT_CONFIDENCE = 0.95
+PATH_OVERHEAD = 0.1  # checkpoint time over work on a DP path, at most (δ ≤ a tenth of a segment)
 
 
 def _array(values) -> np.ndarray:
@@ -111,7 +112,10 @@ class DeadlineInputs:
     `queued_work_h`: jobs waiting (work left each); `spot_work_h` / `spot_age_h`: jobs
     running on spot VMs (work left, VM age), `spot_unsaved_h` their work since their
     last checkpoint (what a preemption now would lose; empty: unknown, taken as 0);
-    `on_demand_left_h`: time left of the jobs running on on-demand VMs.
+    `on_demand_left_h`: time left of the jobs running on on-demand VMs;
+    `free_spot_age_h`: ages of the live spot VMs free slots hold (their next spot
+    attempts reuse them, planned at those ages; empty: every next attempt on a fresh
+    VM).
     `spot_availability` (0–1] is the share of recent time spot VMs could be launched
     at a price worth paying; `spot_outage_h` how long until
     they can again when they cannot now (0 when they can). `decision_lag_h` is how long
@@ -129,6 +133,7 @@ class DeadlineInputs:
     spot_work_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_unsaved_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    free_spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     on_demand_left_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_price_per_hour: float = 0.0
     on_demand_price_per_hour: float = 1.0
@@ -358,11 +363,13 @@ def decide(
     if nothing_left:
         return DeadlineDecision(0, False, 1.0, (), inputs.deadline_h, False)
     launch_spot = spot_worth_using(inputs, times)
+    busy = len(_array(inputs.spot_work_h)) + len(loads.on_demand_left_sorted_h)
+    last_round = loads.queued_jobs < 2 * K - busy  # the free slots' jobs and one round more
     keep_line = 0
     if not launch_spot and loads.queued_jobs:
         # Waiting for spot spends slack: only while spot could still finish after it.
         keep_line = spot_line_on_demand(inputs, times)
-        if keep_line and inputs.spot_available is True:
+        if keep_line and inputs.spot_available is True and not last_round:
             # Spot is there but dear: it beats idling (billed at the market price,
             # which may fall) and, unlike on-demand, commits to no price.
             launch_spot, keep_line = True, 0
@@ -403,9 +410,9 @@ def fallback_on_demand(
     their slots: on-demand ones their time left, spot ones their expected time left
     plus a launch. The rest of the queue is list scheduled (in dispatch order) on the
     slots as they free, and must end by deadline − lag − how late the spot attempts
-    may be at the confidence (`_margin_h`; in the last round, each spot slot later by
-    its own `_excess_h` instead), also when the spot attempt with the most unsaved
-    work loses its VM now."""
+    may be at the confidence (`_margin_h`; in the last round, `_last_round_fits`
+    instead), also when the spot attempt with the most unsaved work loses its VM
+    now."""
     K = max(1, int(inputs.slots))
     H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
     launch = inputs.on_demand_launch_h
@@ -433,16 +440,33 @@ def fallback_on_demand(
         )
         return bound <= limit or list_schedule_h(left, free_at, inputs.queue_ordered) <= limit
 
+    reuse_age = _array(inputs.free_spot_age_h)
+
+    def next_on_spot(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The spot attempts of the next jobs beyond the n on on-demand: (work, VM
+        age, slot busy until, variance). The first ones reuse the free slots' live
+        spot VMs (no launch, planned at their ages), the others launch fresh ones."""
+        work = nxt[n:]
+        age = np.zeros(len(work))
+        reused = min(len(reuse_age), len(work))
+        age[:reused] = reuse_age[:reused]
+        mean, var = times.aged_moments(work, age)
+        mean[reused:], var[reused:] = next_mean[n + reused :], next_var[n + reused :]
+        busy = mean + launch + np.where(np.arange(len(work)) < reused, 0.0, launch)
+        return work, age, busy, var
+
     def fits(n: int) -> bool:
         """n of the next jobs on on-demand, the others on spot or waiting."""
         on_demand = nxt[:n] + launch
+        spot_age_next = np.zeros(0)
         if launch_spot:
-            others, left = next_mean[n:] + launch, rest
-            spot_next, spot_next_var = nxt[n:], next_var[n:]
+            spot_next, spot_age_next, others, spot_next_var = next_on_spot(n)
+            left = rest
         else:  # waiting slots start nothing: their jobs stay queued
             others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
             left = np.concatenate([nxt[n:], rest])
             spot_next, spot_next_var = nxt[:0], next_var[:0]
+            spot_age_next = np.zeros(0)
         idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
         free_at = np.concatenate([running, on_demand, others, idle])[:K]
         if len(rest) >= K:
@@ -450,16 +474,19 @@ def fallback_on_demand(
             if limit <= 0 or not ends_by(free_at, left, limit):
                 return False
         else:
-            # The end: a late spot attempt delays its own slot, by up to the excess
-            # of its time's c-quantile over its mean.
             limit = H
-            late = free_at.copy()
-            late[len(od_left) : len(running)] += _excess_h(times, spot_work, inputs.confidence)
-            first_next = len(running) + n
-            late[first_next : first_next + len(spot_next)] += _excess_h(
-                times, spot_next, inputs.confidence
+            if limit <= 0 or not ends_by(free_at, left, limit):
+                return False
+            spot_slot = np.zeros(len(free_at), dtype=bool)
+            spot_slot[len(od_left) : len(running)] = True
+            spot_slot[len(running) + n : len(running) + n + len(spot_next)] = True
+            spot = (
+                np.concatenate([spot_work, spot_next]),
+                np.concatenate([_array(inputs.spot_age_h), spot_age_next]),
+                # a launch before a next attempt on a fresh VM
+                np.concatenate([np.zeros(len(spot_work)), np.where(spot_age_next > 0, 0, launch)]),
             )
-            if limit <= 0 or not ends_by(late, left, limit):
+            if not _last_round_fits(inputs, times, free_at, spot_slot, spot, left, limit):
                 return False
         if worst < 0:
             return True
@@ -538,15 +565,60 @@ def _margin_h(inputs: DeadlineInputs, var_h2: float) -> float:
     return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
 
 
-def _excess_h(times: CompletionTimes, works_h: np.ndarray, confidence: float) -> np.ndarray:
-    """q_c(T) − E[T] for each job of `works_h` on a fresh spot VM: how much later
-    than its mean it may end, at the confidence."""
-    if not len(works_h):
-        return np.zeros(0)
-    mean, _ = times.fresh_moments(works_h)
-    steps = times._work_steps(works_h)
-    quantile = {int(j): times.fresh_quantile_h(j * times.step_h, confidence) for j in set(steps)}
-    return np.maximum(np.array([quantile[int(j)] for j in steps]) - mean, 0.0)
+def _last_round_fits(
+    inputs: DeadlineInputs,
+    times: CompletionTimes,
+    free_at: np.ndarray,
+    spot_slot: np.ndarray,
+    spot: tuple[np.ndarray, np.ndarray, np.ndarray],
+    left: np.ndarray,
+    limit: float,
+) -> bool:
+    """The last round (module docstring), each at half the risk: (a) every spot
+    attempt (work, VM age, launch before it) ends in time for its slot to switch, and
+    (b) enough slots free early enough for the jobs left, on on-demand in the
+    fallback: P(#slots free by limit − w_max ≥ #left) (on-demand and idle slots
+    surely, spot ones with F_j)."""
+    work, age, before = spot
+    launch = inputs.on_demand_launch_h
+    risk = (1.0 - inputs.confidence) / 2.0
+    if not _attempts_end_in_time(times, work, age, limit - before - launch, risk):
+        return False
+    if not len(left):
+        return True
+    start_by = limit - float(left.max())  # the longest job left still fits
+    sure = int(np.sum((free_at <= start_by) & ~spot_slot))
+    p_free = times.aged_cdf_at(work, age, start_by - before - launch)
+    return _at_least(p_free, len(left) - sure) >= 1.0 - risk
+
+
+def _attempts_end_in_time(
+    times: CompletionTimes, work: np.ndarray, age: np.ndarray, by_h: np.ndarray, risk: float
+) -> bool:
+    """P(every spot attempt ends by its time) >= 1 − risk, lifetimes independent. An
+    attempt whose VM dies has its retry go on-demand if need be (the decision at the
+    preemption sees it): it then ends by its path, a launch and its work again, at
+    most 2·(1 + ε)·w + launch (ε: the checkpoints' overhead), whatever befalls it."""
+    if not len(work):
+        return True
+    in_time = times.aged_cdf_at(work, age, by_h)
+    in_time = np.where(by_h >= 2 * (1 + PATH_OVERHEAD) * work, 1.0, in_time)
+    return float(np.prod(in_time)) >= 1.0 - risk
+
+
+def _at_least(p: np.ndarray, k: int) -> float:
+    """P(at least k of independent events with probabilities p happen): the
+    Poisson-binomial tail, by convolution."""
+    if k <= 0:
+        return 1.0
+    if k > len(p):
+        return 0.0
+    dist = np.zeros(len(p) + 1)
+    dist[0] = 1.0
+    for i, q in enumerate(np.clip(p, 0.0, 1.0)):
+        dist[1 : i + 2] = dist[1 : i + 2] * (1.0 - q) + dist[: i + 1] * q
+        dist[0] *= 1.0 - q
+    return float(dist[k:].sum())
 
 
 def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:

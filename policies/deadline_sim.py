@@ -318,10 +318,14 @@ class _Simulation:
         # one decision: it says how many of the free slots go on-demand.
         if self.decision is not None and t == self.decided_at:
             return self.decision
-        spot_work, spot_age, spot_unsaved, od_left = [], [], [], []
+        spot_work, spot_age, spot_unsaved, od_left, reusable = [], [], [], [], []
         for s, j in enumerate(self.job):
             if j < 0 or self.ending_now(s, t):
-                continue  # free, or freeing at this instant (its event comes next)
+                # Free, or freeing at this instant (its event comes next): its next
+                # spot attempt reuses its spot VM if that lives on.
+                if self.kind[s] == "spot" and self.ready[s] <= t < self.death[s] - 1e-12:
+                    reusable.append(t - self.launched[s])
+                continue
             if self.kind[s] == "spot":
                 done = (t - self.att_start[s]) * self.att_ratio[s]
                 spot_work.append(max(self.att_work[s] - done, 1 / 60))
@@ -339,6 +343,7 @@ class _Simulation:
             spot_work_h=np.array(spot_work),
             spot_age_h=np.array(spot_age),
             spot_unsaved_h=np.array(spot_unsaved),
+            free_spot_age_h=np.array(reusable),
             on_demand_left_h=np.array(od_left),
             spot_price_per_hour=float(market.spot_price[market.index(t)]),
             on_demand_price_per_hour=market.on_demand_price,
