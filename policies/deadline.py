@@ -31,8 +31,14 @@ the attempt's time, so the rule is checked with the free slots already busy:
 - λ (`decision_lag_h`) is how long until the next look: a pass plus a launch;
 - δ_c is how late the spot attempts may be at confidence c: while a round of queued
   jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
-  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less, each spot attempt's slot is
-  free only after its own excess q_c(T_j) − μ_j (a late attempt delays its own slot);
+  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less (the last round), δ_c = 0 and
+  instead, each at half the risk: (a) every spot attempt ends in time to hand its
+  slot over, Π_j F'_j(τ_j) >= 1 − (1 − c)/2, where F'_j(τ) = 1 from τ = 2·(1 + ε)·w_j
+  on (a failed attempt's retry may go on-demand: it then ends by its path, a launch
+  and its work again), and (b) enough slots free by D − λ − max w_left for the jobs
+  left (on on-demand in the fallback): a Poisson-binomial tail >= 1 − (1 − c)/2;
+- a free slot holding a live spot VM reuses it (`free_spot_age_h`): its next attempt
+  is planned at that age, without a launch;
 - the queue is taken in the scheduler's order when it says so (`queue_ordered`);
 - the check also holds if the spot attempt with the most work since its last
   checkpoint (`spot_unsaved_h`) loses its VM now (its job back in the queue with that

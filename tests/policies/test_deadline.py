@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable, build_table, simulate_makespan
 from policies.completion_times import CompletionTimes, build_completion_times
-from policies.deadline import DeadlineInputs, decide, list_schedule_h, meet_probabilities
+from policies.deadline import (
+    DeadlineInputs,
+    _at_least,
+    decide,
+    list_schedule_h,
+    meet_probabilities,
+)
 from policies.deadline_sim import (
     STRATEGIES,
     BagRun,
@@ -211,6 +217,28 @@ def test_finish_quantiles_are_ordered_and_at_risk_when_impossible() -> None:
     finish = [h for _, h in decision.finish_quantiles_h]
     assert finish == sorted(finish) and finish[0] > makespan * 0.9
     assert decide(inputs_for(works, 8, 0.5 * makespan), times).at_risk
+
+
+def test_the_last_round_holds_the_confidence_for_all_its_attempts_together() -> None:
+    """Twenty one-hour jobs, one per slot: a deadline that leaves each spot attempt
+    exactly its own 0.99 quantile leaves all twenty only 0.99^20 ≈ 0.82 together, so
+    slots go on-demand; with time for a failed attempt's retry on on-demand (its path
+    and its work again), none do."""
+    _, times = plan()
+    works = np.full(20, 1.0)
+    lag = 10 / 60
+    own = LAUNCH_H + times.fresh_quantile_h(1.0, 0.99) + LAUNCH_H + lag
+    assert decide(inputs_for(works, 20, own), times, project=False).on_demand_slots > 0
+    retry = 2 * 1.1 * 1.0 + 2 * LAUNCH_H + lag + 0.1
+    assert decide(inputs_for(works, 20, retry), times, project=False).on_demand_slots == 0
+
+
+def test_at_least_is_the_poisson_binomial_tail() -> None:
+    from scipy.stats import binom
+
+    assert _at_least(np.full(30, 0.3), 10) == pytest.approx(binom.sf(9, 30, 0.3))
+    assert _at_least(np.array([0.5, 0.2]), 2) == pytest.approx(0.1)
+    assert _at_least(np.array([0.5]), 0) == 1.0 and _at_least(np.array([0.5]), 2) == 0.0
 
 
 def test_list_schedule() -> None:
