@@ -150,8 +150,15 @@ class Budgets:
         return room
 
     def _cheapest_attempt_usd(self, bag: BagRun, catalog: list[CatalogType]) -> float:
+        # A bag that runs on on-demand VMs only pays their price.
+        always = bag.spec.on_demand_mode == "always"
         prices = [
-            t.spot_price_per_hour * share_of(bag.shape, t.capacity)
+            (
+                t.on_demand_price_per_hour or t.spot_price_per_hour
+                if always
+                else t.spot_price_per_hour
+            )
+            * share_of(bag.shape, t.capacity)
             for t in catalog
             if (bag.allowed_types is None or t.name in bag.allowed_types)
             and zone_allowed(t.zone, bag.regions)
@@ -164,12 +171,17 @@ class Budgets:
 
     def attempt_usd(self, bag: BagRun, vm: VmRun) -> float:
         """An attempt's worst case in dollars on this VM (kept per bag and VM type: one a
-        start, in the scheduler's pass)."""
+        start, in the scheduler's pass); an on-demand VM at its on-demand price."""
         vm_type = vm.vm_type
-        key = (bag.id, vm_type.name, vm_type.spot_price_per_hour)
+        price = (
+            vm_type.spot_price_per_hour
+            if vm.spot
+            else vm_type.on_demand_price_per_hour or vm_type.spot_price_per_hour
+        )
+        key = (bag.id, vm_type.name, price)
         usd = self._worst_case.get(key)
         if usd is None:
-            per_h = vm_type.spot_price_per_hour * share_of(bag.shape, vm.capacity)
+            per_h = price * share_of(bag.shape, vm.capacity)
             usd = self._worst_case[key] = cost_usd(
                 per_h, 1.0, bag.spec.max_runtime_s, self.time_scale
             )

@@ -108,6 +108,8 @@ def migration_candidates(scheduler: Scheduler, now: float) -> list[MigrationCand
     for vm in world.vms.values():
         if vm.state is not VmState.RUNNING or vm.terminating or vm.draining or not vm.attempts:
             continue
+        if not vm.spot:
+            continue  # an on-demand VM is there for a deadline, not for a spot price
         attempts = [world.attempts[a] for a in vm.attempts if a in world.attempts]
         bag_ids = {a.bag_id for a in attempts}
         if len(bag_ids) != 1:

@@ -40,6 +40,13 @@ class DemandGroup(NamedTuple):
     # Jobs running on VMs that got a preemption notice: they need a VM once theirs ends,
     # so one is kept or launched for them now (docs/design.md#checkpoint-notices).
     expected: int = 0
+    # On-demand VMs (docs/design.md#deadlines): how many of the bag's slots should run on
+    # them (`on_demand: always`, or the deadline policy's decision), how many of its
+    # attempts run on them already, and whether its other slots may take spot VMs (else
+    # they wait). A group with no on-demand slots never takes an on-demand VM.
+    on_demand_slots: int = 0
+    on_demand_running: int = 0
+    use_spot: bool = True
 
 
 class VmView(NamedTuple):
@@ -62,6 +69,7 @@ class VmView(NamedTuple):
     # controller restart, seen joined again by the executor): its boot timeout counts
     # from here.
     waited_since: float | None = None
+    spot: bool = True  # False: an on-demand VM (only bags that want on-demand slots use it)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class CatalogType:
     zone: str
     capacity: Shape
     spot_price_per_hour: float
+    on_demand_price_per_hour: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,11 +108,13 @@ class Place:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """Launch `count` VMs of `vm_type` (for the queued jobs of `bag_id`)."""
+    """Launch `count` VMs of `vm_type` (for the queued jobs of `bag_id`), on spot or,
+    with `spot` False, on-demand."""
 
     vm_type: str
     count: int
     bag_id: str
+    spot: bool = True
 
 
 class Terminate(NamedTuple):
@@ -126,6 +137,12 @@ class Plan:
     terminations: list[Terminate]
     unplaceable: list[Unplaceable]
     next_wake_at: float | None  # when the plan may change with nothing else happening
+
+
+def _market_ok(group: DemandGroup, vm: VmView) -> bool:
+    """Whether the group's jobs may run on the VM's market: spot VMs when the group
+    uses spot, on-demand VMs when it wants on-demand slots."""
+    return group.use_spot if vm.spot else group.on_demand_slots > 0
 
 
 def _eligible(group: DemandGroup, vm_type: str, zone: str) -> bool:
@@ -152,7 +169,7 @@ def _pack(
     """
     candidates = []
     for vm in vms:
-        if not _eligible(group, vm.vm_type, vm.zone):
+        if not _eligible(group, vm.vm_type, vm.zone) or not _market_ok(group, vm):
             continue
         # Keep GPU VMs for GPU jobs while any are waiting.
         if gpu_demand and group.shape.gpus == 0 and vm.capacity.gpus > 0:
@@ -197,9 +214,12 @@ def plan(snapshot: Snapshot) -> Plan:
 
     places: list[Place] = []
     refused: dict[str, str] = {}
-    leftover = _place_queued(snapshot.demand, free, running, pending, gpu_demand, places, refused)
+    on_demand_wanted: dict[str, int] = {}  # per bag: on-demand slots still to fill
+    leftover = _place_queued(
+        snapshot.demand, free, running, pending, gpu_demand, places, refused, on_demand_wanted
+    )
     kept = _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
-    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover)
+    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, on_demand_wanted)
     _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places)
 
     used = {p.vm_id for p in places} | kept
@@ -221,21 +241,60 @@ def _place_queued(
     gpu_demand: bool,
     places: list[Place],
     refused: dict[str, str],
+    on_demand_wanted: dict[str, int],
 ) -> dict[str, int]:
     """Queued jobs onto running VMs (Place actions), then counted against pending VMs'
-    room; returns per bag how many are left."""
+    room; returns per bag how many are left. A bag that wants on-demand slots fills
+    on-demand VMs first, and leaves on spot VMs the jobs its missing on-demand slots
+    are for (`on_demand_wanted`, which they are launched for)."""
     leftover: dict[str, int] = {}
     for group in demand:
         if group.queued > 0:
-            leftover[group.bag_id] = _pack(
-                group, group.queued, free, running, gpu_demand, places, refused
+            leftover[group.bag_id] = _pack_by_market(
+                group, group.queued, free, running, gpu_demand, places, refused, on_demand_wanted
             )
     for group in demand:
         if leftover.get(group.bag_id):
-            leftover[group.bag_id] = _pack(
-                group, leftover[group.bag_id], free, pending, gpu_demand, None
+            leftover[group.bag_id] = _pack_by_market(
+                group,
+                leftover[group.bag_id],
+                free,
+                pending,
+                gpu_demand,
+                None,
+                None,
+                on_demand_wanted,
             )
     return leftover
+
+
+def _pack_by_market(
+    group: DemandGroup,
+    remaining: int,
+    free: dict[str, Shape],
+    vms: Sequence[VmView],
+    gpu_demand: bool,
+    places: list[Place] | None,
+    refused: dict[str, str] | None,
+    on_demand_wanted: dict[str, int],
+) -> int:
+    """`_pack` for a group with on-demand slots: on-demand VMs first (each job there
+    fills one of the slots still wanted), then spot VMs for what the slots still
+    wanted leave. Returns how many are left."""
+    if group.on_demand_slots <= 0:
+        return _pack(group, remaining, free, vms, gpu_demand, places, refused)
+    wanted = on_demand_wanted.setdefault(
+        group.bag_id, max(0, group.on_demand_slots - group.on_demand_running)
+    )
+    on_demand = [vm for vm in vms if not vm.spot]
+    left = _pack(group, remaining, free, on_demand, gpu_demand, places, refused)
+    wanted = max(0, wanted - (remaining - left))
+    on_demand_wanted[group.bag_id] = wanted
+    spot_share = max(0, left - wanted)
+    if spot_share == 0 or not group.use_spot:
+        return left
+    spot = [vm for vm in vms if vm.spot]
+    return left - spot_share + _pack(group, spot_share, free, spot, gpu_demand, places, refused)
 
 
 def _queue_ahead(
@@ -330,10 +389,12 @@ def _keep_for_noticed(
 
 
 def _launches(
-    snapshot: Snapshot, leftover: dict[str, int]
+    snapshot: Snapshot, leftover: dict[str, int], on_demand_wanted: dict[str, int]
 ) -> tuple[list[Launch], list[Unplaceable], float | None, bool]:
-    """Launches for the demand left over, cheapest slot first, within max_vms. The last
-    value says whether max_vms left some demand without a launch."""
+    """Launches for the demand left over, cheapest slot first, within max_vms: on-demand
+    VMs for the on-demand slots a bag still wants, spot VMs for the rest (none when the
+    bag does not use spot now). The last value says whether max_vms left some demand
+    without a launch."""
     budget = snapshot.max_vms - snapshot.alive_vms
     short = False
     launches: list[Launch] = []
@@ -353,6 +414,28 @@ def _launches(
             unplaceable.append(Unplaceable(group.bag_id, problem))
             continue
         if budget <= 0:  # max_vms reached: no type to rank (every pass of a full fleet)
+            short = True
+            continue
+        on_demand_jobs = min(remaining, on_demand_wanted.get(group.bag_id, 0))
+        if on_demand_jobs:
+            priced = _fitting(group, snapshot.catalog, on_demand=True)
+            picked = _cheapest_for(
+                group.shape,
+                [t for t in priced if snapshot.blocked_until.get(t.name, 0.0) <= now],
+                on_demand_jobs,
+            )
+            if picked is not None:
+                od_type, od_slots = picked
+                wanted_vms = math.ceil(on_demand_jobs / od_slots)
+                count = min(budget, wanted_vms)
+                short = short or count < wanted_vms
+                if count:
+                    budget -= count
+                    launches.append(Launch(od_type.name, count, group.bag_id, spot=False))
+        remaining = remaining - on_demand_jobs if group.use_spot else 0
+        if remaining == 0:
+            continue
+        if budget <= 0:
             short = True
             continue
         open_types = [t for t in fitting if snapshot.blocked_until.get(t.name, 0.0) <= now]
@@ -380,9 +463,40 @@ def _launches(
     return launches, unplaceable, blocked_wake, short
 
 
-def _fitting(group: DemandGroup, catalog: Sequence[CatalogType]) -> list[PricedType]:
+def _cheapest_for(
+    shape: Shape, types: Sequence[PricedType], jobs: int
+) -> tuple[PricedType, int] | None:
+    """The type whose VMs hold `jobs` jobs for the least per hour (ceil(jobs / slots)
+    × price: on-demand VMs are paid whole, and a few slots are wanted at a time), then
+    the cheapest per slot; and its slot count. None when none fits."""
+    best: tuple[float, float, str, PricedType, int] | None = None
+    for vm_type in types:
+        slots = copies_that_fit(shape, vm_type.capacity)
+        if slots == 0:
+            continue
+        key = (
+            math.ceil(jobs / slots) * vm_type.price_per_hour,
+            vm_type.price_per_hour / slots,
+            vm_type.name,
+        )
+        if best is None or key < best[:3]:
+            best = (*key, vm_type, slots)
+    return None if best is None else (best[3], best[4])
+
+
+def _fitting(
+    group: DemandGroup, catalog: Sequence[CatalogType], on_demand: bool = False
+) -> list[PricedType]:
+    """The group's allowed types, priced at spot or (`on_demand`) on-demand rates (a
+    type with no on-demand price counts at its spot price)."""
     return [
-        PricedType(t.name, t.capacity, t.spot_price_per_hour)
+        PricedType(
+            t.name,
+            t.capacity,
+            (t.on_demand_price_per_hour or t.spot_price_per_hour)
+            if on_demand
+            else t.spot_price_per_hour,
+        )
         for t in catalog
         if _eligible(group, t.name, t.zone)
     ]

@@ -60,6 +60,7 @@ class _Vm:
     death_at: float | None = None  # when its sampled lifetime ends (None: never)
     noticed_until: float | None = None  # a preemption notice was given: taken by then
     ending: bool = False  # its host is being halted; its end is told once it is
+    on_demand: bool = False  # launched on-demand: never preempted (injections refused)
 
 
 class LocalDriver:
@@ -142,7 +143,7 @@ class LocalDriver:
             launched_at=now,
             changed_at=now,
         )
-        vm = _Vm(status=status, timers=[], bootstrap=dict(req.bootstrap))
+        vm = _Vm(status=status, timers=[], bootstrap=dict(req.bootstrap), on_demand=not req.spot)
         self._vms[vm_id] = vm
         self._by_token[req.token] = vm_id
         vm.timers.append(self._call_at(now + self._boot_delay_s, lambda: self._boot(vm_id)))
@@ -194,9 +195,12 @@ class LocalDriver:
         self, vm_id: str, reason: str = "preempted: injected", notice_s: float = 0.0
     ) -> bool:
         """Preempt a live VM (like AWS FIS's spot interruption): now, or after a notice
-        `notice_s` seconds (of this driver's clock) ahead. False if not live."""
+        `notice_s` seconds (of this driver's clock) ahead. False if not live, or
+        on-demand (the provider never takes those back)."""
         vm = self._vms.get(vm_id)
         if vm is None or vm.ending or vm.status.state not in (VmState.PENDING, VmState.RUNNING):
+            return False
+        if vm.on_demand:
             return False
         if notice_s > 0:
             death_at = self._now() + notice_s

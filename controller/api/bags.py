@@ -120,11 +120,14 @@ async def list_bags(request: web.Request) -> web.Response:
     now = c.clock.now()
     views = [bag_view(b, now, costs[b["id"]]) for b in bags]
     scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
-    for view in views:
+    for row, view in zip(bags, views, strict=True):
         del view["spec"]
         if scheduler is not None and view["id"] in scheduler.world.bags:
             # The scheduler's book, in memory: a page of bags marks those a budget holds.
             view["budget"] = scheduler.budgets.bag_view(view["id"], view["account"])
+            # And its deadline's projection, to mark those at risk.
+            if row.get("deadline_at") is not None:
+                view["deadline"] = await _deadline(c, row, scheduler, now)
     return json_response({"bags": views, "limit": limit, "offset": offset})
 
 
@@ -138,7 +141,29 @@ async def _view(request: web.Request, bag_id: str) -> dict:
     scheduler = getattr(c, "scheduler", None)  # None while the daemon starts
     view["pace"] = bag_pace(scheduler, bag_id, now) if scheduler is not None else None
     view["budget"] = await _budget(c, bag, scheduler)
+    view["deadline"] = await _deadline(c, bag, scheduler, now)
     return view
+
+
+async def _deadline(c: Any, bag: Any, scheduler: Any, now: float) -> dict[str, Any] | None:
+    """The bag's deadline (docs/bags.md#options): the deadline policy's projection while
+    the scheduler runs the bag (controller/scheduler/deadlines.py), with the store's
+    deadline and on-demand share; null without a deadline."""
+    if bag.get("deadline_at") is None:
+        return None
+    projected = None
+    if scheduler is not None and bag["id"] in scheduler.world.bags:
+        projected = scheduler.deadlines.view(bag["id"])
+    projected = projected or {}
+    return {
+        "at": bag["deadline_at"],
+        "confidence": bag.get("deadline_confidence", 0.95),
+        "p_meet": projected.get("p_meet"),
+        "finish": projected.get("finish", {}),
+        "at_risk": projected.get("at_risk", False),
+        "on_demand_slots": projected.get("on_demand_slots", 0),
+        "on_demand_share": await c.store.on_demand_share(bag["id"], now),
+    }
 
 
 async def _budget(c: Any, bag: Any, scheduler: Any) -> dict[str, Any]:

@@ -231,6 +231,24 @@ class BagBudget(_Response):
     )
 
 
+class BagDeadline(_Response):
+    """A bag's deadline and the deadline policy's projection (docs/design.md#deadlines);
+    the projection's figures are null / empty until the policy has run for the bag (and
+    after it ended)."""
+
+    at: float = Field(description="The deadline, epoch seconds.")
+    confidence: float = Field(description="The probability with which it should be met.")
+    p_meet: float | None = Field(description="Projected probability of meeting it.")
+    finish: dict[str, float] = Field(
+        description="Projected finish (epoch s) at quantiles: p50, p90, p95."
+    )
+    at_risk: bool = Field(description="No number of on-demand slots reaches the confidence.")
+    on_demand_slots: int = Field(description="Slots the policy runs on on-demand VMs now.")
+    on_demand_share: float = Field(
+        description="Share of the bag's attempt-hours so far on on-demand VMs (0-1)."
+    )
+
+
 class Bag(_Response):
     id: str
     name: str
@@ -255,6 +273,11 @@ class Bag(_Response):
         ABSENT,
         description="Budgets: single bags; in lists, the bags the scheduler runs (to mark "
         "those a budget holds).",
+    )
+    deadline: BagDeadline | None = Field(
+        ABSENT,
+        description="Its deadline and projected finish: single bags (null: none); in lists, "
+        "the bags the scheduler runs that have one (to mark those at risk).",
     )
 
 
@@ -469,7 +492,8 @@ class VmList(_Response):
         description="The VMs' rows, each with billed_hours (running → ended, or "
         "usage.cost_as_of), cost_usd (what it paid over them, priced as cost reports "
         "price it: a spot VM its type's recorded spot prices while price samples exist, "
-        "else its own price) and on_demand_cost_usd (the same hours at its on-demand price); "
+        "else its own price) and on_demand_cost_usd (the same hours at its on-demand price), "
+        "on_demand (launched on-demand, never preempted; the row's spot is its opposite); "
         "a live VM that got a preemption notice has notice_until, when the provider takes it "
         "(epoch s; null: no notice)."
     )

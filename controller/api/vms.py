@@ -52,6 +52,7 @@ async def list_vms(request: web.Request) -> web.Response:
     vms: list[dict[str, Any]] = []
     for row in await c.store.list_vms(states=states, limit=limit):
         vm: dict[str, Any] = dict(row)
+        vm["on_demand"] = not vm["spot"]  # the store's `spot` column records the market
         vms.append(vm)
         # What the VM has cost up to the fleet's instant, as reports price it (a VM not
         # yet running then has cost nothing so far).
@@ -155,7 +156,7 @@ async def preempt_vm(request: web.Request) -> web.Response:
     if not injector.inject_preemption(
         vm.provider_id, "preempted: injected through the API", notice_s=notice_s
     ):
-        raise Conflict(f"VM {vm_id} is not alive")
+        raise Conflict(f"VM {vm_id} is not alive, or on-demand (never preempted)")
     return json_response({"id": vm_id, "preempted": True}, status=202)
 
 

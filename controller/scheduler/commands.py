@@ -68,6 +68,7 @@ class Commands:
             open_jobs=len(command.params_json),
             failed_jobs=0,
         )
+        bag.deadline_at = command.spec.deadline_at(now)
         # Jobs past the account's credit wait, held: a range, not an entry per job.
         bag.held = HeldJobs(command.held_from, len(command.params_json))
         self.world.bags[bag.id] = bag

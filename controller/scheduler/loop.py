@@ -72,6 +72,7 @@ from controller.scheduler.backoff import Backoff
 from controller.scheduler.calls import Calls
 from controller.scheduler.checkpoints import CheckpointTimer
 from controller.scheduler.commands import CANCEL_CHUNK, Commands
+from controller.scheduler.deadlines import Deadlines
 from controller.scheduler.events import Events
 from controller.scheduler.inputs import (
     Clock,
@@ -195,6 +196,10 @@ class Scheduler:
         self.commands = Commands(
             world=self.world, accounts=self.accounts, inbox=self.inbox, pools=self.slurm_pools
         )
+        # The deadline policy's on-demand slots per bag (docs/design.md#deadlines).
+        self.deadlines = Deadlines(
+            world=self.world, book=book, tables=tables, max_vms=settings.max_vms
+        )
         self.planning = Planning(
             world=self.world,
             executor=executor,
@@ -203,6 +208,7 @@ class Scheduler:
             settings=settings,
             ids=ids,
             time_scale=time_scale,
+            deadlines=self.deadlines,
         )
         self.actions = Actions(
             world=self.world,
@@ -476,6 +482,7 @@ class Scheduler:
                 decision.terminations.extend(self._terminate_now)
                 self._terminate_now.clear()
             starts, launches = self.planning.record_plan(decision, batch, now)
+            self.deadlines.project(batch, now)
             launches += self.slurm_pools.take_launches()
             await self.store.apply(batch)
         except BaseException:

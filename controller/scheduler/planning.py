@@ -31,6 +31,7 @@ from controller.executors.base import AttemptSpec, Executor
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
 from controller.preemption.model_book import ModelBook
 from controller.scheduler.backoff import Backoff
+from controller.scheduler.deadlines import Deadlines
 from controller.scheduler.inputs import IdSource
 from controller.scheduler.runs import AttemptRun, BagRun, VmRun, capacity_of
 from controller.scheduler.world import World
@@ -66,6 +67,7 @@ class Planning:
         settings: SchedulerConfig,
         ids: IdSource,
         time_scale: float,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.world = world
         self.executor = executor
@@ -74,6 +76,7 @@ class Planning:
         self.settings = settings
         self.ids = ids
         self.time_scale = time_scale
+        self.deadlines = deadlines  # on-demand slots per bag (docs/design.md#deadlines)
 
     def snapshot(self, now: float) -> Snapshot:
         world = self.world
@@ -81,19 +84,25 @@ class Planning:
         # While the executor cannot take attempts, nothing is placed (or launched for).
         blocked = now < self.backoff.starts_blocked_until
         noticed = self._noticed_jobs()
+        if self.deadlines is not None:
+            self.deadlines.begin_pass()
         demand = (
             []
             if blocked
             else [
-                DemandGroup(
-                    bag.id,
-                    bag.shape,
-                    # At most what its budgets leave room for (controller/budgets.py).
-                    world.budgets.launchable(bag, len(bag.queue), world.catalog_view, now),
-                    bag.allowed_types,
-                    bag.regions,
-                    bag.runtime_estimate_s * to_hours,
-                    noticed.get(bag.id, 0),
+                self._on_demand(
+                    DemandGroup(
+                        bag.id,
+                        bag.shape,
+                        # At most what its budgets leave room for (controller/budgets.py).
+                        world.budgets.launchable(bag, len(bag.queue), world.catalog_view, now),
+                        bag.allowed_types,
+                        bag.regions,
+                        bag.runtime_estimate_s * to_hours,
+                        noticed.get(bag.id, 0),
+                    ),
+                    bag,
+                    now,
                 )
                 for bag in world.bags.values()
                 if (bag.queue or bag.id in noticed) and not bag.cancel_requested
@@ -129,6 +138,7 @@ class Planning:
                     vm.draining,
                     _queue_room(vm, queue_ahead) if queue_ahead else None,
                     vm.rejoin_since,
+                    vm.spot,
                 )
             )
         return Snapshot(
@@ -147,6 +157,20 @@ class Planning:
             else 0.0,
             blocked_until=self.backoff.blocked_types(),
             market=world.market,
+        )
+
+    def _on_demand(self, group: DemandGroup, bag: BagRun, now: float) -> DemandGroup:
+        """The group with its on-demand slots (`on_demand: always`, or the deadline
+        policy's decision: controller/scheduler/deadlines.py)."""
+        if self.deadlines is None or bag.spec.on_demand_mode == "never":
+            return group
+        wanted = self.deadlines.plan_for(bag, now)
+        if wanted is None:
+            return group
+        return group._replace(
+            on_demand_slots=wanted.slots,
+            on_demand_running=wanted.running,
+            use_spot=wanted.use_spot,
         )
 
     def _noticed_vms(self) -> int:
@@ -201,11 +225,19 @@ class Planning:
                     requested_at=now,
                     zone=vm_type.zone,
                     free=capacity_of(vm_type),
+                    spot=launch.spot,
                 )
                 world.assume_model(vm)
                 world.track_vm(vm)
                 batch.vm(vm.row(world.driver_name, world.time_scale))
-                batch.transition(now, "vm", vm.id, "", VmState.PENDING, f"for bag {launch.bag_id}")
+                batch.transition(
+                    now,
+                    "vm",
+                    vm.id,
+                    "",
+                    VmState.PENDING,
+                    f"for bag {launch.bag_id}" + ("" if launch.spot else " (on-demand)"),
+                )
                 launches.append(vm)
         for termination in decision.terminations:
             ending = world.vms.get(termination.vm_id)

@@ -143,6 +143,7 @@ class Recovery:
                 cancel_requested=bag_row["cancel_requested_at"] is not None,
             )
             bag = self.world.bags[bag_row["id"]]
+            bag.deadline_at = spec.deadline_at(bag_row["created_at"])  # kept: it is stored
             bag.runtimes_s.extend(bag_row["runtimes_s"])
             bag.successes = len(bag_row["runtimes_s"])
             bag.refresh_estimate()

@@ -49,6 +49,7 @@ class BagRun:
     recent_ends: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ENDS))
     runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
     successes: int = 0
+    deadline_at: float | None = None  # epoch s (docs/design.md#deadlines); None: none
     allowed_types: tuple[str, ...] | None = field(init=False)  # resources.vm_types
     regions: tuple[str, ...] | None = field(init=False)  # resources.regions
 

@@ -81,7 +81,10 @@ class World:
         self.metrics = metrics
         self.catalog = {t.name: t for t in catalog}
         self.catalog_view = [
-            CatalogType(t.name, t.zone, capacity_of(t), t.spot_price_per_hour) for t in catalog
+            CatalogType(
+                t.name, t.zone, capacity_of(t), t.spot_price_per_hour, t.on_demand_price_per_hour
+            )
+            for t in catalog
         ]
         self.market: TypeMarket | None = None  # live prices and policy (controller/hopper.py)
         self.bags: dict[str, BagRun] = {}

@@ -35,6 +35,21 @@ class AttemptQueries(Engine):
 
         return await self.read(get)
 
+    async def on_demand_share(self, bag_id: str, now: float) -> float:
+        """The share of the bag's attempt-hours so far (started → ended, or `now`) that
+        ran on on-demand VMs (the vms table's `spot` = 0); 0 before any."""
+
+        def share(conn: sqlite3.Connection) -> float:
+            on_demand, total = conn.execute(
+                "SELECT sum(CASE WHEN v.spot = 0 THEN h END), sum(h) FROM ("
+                "SELECT a.vm_id, max(0, coalesce(a.ended_at, ?) - a.started_at) AS h "
+                "FROM attempts a WHERE a.bag_id = ?) JOIN vms v ON v.id = vm_id",
+                (now, bag_id),
+            ).fetchone()
+            return (on_demand or 0.0) / total if total else 0.0
+
+        return await self.read(share)
+
     async def preempted_attempts(self, bag_id: str, idxs: list[int]) -> dict[int, int]:
         """How many attempts of each of a bag's jobs `idxs` a preemption cut short (the
         jobs with none are left out): one range of the attempts' primary key per job."""

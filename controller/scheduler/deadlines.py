@@ -1,0 +1,303 @@
+"""Deadlines in the daemon: the deadline policy (policies/deadline.py) decides, for each
+bag with `on_demand: when_needed` and a deadline, how many of its slots run on on-demand
+VMs; Planning passes that to the planner, which launches them (docs/design.md#deadlines).
+
+- `on_demand: always`: every slot of the bag is on-demand, spot is never used.
+- `when_needed`: `decide(project=False)` (the cheap path) whenever the bag's state
+  changes (a slot frees, a job is queued or ends) and at least every `DECIDE_EVERY_S`
+  (or `DECIDE_EVERY_H` model hours, if shorter); the projection (`project=True`,
+  P(meet) and the finish quantiles) at most every `PROJECT_EVERY_S` per bag and for
+  one bag per pass, for the API and the `deadline_at_risk` event (once per bag until
+  it is no longer at risk).
+- `never` (or no book of preemption models): spot only, as without a deadline.
+
+The policy's inputs come from the World, in model hours: queued work from the bag's
+runtime estimate less the work its checkpoints saved, running attempts' work left and
+their VMs' ages, prices of the cheapest type for the bag's jobs (per slot), the launch
+delay of the book. Its completion-time tables (policies/completion_times.py) are built
+once per (model, checkpoint table), inline in the simulator and in a worker thread in
+the daemon (the bag stays on spot until they are ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from controller.preemption.checkpoint_tables import TableCache
+from controller.preemption.model_book import ModelBook
+from controller.scheduler.runs import BagRun
+from controller.scheduler.world import World
+from controller.store import WriteBatch
+from policies.checkpoint import CheckpointTable
+from policies.completion_times import CompletionTimes, build_completion_times
+from policies.deadline import DeadlineDecision, DeadlineInputs, decide
+from policies.packing import PricedType, cheapest_type
+from policies.preemption import LifetimeModel
+
+log = logging.getLogger("spotbag.scheduler")
+
+DECIDE_EVERY_S = 10.0  # real seconds: the cheap decision at least this often per bag,
+DECIDE_EVERY_H = 0.1  # and at least every this many model hours (a time-scaled daemon)
+PROJECT_EVERY_S = 30.0  # real seconds: the projection at most this often per bag
+QUANTILES = (0.5, 0.9, 0.95)
+ALL_SLOTS = 1 << 30
+
+_TimesKey = tuple[
+    LifetimeModel, int
+]  # (model, id of its checkpoint table)  # `always`: more on-demand slots than any bag has
+
+
+@dataclass
+class _BagDeadline:
+    decision: DeadlineDecision | None = None
+    decided_at: float = -float("inf")
+    decided_for: tuple[int, int] = (-1, -1)  # (queued, live attempts) it was decided for
+    projected: DeadlineDecision | None = None
+    projected_at: float = -float("inf")
+    at_risk_told: bool = False
+
+
+@dataclass(frozen=True)
+class OnDemandPlan:
+    """What the planner is told for one bag (planner.DemandGroup's fields)."""
+
+    slots: int
+    running: int
+    use_spot: bool
+
+
+class Deadlines:
+    """Per bag, the deadline policy's decision and projection (module docstring)."""
+
+    def __init__(
+        self, *, world: World, book: ModelBook | None, tables: TableCache, max_vms: int
+    ) -> None:
+        self.world = world
+        self.book = book
+        self.tables = tables
+        self.max_vms = max_vms
+        self._bags: dict[str, _BagDeadline] = {}
+        self._times: dict[_TimesKey, CompletionTimes] = {}
+        self._building: dict[_TimesKey, asyncio.Task[None]] = {}
+        self._counts: dict[str, int] | None = None  # bag -> attempts on on-demand VMs
+        # How long a decision stands when nothing changes (real s): the policy's lag.
+        self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
+
+    # --- what Planning asks ---------------------------------------------------------
+
+    def plan_for(self, bag: BagRun, now: float) -> OnDemandPlan | None:
+        """The bag's on-demand slots now; None: spot only (as without a deadline)."""
+        mode = bag.spec.on_demand_mode
+        if mode == "never":
+            return None
+        running = self._on_demand_running(bag.id)
+        if mode == "always":
+            return OnDemandPlan(ALL_SLOTS, running, False)
+        decision = self._decision(bag, now)
+        if decision is None:
+            return None
+        return OnDemandPlan(decision.on_demand_slots, running, decision.launch_spot)
+
+    def project(self, batch: WriteBatch, now: float) -> None:
+        """The projection of one bag with a deadline per pass (tens of ms each, on the
+        loop: bags due together take turns), each at most every PROJECT_EVERY_S;
+        `deadline_at_risk` once per bag until it is no longer at risk."""
+        for gone in [bag_id for bag_id in self._bags if bag_id not in self.world.bags]:
+            del self._bags[gone]  # ended bags are forgotten
+        due: tuple[float, BagRun, _BagDeadline] | None = None
+        for bag in self.world.bags.values():
+            if bag.deadline_at is None or bag.spec.on_demand_mode == "never":
+                continue
+            state = self._bags.setdefault(bag.id, _BagDeadline())
+            if now - state.projected_at >= PROJECT_EVERY_S and (
+                due is None or state.projected_at < due[0]
+            ):
+                due = (state.projected_at, bag, state)
+        if due is None:
+            return
+        _, bag, state = due
+        inputs_times = self._inputs(bag, now)
+        if inputs_times is None:
+            return
+        inputs, times = inputs_times
+        state.projected = decide(inputs, times, QUANTILES, project=True)
+        state.projected_at = now
+        if state.projected.at_risk and not state.at_risk_told:
+            state.at_risk_told = True
+            self.world.notices.deadline_at_risk(bag, now, batch, self._detail(bag, state))
+        elif not state.projected.at_risk:
+            state.at_risk_told = False
+
+    def view(self, bag_id: str) -> dict[str, Any] | None:
+        """The bag's deadline for the API (GET /v1/bags/{id}), without the figures the
+        store has (`at`, `confidence`, `on_demand_share`); None: none known."""
+        bag = self.world.bags.get(bag_id)
+        state = self._bags.get(bag_id)
+        if bag is None or state is None:
+            return None
+        return self._detail(bag, state)
+
+    def _detail(self, bag: BagRun, state: _BagDeadline) -> dict[str, Any]:
+        to_s = 3600.0 / self.world.time_scale  # model hours -> real seconds
+        projected = state.projected
+        finish = {}
+        p_meet: float | None = None
+        if projected is not None:
+            p_meet = projected.p_meet if math.isfinite(projected.p_meet) else None
+            finish = {  # a finish beyond the model's horizon is left out (JSON has no inf)
+                f"p{round(q * 100)}": float(h * to_s)
+                for q, h in projected.finish_quantiles_h
+                if math.isfinite(h)
+            }
+        decision = state.decision or projected
+        return {
+            "at": bag.deadline_at,
+            "confidence": bag.spec.deadline_confidence,
+            "p_meet": p_meet,
+            "finish": finish,
+            "at_risk": bool(projected.at_risk) if projected is not None else False,
+            "on_demand_slots": decision.on_demand_slots if decision is not None else 0,
+        }
+
+    # --- the decision -----------------------------------------------------------------
+
+    def _decision(self, bag: BagRun, now: float) -> DeadlineDecision | None:
+        state = self._bags.setdefault(bag.id, _BagDeadline())
+        key = (len(bag.queue), bag.live_attempts)
+        if state.decision is not None and (
+            key == state.decided_for and now - state.decided_at < self.decide_every_s
+        ):
+            return state.decision
+        inputs_times = self._inputs(bag, now)
+        if inputs_times is None:
+            return state.decision
+        inputs, times = inputs_times
+        decision = decide(inputs, times, (), project=False)
+        if state.decision is None or decision.on_demand_slots != state.decision.on_demand_slots:
+            log.info(
+                "bag %s: %d slot(s) on on-demand (deadline in %.2f model h)",
+                bag.id,
+                decision.on_demand_slots,
+                inputs.deadline_h - inputs.now_h,
+            )
+        state.decision, state.decided_at, state.decided_for = decision, now, key
+        return decision
+
+    def begin_pass(self) -> None:
+        """A new planning pass: the attempts on on-demand VMs are counted again."""
+        self._counts = None
+
+    def _on_demand_running(self, bag_id: str) -> int:
+        """The bag's attempts on on-demand VMs: counted for every bag in one sweep of the
+        attempts per pass, not one per bag."""
+        if self._counts is None:
+            world = self.world
+            counts: dict[str, int] = {}
+            for attempt in world.attempts.values():
+                vm = world.vms.get(attempt.vm_id)
+                if vm is not None and not vm.spot and not attempt.cancelling:
+                    counts[attempt.bag_id] = counts.get(attempt.bag_id, 0) + 1
+            self._counts = counts
+        return self._counts.get(bag_id, 0)
+
+    def _inputs(self, bag: BagRun, now: float) -> tuple[DeadlineInputs, CompletionTimes] | None:
+        """The policy's inputs for the bag now, in model hours; None while its
+        completion-time tables are being built (or no book, no type fits)."""
+        if bag.deadline_at is None or self.book is None:
+            return None
+        world = self.world
+        to_h = world.time_scale / 3600.0  # real seconds -> model hours
+        fitting = [
+            t
+            for t in world.catalog_view
+            if (bag.allowed_types is None or t.name in bag.allowed_types)
+        ]
+        spot = cheapest_type(
+            bag.shape, [PricedType(t.name, t.capacity, t.spot_price_per_hour) for t in fitting]
+        )
+        od = cheapest_type(
+            bag.shape,
+            [
+                PricedType(t.name, t.capacity, t.on_demand_price_per_hour or t.spot_price_per_hour)
+                for t in fitting
+            ],
+        )
+        if spot is None or od is None:
+            return None
+        spot_type, spot_slots = spot
+        vm_type = world.catalog[spot_type.name]
+        model = self.book.belief(vm_type, vm_type.zone).model
+        estimate_h = bag.runtime_estimate_s * to_h
+        # A job that cannot checkpoint restarts from scratch: a checkpoint as dear as the
+        # job itself, which the DP never takes.
+        delta_h = (
+            bag.spec.checkpoint_cost_s * to_h if bag.spec.checkpointable else max(estimate_h, 1e-3)
+        )
+        times = self._completion_times(model, delta_h, estimate_h)
+        if times is None:
+            return None
+        queued = np.full(len(bag.queue), estimate_h)
+        spot_work, spot_age, od_left = [], [], []
+        for attempt in world.attempts.values():
+            if attempt.bag_id != bag.id or attempt.cancelling:
+                continue
+            vm = world.vms.get(attempt.vm_id)
+            if vm is None:
+                continue
+            done_h = (now - (attempt.ran_at or attempt.started_at)) * to_h + attempt.saved_s * to_h
+            left_h = max(estimate_h - done_h, 0.01 * estimate_h)
+            if vm.spot:
+                spot_work.append(left_h)
+                spot_age.append(max(0.0, now - vm.requested_at) * to_h)
+            else:
+                od_left.append(left_h)
+        slots = max(1, min(bag.open_jobs, self.max_vms * spot_slots))
+        inputs = DeadlineInputs(
+            now_h=now * to_h,
+            deadline_h=bag.deadline_at * to_h,
+            slots=slots,
+            queued_work_h=queued,
+            spot_work_h=np.asarray(spot_work, dtype=float),
+            spot_age_h=np.asarray(spot_age, dtype=float),
+            on_demand_left_h=np.asarray(od_left, dtype=float),
+            spot_price_per_hour=spot_type.price_per_hour / spot_slots,
+            on_demand_price_per_hour=od[0].price_per_hour / od[1],
+            on_demand_launch_h=self.book.launch_h,
+            confidence=bag.spec.deadline_confidence,
+            decision_lag_h=self.decide_every_s * to_h + self.book.launch_h,
+        )
+        return inputs, times
+
+    def _completion_times(
+        self, model: LifetimeModel, delta_h: float, work_h: float
+    ) -> CompletionTimes | None:
+        """The completion-time tables for (model, its checkpoint table), built once and
+        kept: inline when the table cache solves inline (simulator), else in a worker
+        thread (None until ready)."""
+        table = self.tables.lookup(model, delta_h, max(work_h, 1e-3))
+        if table is None:
+            return None
+        key = (model, id(table))
+        times = self._times.get(key)
+        if times is not None:
+            return times
+        if self.tables.inline:
+            times = self._times[key] = build_completion_times(model, table)
+            return times
+        if key not in self._building:
+            self._building[key] = asyncio.create_task(self._build(key, model, table))
+        return None
+
+    async def _build(self, key: _TimesKey, model: LifetimeModel, table: CheckpointTable) -> None:
+        try:
+            self._times[key] = await asyncio.to_thread(build_completion_times, model, table)
+        except Exception:
+            log.exception("building the completion-time tables for %r failed", model)
+        finally:
+            self._building.pop(key, None)

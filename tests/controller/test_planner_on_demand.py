@@ -1,0 +1,67 @@
+"""The pure planner's on-demand slots (docs/design.md#deadlines-in-the-daemon): launches
+split between markets, on-demand VMs only for bags that want them, spot withheld when
+a bag does not use it."""
+
+from __future__ import annotations
+
+from controller.planner import CatalogType, DemandGroup, Launch, Place, VmView, plan
+from drivers.base import VmState
+from policies.packing import Shape
+from tests.controller.test_planner import snap
+
+# Cheapest per slot on spot: small ($0.01); on-demand: big ($0.30/8 < $0.08/2).
+SMALL = CatalogType("small", "z1", Shape(2, 0, 4.0), 0.02, 0.08)
+BIG = CatalogType("big", "z1", Shape(8, 0, 32.0), 0.12, 0.30)
+ONE = Shape(1, 0, 1.0)
+
+
+def idle_vm(vm_id: str, *, spot: bool) -> VmView:
+    capacity = SMALL.capacity
+    return VmView(vm_id, "small", "z1", VmState.RUNNING, capacity, capacity, 0, 900.0, spot=spot)
+
+
+def test_missing_on_demand_slots_launch_the_on_demand_vms_cheapest_for_them():
+    group = DemandGroup("b1", ONE, 12, on_demand_slots=3, on_demand_running=1)
+    decision = plan(snap([group], catalog=(SMALL, BIG)))
+    # Two slots are missing: one small on-demand VM ($0.08/h) holds them for less than a
+    # big one ($0.30/h, cheaper per slot); the other 10 jobs go to small spot VMs.
+    assert decision.launches == [
+        Launch("small", 1, "b1", spot=False),
+        Launch("small", 5, "b1"),
+    ]
+    # Eight missing slots: one big VM ($0.30/h) beats four small ones ($0.32/h).
+    group = DemandGroup("b1", ONE, 12, on_demand_slots=8)
+    decision = plan(snap([group], catalog=(SMALL, BIG)))
+    assert decision.launches == [
+        Launch("big", 1, "b1", spot=False),
+        Launch("small", 2, "b1"),
+    ]
+
+
+def test_a_bag_that_does_not_use_spot_waits_for_on_demand_slots_only():
+    group = DemandGroup("b1", ONE, 6, on_demand_slots=2, use_spot=False)
+    spot_vm = idle_vm("vm-spot", spot=True)
+    decision = plan(snap([group], [spot_vm], catalog=(SMALL, BIG)))
+    assert decision.places == []  # not on the idle spot VM
+    assert decision.launches == [Launch("small", 1, "b1", spot=False)]
+
+
+def test_on_demand_vms_take_only_jobs_of_bags_that_want_on_demand_slots():
+    on_demand_vm = idle_vm("vm-od", spot=False)
+    spot_only = DemandGroup("b1", ONE, 2)
+    decision = plan(snap([spot_only], [on_demand_vm], catalog=(SMALL, BIG)))
+    assert decision.places == []
+    assert decision.launches == [Launch("small", 1, "b1")]
+    wanting = DemandGroup("b2", ONE, 2, on_demand_slots=2)
+    decision = plan(snap([wanting], [on_demand_vm], catalog=(SMALL, BIG)))
+    assert decision.places == [Place("vm-od", "b2", 2)]
+    assert decision.launches == []
+
+
+def test_jobs_for_missing_on_demand_slots_are_not_put_on_idle_spot_vms():
+    spot_vm = idle_vm("vm-spot", spot=True)
+    group = DemandGroup("b1", ONE, 3, on_demand_slots=2)
+    decision = plan(snap([group], [spot_vm], catalog=(SMALL, BIG)))
+    # One job on the spot VM; two kept for the on-demand slots and launched for.
+    assert decision.places == [Place("vm-spot", "b1", 1)]
+    assert decision.launches == [Launch("small", 1, "b1", spot=False)]
