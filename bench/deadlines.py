@@ -12,7 +12,9 @@ policy at confidence 0.99: deadlines met (%), mean cost, cost against all-on-dem
 
 Targets (issue 27): spotbag's policy meets >= 99 % of deadlines, and costs less than
 Uniform Progress in every setting where both meet them (compared over the seeds where
-both do). Output kept in bench/results/deadlines.txt.
+both do). Output kept in bench/results/deadlines.txt (seeds 0-23); `--first-seed 100`
+replays another set (bench/results/deadlines_seeds100-123.txt), a check that the
+policy was not tuned to the first.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ LABELS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=24)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="another set of seeds (a check on overfitting)"
+    )
     args = parser.parse_args()
     out = Tee(sys.stdout)
     started = time.perf_counter()
@@ -75,7 +80,8 @@ def main() -> None:
         plans.append((key, model, table, build_completion_times(model, table)))
     prepared = time.perf_counter() - started
     print(
-        f"bags of {JOBS} jobs x 1-4 h on {SLOTS} slots, {args.seeds} seeds, deadlines at "
+        f"bags of {JOBS} jobs x 1-4 h on {SLOTS} slots, {args.seeds} seeds "
+        f"({args.first_seed}-{args.first_seed + args.seeds - 1}), deadlines at "
         f"{', '.join(f'{f:g}x' for f in FACTORS)} the all-on-demand makespan; models and "
         f"tables ready in {prepared:.1f} s",
         file=out,
@@ -83,7 +89,8 @@ def main() -> None:
     span = 12 * 24 * 12  # 12 days of 5-minute prices: beyond every run
     results: dict[tuple[str, float], list] = {(s, f): [] for s in STRATEGIES for f in FACTORS}
     sim_started = time.perf_counter()
-    for seed in range(args.seeds):
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    for seed in seeds:
         rng = np.random.default_rng(seed)
         works = np.round(rng.uniform(1.0, 4.0, JOBS) * 60.0) / 60.0
         vm = seed % len(trace.vms)
@@ -118,7 +125,8 @@ def main() -> None:
         file=out,
     )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "deadlines.txt").write_text("".join(out.parts))
+    name = "deadlines.txt" if args.first_seed == 0 else f"deadlines_seeds{seeds[0]}-{seeds[-1]}.txt"
+    (RESULTS / name).write_text("".join(out.parts))
 
 
 def report(out, results: dict[tuple[str, float], list], seeds: int) -> None:

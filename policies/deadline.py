@@ -31,8 +31,18 @@ the attempt's time, so the rule is checked with the free slots already busy:
 - λ (`decision_lag_h`) is how long until the next look: a pass plus a launch;
 - δ_c is how late the spot attempts may be at confidence c: while a round of queued
   jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
-  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less, one late attempt delays the
-  end by its own excess, q_c(T) − μ of the longest.
+  the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less (the last round), δ_c = 0 and
+  instead, each at half the risk: (a) every spot attempt ends in time to hand its
+  slot over, Π_j F'_j(τ_j) >= 1 − (1 − c)/2, where F'_j(τ) = 1 from τ = 2·(1 + ε)·w_j
+  on (a failed attempt's retry may go on-demand: it then ends by its path, a launch
+  and its work again), and (b) enough slots free by D − λ − max w_left for the jobs
+  left (on on-demand in the fallback): a Poisson-binomial tail >= 1 − (1 − c)/2;
+- a free slot holding a live spot VM reuses it (`free_spot_age_h`): its next attempt
+  is planned at that age, without a launch;
+- the queue is taken in the scheduler's order when it says so (`queue_ordered`);
+- the check also holds if the spot attempt with the most work since its last
+  checkpoint (`spot_unsaved_h`) loses its VM now (its job back in the queue with that
+  work to redo): a preemption triggers a decision, but by then the loss is made.
 
 The decision is the least n that fits (a binary search: fitting is monotone in n), so
 m = (running on-demand attempts) + n slots on on-demand. Recomputed whenever a slot
@@ -41,6 +51,12 @@ safe moment, not on a fixed line); slots turn on-demand one by one as the slack 
 an on-demand slot that frees when the fallback fits without it goes back to spot (the
 slack returned). When not even n = all free slots fits, the bag is *at risk* and
 every slot goes on-demand.
+
+**Idling costs slack** (`spot_line_on_demand`): when spot cannot be had or is not
+worth its price, a free slot waits only while spot, once back (after the expected
+outage), would still finish the bag in expectation (the queue at μ_j(0) each, list
+scheduled); else the fewest free slots that restore that go on-demand, or, when spot
+can be had at a price not worth paying (`spot_available`), spot is launched anyway.
 
 **The projection** (`meet_probabilities`, `decide(project=True)`), for the status
 pages and the `deadline_at_risk` notification: with m of the K slots on on-demand and
@@ -69,7 +85,8 @@ safety net, with a margin of two changeovers). This policy instead keeps the
 on-demand fallback feasible slot by slot, with the completion-time spread the
 preemption model and the checkpoint plan give, turns only as many slots on-demand as
 that needs, and turns them back; it waits out spot outages and prices not worth
-paying while the fallback allows.
+paying only while spot's expected pace still finishes the bag (UP runs on-demand in
+an outage whenever it is behind its straight line).
 
 Pure: arrays and dataclasses in, a decision out; no clock, no I/O.
 """
@@ -87,6 +104,7 @@ from scipy.special import ndtr, ndtri
 from policies.completion_times import CompletionTimes
 
 DEFAULT_CONFIDENCE = 0.95
+PATH_OVERHEAD = 0.1  # checkpoint time over work on a DP path, at most (δ ≤ a tenth of a segment)
 
 
 def _array(values) -> np.ndarray:
@@ -98,11 +116,21 @@ class DeadlineInputs:
     """A bag's state as the scheduler sees it at one pass (hours; prices USD/h per slot).
 
     `queued_work_h`: jobs waiting (work left each); `spot_work_h` / `spot_age_h`: jobs
-    running on spot VMs (work left, VM age); `on_demand_left_h`: time left of the jobs
-    running on on-demand VMs. `spot_availability` (0–1] is the share of recent time
-    spot VMs could be launched at a price worth paying; `spot_outage_h` how long until
+    running on spot VMs (work left, VM age), `spot_unsaved_h` their work since their
+    last checkpoint (what a preemption now would lose; empty: unknown, taken as 0);
+    `on_demand_left_h`: time left of the jobs running on on-demand VMs;
+    `free_spot_age_h`: ages of the live spot VMs free slots hold (their next spot
+    attempts reuse them, planned at those ages; empty: every next attempt on a fresh
+    VM).
+    `spot_availability` (0–1] is the share of recent time spot VMs could be launched
+    at a price worth paying; `spot_outage_h` how long until
     they can again when they cannot now (0 when they can). `decision_lag_h` is how long
-    escalating may wait: until the next pass, plus an on-demand VM's launch."""
+    escalating may wait: until the next pass, plus an on-demand VM's launch.
+    `spot_available` says whether a spot VM can be launched now at all (its price at
+    or below the bid), even when it is not worth its price; None (unknown) means it
+    can exactly when `spot_outage_h` is 0. `queue_ordered`: `queued_work_h` is in the
+    order the slots will take the jobs (e.g. retries first); else the policy assumes
+    longest first, which packs the end better than some orders do."""
 
     now_h: float
     deadline_h: float
@@ -110,6 +138,8 @@ class DeadlineInputs:
     queued_work_h: np.ndarray
     spot_work_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spot_unsaved_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    free_spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     on_demand_left_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_price_per_hour: float = 0.0
     on_demand_price_per_hour: float = 1.0
@@ -118,6 +148,8 @@ class DeadlineInputs:
     spot_outage_h: float = 0.0
     confidence: float = DEFAULT_CONFIDENCE
     decision_lag_h: float = 10 / 60
+    spot_available: bool | None = None
+    queue_ordered: bool = False
 
 
 @dataclass(frozen=True)
@@ -337,8 +369,20 @@ def decide(
     if nothing_left:
         return DeadlineDecision(0, False, 1.0, (), inputs.deadline_h, False)
     launch_spot = spot_worth_using(inputs, times)
+    busy = len(_array(inputs.spot_work_h)) + len(loads.on_demand_left_sorted_h)
+    last_round = loads.queued_jobs < 2 * K - busy  # the free slots' jobs and one round more
+    keep_line = 0
+    if not launch_spot and loads.queued_jobs:
+        # Waiting for spot spends slack: only while spot could still finish after it.
+        keep_line = spot_line_on_demand(inputs, times)
+        if keep_line and inputs.spot_available is True and not last_round:
+            # Spot is there but dear: it beats idling (billed at the market price,
+            # which may fall) and, unlike on-demand, commits to no price.
+            launch_spot, keep_line = True, 0
     new_on_demand = fallback_on_demand(inputs, times, launch_spot)
     at_risk = new_on_demand is None
+    if new_on_demand is not None:
+        new_on_demand = max(new_on_demand, keep_line)
     m = K if new_on_demand is None else len(loads.on_demand_left_sorted_h) + new_on_demand
     m = min(m, K)
     p_meet = math.nan
@@ -370,13 +414,15 @@ def fallback_on_demand(
     slot is busy for its job's expected time plus a launch, on-demand for its work plus
     a launch; a waiting slot is free after the lag and a launch. Running attempts keep
     their slots: on-demand ones their time left, spot ones their expected time left
-    plus a launch. The rest of the queue is list scheduled, longest first, on the slots
-    as they free, and must end by deadline − lag − how late the spot attempts may be
-    at the confidence (`_margin_h`)."""
+    plus a launch. The rest of the queue is list scheduled (in dispatch order) on the
+    slots as they free, and must end by deadline − lag − how late the spot attempts
+    may be at the confidence (`_margin_h`; in the last round, `_last_round_fits`
+    instead), also when the spot attempt with the most unsaved work loses its VM
+    now."""
     K = max(1, int(inputs.slots))
     H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
     launch = inputs.on_demand_launch_h
-    queued = np.sort(_array(inputs.queued_work_h))[::-1]
+    queued = _dispatch_order(inputs)
     spot_work = _array(inputs.spot_work_h)
     spot_mean, _ = times.aged_moments(spot_work, _array(inputs.spot_age_h))
     od_left = _array(inputs.on_demand_left_h)
@@ -384,28 +430,76 @@ def fallback_on_demand(
     nxt, rest = queued[:free], queued[free:]
     next_mean, next_var = times.fresh_moments(nxt)
     spot_var = times.aged_moments(spot_work, _array(inputs.spot_age_h))[1]
-    limit = H - _margin_h(
-        inputs, times, nxt, spot_work, rest, float(next_var.sum() + spot_var.sum())
-    )
     running = np.concatenate([od_left, spot_mean + launch])
+    # The spot attempt with the most work since its last checkpoint, its VM dying
+    # now: its slot free after a launch, its job (that work lost) back in the queue
+    # ahead of the fresh jobs (retries go first).
+    unsaved = _array(inputs.spot_unsaved_h)
+    worst, retry = -1, np.zeros(0)
+    if len(unsaved) == len(spot_work) and len(unsaved) and unsaved.max() > 0:
+        i = int(np.argmax(unsaved))
+        worst, retry = len(od_left) + i, np.array([spot_work[i] + unsaved[i]])
 
-    def fits(n: int) -> bool:
-        """n of the next jobs (the longest) on on-demand, the others on spot or waiting."""
-        on_demand = nxt[:n] + launch
-        if launch_spot:
-            others, left = next_mean[n:] + launch, rest
-        else:  # waiting slots start nothing: their jobs stay queued
-            others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
-            left = np.concatenate([nxt[n:], rest])
-        idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
-        free_at = np.concatenate([running, on_demand, others, idle])[:K]
+    def ends_by(free_at: np.ndarray, left: np.ndarray, limit: float) -> bool:
         bound = (float(free_at.sum()) + float(left.sum())) / K + max(
             float(free_at.max(initial=0.0)), float(left.max(initial=0.0))
         )
-        return bound <= limit or list_schedule_h(left, free_at) <= limit
+        return bound <= limit or list_schedule_h(left, free_at, inputs.queue_ordered) <= limit
 
-    if limit <= 0:
-        return None
+    reuse_age = _array(inputs.free_spot_age_h)
+
+    def next_on_spot(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The spot attempts of the next jobs beyond the n on on-demand: (work, VM
+        age, slot busy until, variance). The first ones reuse the free slots' live
+        spot VMs (no launch, planned at their ages), the others launch fresh ones."""
+        work = nxt[n:]
+        age = np.zeros(len(work))
+        reused = min(len(reuse_age), len(work))
+        age[:reused] = reuse_age[:reused]
+        mean, var = times.aged_moments(work, age)
+        mean[reused:], var[reused:] = next_mean[n + reused :], next_var[n + reused :]
+        busy = mean + launch + np.where(np.arange(len(work)) < reused, 0.0, launch)
+        return work, age, busy, var
+
+    def fits(n: int) -> bool:
+        """n of the next jobs on on-demand, the others on spot or waiting."""
+        on_demand = nxt[:n] + launch
+        spot_age_next = np.zeros(0)
+        if launch_spot:
+            spot_next, spot_age_next, others, spot_next_var = next_on_spot(n)
+            left = rest
+        else:  # waiting slots start nothing: their jobs stay queued
+            others = np.full(len(nxt) - n, inputs.decision_lag_h + launch)
+            left = np.concatenate([nxt[n:], rest])
+            spot_next, spot_next_var = nxt[:0], next_var[:0]
+            spot_age_next = np.zeros(0)
+        idle = np.full(K - len(running) - len(nxt), launch)  # more slots than jobs
+        free_at = np.concatenate([running, on_demand, others, idle])[:K]
+        if len(rest) >= K:
+            limit = H - _margin_h(inputs, float(spot_next_var.sum() + spot_var.sum()))
+            if limit <= 0 or not ends_by(free_at, left, limit):
+                return False
+        else:
+            limit = H
+            if limit <= 0 or not ends_by(free_at, left, limit):
+                return False
+            spot_slot = np.zeros(len(free_at), dtype=bool)
+            spot_slot[len(od_left) : len(running)] = True
+            spot_slot[len(running) + n : len(running) + n + len(spot_next)] = True
+            spot = (
+                np.concatenate([spot_work, spot_next]),
+                np.concatenate([_array(inputs.spot_age_h), spot_age_next]),
+                # a launch before a next attempt on a fresh VM
+                np.concatenate([np.zeros(len(spot_work)), np.where(spot_age_next > 0, 0, launch)]),
+            )
+            if not _last_round_fits(inputs, times, free_at, spot_slot, spot, left, limit):
+                return False
+        if worst < 0:
+            return True
+        retried = free_at.copy()
+        retried[worst] = launch
+        return ends_by(retried, np.concatenate([retry, left]), limit)
+
     if fits(0):
         return 0
     if not fits(len(nxt)):
@@ -420,37 +514,135 @@ def fallback_on_demand(
     return high
 
 
-def _margin_h(
+def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h: float) -> float:
+    """The expected finish (hours from now) when n of the free slots' next jobs (the
+    longest) run on on-demand and every other slot runs spot once it can be had again
+    (after `wait_h`): running attempts keep their slots (on-demand ones their time
+    left, spot ones their expected time left μ_j(age)), and the queue is list
+    scheduled on the slots as they free, each job taking its expected time on a fresh
+    spot VM, μ_j(0)."""
+    K = max(1, int(inputs.slots))
+    launch = inputs.on_demand_launch_h
+    queued = _dispatch_order(inputs)
+    spot_work = _array(inputs.spot_work_h)
+    spot_mean, _ = times.aged_moments(spot_work, _array(inputs.spot_age_h))
+    od_left = _array(inputs.on_demand_left_h)
+    free = max(0, K - len(spot_work) - len(od_left))
+    n = min(n, free, len(queued))
+    on_demand, rest = queued[:n] + launch, queued[n:]
+    rest_mean, _ = times.fresh_moments(rest)
+    free_at = np.concatenate([od_left, spot_mean, on_demand, np.full(free - n, wait_h + launch)])
+    return list_schedule_h(rest_mean, free_at, inputs.queue_ordered)
+
+
+def spot_line_on_demand(inputs: DeadlineInputs, times: CompletionTimes) -> int:
+    """While spot cannot be had or is not worth its price: the fewest free slots that
+    must run on-demand now so that spot, once back (after the expected outage, at
+    least the lag), still finishes the bag by the deadline in expectation
+    (`spot_finish_h`). A slot left idle loses its hours for good; when spot alone
+    would then finish late, on-demand hours are needed anyway, and bought now they
+    use capacity that would otherwise idle instead of displacing spot later (the
+    role of Uniform Progress's rule 1, with spot's own expected pace as the line)."""
+    H = inputs.deadline_h - inputs.now_h
+    wait = max(inputs.spot_outage_h, inputs.decision_lag_h)
+    K = max(1, int(inputs.slots))
+    free = max(0, K - len(_array(inputs.spot_work_h)) - len(_array(inputs.on_demand_left_h)))
+    free = min(free, len(_array(inputs.queued_work_h)))
+    if spot_finish_h(inputs, times, 0, wait) <= H:
+        return 0
+    if free == 0 or spot_finish_h(inputs, times, free, wait) > H:
+        return free
+    low, high = 0, free  # fits(high) and not fits(low)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if spot_finish_h(inputs, times, mid, wait) <= H:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def _margin_h(inputs: DeadlineInputs, var_h2: float) -> float:
+    """How much later than their means the spot attempts may end, at the confidence,
+    while the fallback has at least a round of jobs to share out (K or more queued
+    beyond the next): a late attempt only leaves its slot less of them, so the delay
+    is the spread of their sum over K slots, z_c·sqrt(Σσ²)/K."""
+    K = max(1, int(inputs.slots))
+    return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
+
+
+def _last_round_fits(
     inputs: DeadlineInputs,
     times: CompletionTimes,
-    nxt: np.ndarray,
-    spot_work: np.ndarray,
-    rest: np.ndarray,
-    var_h2: float,
-) -> float:
-    """How much later than their means the spot attempts may end, at the confidence.
-    While the fallback has at least a round of jobs to share out (K or more queued
-    beyond the next), a late attempt only leaves its slot less of them: the delay is
-    the spread of their sum over K slots, z_c·sqrt(Σσ²)/K. With less, one late attempt
-    delays the end by its own excess: the c-quantile of the longest attempt's time
-    less its mean."""
-    K = max(1, int(inputs.slots))
-    if len(rest) >= K:
-        return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
-    longest = max(float(nxt.max(initial=0.0)), float(spot_work.max(initial=0.0)))
-    if longest <= 0:
+    free_at: np.ndarray,
+    spot_slot: np.ndarray,
+    spot: tuple[np.ndarray, np.ndarray, np.ndarray],
+    left: np.ndarray,
+    limit: float,
+) -> bool:
+    """The last round (module docstring), each at half the risk: (a) every spot
+    attempt (work, VM age, launch before it) ends in time for its slot to switch, and
+    (b) enough slots free early enough for the jobs left, on on-demand in the
+    fallback: P(#slots free by limit − w_max ≥ #left) (on-demand and idle slots
+    surely, spot ones with F_j)."""
+    work, age, before = spot
+    launch = inputs.on_demand_launch_h
+    risk = (1.0 - inputs.confidence) / 2.0
+    if not _attempts_end_in_time(times, work, age, limit - before - launch, risk):
+        return False
+    if not len(left):
+        return True
+    start_by = limit - float(left.max())  # the longest job left still fits
+    sure = int(np.sum((free_at <= start_by) & ~spot_slot))
+    p_free = times.aged_cdf_at(work, age, start_by - before - launch)
+    return _at_least(p_free, len(left) - sure) >= 1.0 - risk
+
+
+def _attempts_end_in_time(
+    times: CompletionTimes, work: np.ndarray, age: np.ndarray, by_h: np.ndarray, risk: float
+) -> bool:
+    """P(every spot attempt ends by its time) >= 1 − risk, lifetimes independent. An
+    attempt whose VM dies has its retry go on-demand if need be (the decision at the
+    preemption sees it): it then ends by its path, a launch and its work again, at
+    most 2·(1 + ε)·w + launch (ε: the checkpoints' overhead), whatever befalls it."""
+    if not len(work):
+        return True
+    in_time = times.aged_cdf_at(work, age, by_h)
+    in_time = np.where(by_h >= 2 * (1 + PATH_OVERHEAD) * work, 1.0, in_time)
+    return float(np.prod(in_time)) >= 1.0 - risk
+
+
+def _at_least(p: np.ndarray, k: int) -> float:
+    """P(at least k of independent events with probabilities p happen): the
+    Poisson-binomial tail, by convolution."""
+    if k <= 0:
+        return 1.0
+    if k > len(p):
         return 0.0
-    mean_longest = float(times.fresh_moments(np.array([longest]))[0][0])
-    return max(0.0, times.fresh_quantile_h(longest, inputs.confidence) - mean_longest)
+    dist = np.zeros(len(p) + 1)
+    dist[0] = 1.0
+    for i, q in enumerate(np.clip(p, 0.0, 1.0)):
+        dist[1 : i + 2] = dist[1 : i + 2] * (1.0 - q) + dist[: i + 1] * q
+        dist[0] *= 1.0 - q
+    return float(dist[k:].sum())
 
 
-def list_schedule_h(works_h, free_at_h) -> float:
-    """Makespan of list scheduling, longest job first, on slots free from `free_at_h`:
-    the time the last slot ends."""
+def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:
+    """The queue in the order slots will take it: as given when `queue_ordered`,
+    else longest first."""
+    queued = _array(inputs.queued_work_h)
+    return queued if inputs.queue_ordered else np.sort(queued)[::-1]
+
+
+def list_schedule_h(works_h, free_at_h, ordered: bool = False) -> float:
+    """Makespan of list scheduling on slots free from `free_at_h` (the time the last
+    slot ends): each job, longest first (in the given order when `ordered`), to the
+    slot free first."""
     loads = sorted(float(b) for b in free_at_h)
     if not loads:
         return 0.0
-    for w in sorted((float(w) for w in works_h), reverse=True):
+    works = [float(w) for w in works_h]
+    for w in works if ordered else sorted(works, reverse=True):
         heapq.heapreplace(loads, loads[0] + w)
     return max(loads)
 

@@ -19,7 +19,8 @@ bench/deadlines.py) and a fixed on-demand price; the bid is the on-demand price.
 - A strategy chooses, whenever a slot is free (and for waiting slots every `pass_h`),
   what its next attempt runs on: spot, on-demand, or nothing yet (wait):
   `all_spot`, `all_on_demand`, `uniform_progress` (policies/uniform_progress.py) or
-  `spotbag` (policies/deadline.py). Running attempts are never moved.
+  `spotbag` (policies/deadline.py). Running attempts are never moved. Slots freeing
+  at one instant share one spotbag decision, which counts them all as free.
 
 The result: whether the bag met its deadline, what it cost, its makespan, and every
 VM's life (for checking that cost is Σ price × time).
@@ -197,6 +198,7 @@ class _Simulation:
         self.att_ratio = [1.0] * K  # work per hour of the attempt's path
         self.att_end = [0.0] * K
         self.att_saved = [0.0] * K
+        self.att_checkpoints: list[list[tuple[float, float]]] = [[] for _ in range(K)]
         self.token = [0] * K
         self.waiting: set[int] = set()
         self.events: list[tuple[float, int, str, int, int]] = []
@@ -243,7 +245,9 @@ class _Simulation:
         return self.retries.popleft() if self.retries else int(self.fresh.pop())
 
     def queued_work(self) -> np.ndarray:
-        fresh = self.works[np.asarray(self.fresh, dtype=int)] if self.fresh else np.zeros(0)
+        """Work left of the queued jobs in the order they will start: retries, then
+        fresh jobs longest first."""
+        fresh = self.works[np.asarray(self.fresh[::-1], dtype=int)] if self.fresh else np.zeros(0)
         retries = self.left[list(self.retries)] if self.retries else np.zeros(0)
         return np.concatenate([retries, fresh])
 
@@ -314,14 +318,20 @@ class _Simulation:
         # one decision: it says how many of the free slots go on-demand.
         if self.decision is not None and t == self.decided_at:
             return self.decision
-        spot_work, spot_age, od_left = [], [], []
+        spot_work, spot_age, spot_unsaved, od_left, reusable = [], [], [], [], []
         for s, j in enumerate(self.job):
-            if j < 0:
+            if j < 0 or self.ending_now(s, t):
+                # Free, or freeing at this instant (its event comes next): its next
+                # spot attempt reuses its spot VM if that lives on.
+                if self.kind[s] == "spot" and self.ready[s] <= t < self.death[s] - 1e-12:
+                    reusable.append(t - self.launched[s])
                 continue
             if self.kind[s] == "spot":
                 done = (t - self.att_start[s]) * self.att_ratio[s]
                 spot_work.append(max(self.att_work[s] - done, 1 / 60))
                 spot_age.append(t - self.launched[s])
+                saved = max((v for at, v in self.att_checkpoints[s] if at <= t), default=0.0)
+                spot_unsaved.append(max(min(done, self.att_work[s]) - saved, 0.0))
             else:
                 od_left.append(max(self.att_end[s] - t, 0.0))
         market = self.run.market
@@ -332,6 +342,8 @@ class _Simulation:
             queued_work_h=self.queued_work(),
             spot_work_h=np.array(spot_work),
             spot_age_h=np.array(spot_age),
+            spot_unsaved_h=np.array(spot_unsaved),
+            free_spot_age_h=np.array(reusable),
             on_demand_left_h=np.array(od_left),
             spot_price_per_hour=float(market.spot_price[market.index(t)]),
             on_demand_price_per_hour=market.on_demand_price,
@@ -339,15 +351,25 @@ class _Simulation:
             spot_availability=float(self.view.share_usable[market.index(t)]),
             spot_outage_h=self.view.outage_left_h(t),
             confidence=self.run.confidence,
+            spot_available=bool(self.view.available[market.index(t)]),
+            queue_ordered=True,
         )
         self.decision = spotbag_policy.decide(inputs, self.run.times, quantiles=(), project=False)
         self.decided_at = t
         return self.decision
 
+    def ending_now(self, s: int, t: float) -> bool:
+        """Slot s's attempt ends (or its VM dies) at t, its event not yet handled."""
+        return self.job[s] >= 0 and self.att_end[s] <= t + 1e-12
+
     def choose_spotbag(self, s: int, alive: str | None, t: float) -> str:
         decision = self.spotbag_decision(t)
+        # The decision counts the on-demand attempts that go on past t; slots freeing
+        # at t are free slots to it, whatever VM they hold until their event comes.
         others_on_demand = sum(
-            1 for k, kind in enumerate(self.kind) if kind == "on_demand" and k != s
+            1
+            for k, kind in enumerate(self.kind)
+            if kind == "on_demand" and k != s and not self.ending_now(k, t)
         )
         if others_on_demand < decision.on_demand_slots:
             return "on_demand"
@@ -398,12 +420,15 @@ class _Simulation:
         intervals = table.schedule(min(w, table.max_work_h), t - self.launched[s]).intervals_h
         delta = table.delta_steps * table.step_h
         at, saved, death = t, 0.0, self.death[s]
+        checkpoints = []
         for k, interval in enumerate(intervals):
             duration = interval + (delta if k < len(intervals) - 1 else 0.0)
             if at + duration >= death:
                 break
             at += duration
             saved += interval
+            checkpoints.append((at, saved))
+        self.att_checkpoints[s] = checkpoints
         finished = saved >= sum(intervals) - 1e-9
         path = sum(intervals) + delta * (len(intervals) - 1)
         self.att_ratio[s] = w / path if path > 0 else 1.0

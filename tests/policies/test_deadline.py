@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable, build_table, simulate_makespan
 from policies.completion_times import CompletionTimes, build_completion_times
-from policies.deadline import DeadlineInputs, decide, list_schedule_h, meet_probabilities
+from policies.deadline import (
+    DeadlineInputs,
+    _at_least,
+    decide,
+    list_schedule_h,
+    meet_probabilities,
+)
 from policies.deadline_sim import (
     STRATEGIES,
     BagRun,
@@ -167,6 +173,35 @@ def test_waits_for_spot_with_slack_and_not_past_the_latest_switch() -> None:
     assert not late.launch_spot and late.on_demand_slots == 10
 
 
+def test_an_outage_with_little_slack_runs_on_demand_instead_of_idling() -> None:
+    """Spot unavailable, a deadline spot could keep only without losing time: the free
+    slots do not wait (an idle hour is lost for good) but neither do they all go
+    on-demand; with the same outage and ample slack, they wait."""
+    _, times = plan()
+    works = bag(12, 200)
+    makespan = all_on_demand_makespan_h(works, 20, LAUNCH_H)
+    spot_mean = float(times.fresh_moments(works)[0].sum()) / 20
+    deadline = spot_mean + 0.6  # spot alone fits, but not after an hour's outage
+    tight = decide(inputs_for(works, 20, deadline, spot_outage_h=1.0), times, project=False)
+    assert not tight.launch_spot and 0 < tight.on_demand_slots < 20
+    assert makespan < deadline
+    loose = decide(inputs_for(works, 20, 3 * makespan, spot_outage_h=1.0), times, project=False)
+    assert not loose.launch_spot and loose.on_demand_slots == 0
+
+
+def test_dear_spot_is_launched_rather_than_idling_when_slack_is_short() -> None:
+    """Spot at a price not worth paying but at or below the bid: with slack, wait for a
+    better price; without, launch it (idling would spend the slack)."""
+    _, times = plan()
+    works = bag(13, 200)
+    spot_mean = float(times.fresh_moments(works)[0].sum()) / 20
+    dear = dict(spot_price_per_hour=0.99, spot_outage_h=1.0, spot_available=True)
+    tight = decide(inputs_for(works, 20, spot_mean + 0.6, **dear), times, project=False)
+    assert tight.launch_spot
+    loose = decide(inputs_for(works, 20, 3 * spot_mean, **dear), times, project=False)
+    assert not loose.launch_spot and loose.on_demand_slots == 0
+
+
 def test_spot_too_dear_is_not_launched() -> None:
     _, times = plan()
     works = bag(5, 30)
@@ -184,10 +219,51 @@ def test_finish_quantiles_are_ordered_and_at_risk_when_impossible() -> None:
     assert decide(inputs_for(works, 8, 0.5 * makespan), times).at_risk
 
 
+def test_the_last_round_holds_the_confidence_for_all_its_attempts_together() -> None:
+    """Twenty one-hour jobs, one per slot: a deadline that leaves each spot attempt
+    exactly its own 0.99 quantile leaves all twenty only 0.99^20 ≈ 0.82 together, so
+    slots go on-demand; with time for a failed attempt's retry on on-demand (its path
+    and its work again), none do."""
+    _, times = plan()
+    works = np.full(20, 1.0)
+    lag = 10 / 60
+    own = LAUNCH_H + times.fresh_quantile_h(1.0, 0.99) + LAUNCH_H + lag
+    assert decide(inputs_for(works, 20, own), times, project=False).on_demand_slots > 0
+    retry = 2 * 1.1 * 1.0 + 2 * LAUNCH_H + lag + 0.1
+    assert decide(inputs_for(works, 20, retry), times, project=False).on_demand_slots == 0
+
+
+def test_at_least_is_the_poisson_binomial_tail() -> None:
+    from scipy.stats import binom
+
+    assert _at_least(np.full(30, 0.3), 10) == pytest.approx(binom.sf(9, 30, 0.3))
+    assert _at_least(np.array([0.5, 0.2]), 2) == pytest.approx(0.1)
+    assert _at_least(np.array([0.5]), 0) == 1.0 and _at_least(np.array([0.5]), 2) == 0.0
+
+
 def test_list_schedule() -> None:
     assert list_schedule_h([3, 3, 2, 2, 2], [0, 0]) == 7  # 3 + 2 + 2 and 3 + 2
     assert list_schedule_h([], [1.0, 2.0]) == 2.0
     assert list_schedule_h([1.0], [5.0, 0.0]) == 5.0
+    # In the queue's own order (short ones first) the long job comes last: 1 + 3.
+    assert list_schedule_h([1, 1, 1, 3], [0, 0], ordered=True) == 4
+    assert list_schedule_h([1, 1, 1, 3], [0, 0]) == 3
+
+
+def test_work_a_preemption_would_lose_now_is_allowed_for() -> None:
+    """Eight attempts on spot with half an hour left, 40 one-hour jobs queued: the
+    fallback fits, unless the attempt with 1.5 h of work since its last checkpoint
+    dies now (its job back in the queue with that work to redo)."""
+    _, times = plan()
+    works = np.full(40, 1.0)
+    running = dict(spot_work_h=np.full(8, 0.5), spot_age_h=np.full(8, 5.0))
+    saved = decide(inputs_for(works, 10, 5.0, **running), times, project=False)
+    assert saved.on_demand_slots == 0 and not saved.at_risk
+    unsaved = np.concatenate(([1.5], np.zeros(7)))
+    exposed = decide(inputs_for(works, 10, 5.0, spot_unsaved_h=unsaved, **running), times)
+    assert exposed.on_demand_slots > 0
+    slack = decide(inputs_for(works, 10, 6.0, spot_unsaved_h=unsaved, **running), times)
+    assert slack.on_demand_slots == 0  # with slack, the loss is absorbed
 
 
 # --- Uniform Progress --------------------------------------------------------------------
@@ -298,3 +374,17 @@ def test_a_bag_with_slack_never_escalates_in_the_simulator() -> None:
     ours = run_for("spotbag", works, 6, 3 * makespan, small_market())
     assert ours.met and ours.on_demand_vm_h == 0
     assert math.isfinite(ours.makespan_h)
+
+
+def test_on_demand_attempts_ending_together_go_back_to_spot_together() -> None:
+    """An hour's outage at the start with little slack: the idle slots run one round
+    on on-demand, whose attempts all end at the same instant; the decision then keeps
+    no on-demand slot, and each of them goes back to spot (the simulator counts the
+    slots freeing at that instant as free, not as on-demand attempts still running)."""
+    works = np.full(60, 1.0)
+    makespan = all_on_demand_makespan_h(works, 10, LAUNCH_H)
+    result = run_for("spotbag", works, 10, 1.4 * makespan, small_market(outage=(0.0, 1.0)))
+    first = [vm for vm in result.vms if vm.kind == "on_demand" and vm.start_h < 1.0]
+    assert len(first) == 10
+    assert len({round(vm.end_h, 6) for vm in first}) == 1  # all released together
+    assert result.met
