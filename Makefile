@@ -23,8 +23,9 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy --strict --follow-imports=silent controller/scheduler/
 	# Two workers (pytest-xdist): each test is independent (its own state directory,
-	# daemon port, Slurm cluster on a bridge of its own), and the suite takes 5 min, not 8.
-	$(BIN)/python -m pytest -q -n 2
+	# daemon port), and the suite takes half the time. The Slurm tests share one worker
+	# (one cluster at a time: tests/conftest.py pytest_collection_modifyitems).
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Unit and policy tests: no daemon, no Slurm, no processes (tests/conftest.py enforces it).
 test-fast: $(STAMP)

@@ -496,8 +496,16 @@ def _no_processes_in_the_fast_tier(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """In the fast tier, property tests try a fifth of their examples (at least 10):
+    """Tests on a real Slurm cluster run one at a time, on one xdist worker (`make test`
+    passes `--dist loadgroup`): two clusters, their VM hosts and daemons at once on a
+    2-CPU host made VM boots, job launches and notices take 5-10 times their time alone,
+    past what the tests allow. One cluster per session also starts once, not twice.
+
+    In the fast tier, property tests try a fifth of their examples (at least 10):
     the tier is the edit-test loop, `make test` runs every example."""
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     if not FAST_TIER:
         return
     from hypothesis import settings

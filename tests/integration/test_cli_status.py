@@ -68,7 +68,8 @@ def test_status_shows_budget_used_against_the_caps_and_flags_a_held_bag(make_dae
     spec = {"account": "lab", "command": "true", "max_runtime_s": 7200, "name": "capped"}
     # Half a local-2 VM for 2 h reserves $0.02: a cap of $0.01 holds the bag at once.
     bag = client.submit({**spec, "budget_usd": 0.01, "deadline": "10h"})
-    free = client.submit({**spec, "name": "free"})
+    # Long enough to cost more than formatting.NOISE (`true` can cost less: zero by rule).
+    free = client.submit({**spec, "name": "free", "command": "sleep 0.5"})
     wait_until(lambda: client.bag(bag["id"])["budget"]["held"], 30, 0.1, "the budget to hold it")
     wait_for_bag(client, free["id"])
 

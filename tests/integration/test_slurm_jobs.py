@@ -119,12 +119,26 @@ def test_a_checkpointable_bag_runs_on_the_vms_through_slurm_across_preemptions(
     balance = client.account("physics")
     assert balance["reserved_cpu_h"] == pytest.approx(0.0, abs=1e-9)
 
-    # Slurm saw every attempt as a job on a spotbag node, and none is left running.
-    listed = slurm_cluster.run("squeue", "-h", "-t", "all", "-o", "%j|%N|%T")
-    names = [line.split("|") for line in listed.splitlines() if bag["id"] in line]
+    # Slurm saw every attempt as a job on a spotbag node, and none is left running. The
+    # bag ends with its programs' exit markers; slurmctld hears of the batch scripts'
+    # ends a moment later (seconds on a busy host).
+    def slurm_jobs(settled: bool) -> list[list[str]] | None:
+        listed = slurm_cluster.run("squeue", "-h", "-t", "all", "-o", "%j|%N|%T")
+        names = [line.split("|") for line in listed.splitlines() if bag["id"] in line]
+        live = [n for n in names if n[2] in ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING")]
+        return names if not (settled and live) else None
+
+    wait_until(lambda: slurm_jobs(settled=True), 30, 0.5, "Slurm to see every job end")
+    names = slurm_jobs(settled=False)
+    assert names is not None
     total_attempts = sum(client.job(f"{bag['id']}-{i}")["attempts"] for i in range(len(RATES)))
     assert len(names) == total_attempts
     assert all(node.startswith("sb-vm-") for _, node, _ in names if node)
     # No node: a job queued on the preempted VM, cancelled before it ran.
     assert all(state == "CANCELLED" for _, node, state in names if not node), names
     assert not [n for n in names if n[2] in ("RUNNING", "PENDING")]
+    # Each job's last attempt, which succeeded, completed in Slurm's records too.
+    state_of = {name.rsplit(":", 1)[-1]: state for name, _, state in names}
+    for idx in range(len(RATES)):
+        job = client.job(f"{bag['id']}-{idx}")
+        assert state_of[f"{bag['id']}-{idx}.{job['attempts']}"] == "COMPLETED", names
