@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +111,9 @@ class Budgets:
 
     # --- before planning ----------------------------------------------------------------
 
-    def launchable(self, bag: BagRun, wanted: int, catalog: list[CatalogType], now: float) -> int:
+    def launchable(
+        self, bag: BagRun, wanted: int, catalog: Sequence[CatalogType], now: float
+    ) -> int:
         """How many of `wanted` attempts the bag's budgets leave room for, each at its
         worst case on the cheapest VM type the bag may use. 0 holds the bag."""
         self._roll_month(now)
@@ -149,7 +152,7 @@ class Budgets:
             room = min(room, cap - spent - book.account_committed.get(account, 0.0))
         return room
 
-    def _cheapest_attempt_usd(self, bag: BagRun, catalog: list[CatalogType]) -> float:
+    def _cheapest_attempt_usd(self, bag: BagRun, catalog: Sequence[CatalogType]) -> float:
         # A bag that runs on on-demand VMs only pays their price.
         always = bag.spec.on_demand_mode == "always"
         prices = [
@@ -212,6 +215,8 @@ class Budgets:
         and release the rest. It reserved that share for max_runtime_s, so the charge is
         reserved × elapsed_s / max_runtime_s (at most what it reserved): the same
         figure after a restart, when the VM may be gone."""
+        if not self.book.open:
+            return []  # nothing reserved (no bag or account has a budget): nothing to settle
         key = reservation_key(bag.id, idx, number)
         found = self.book.open.get(key)
         if found is None:

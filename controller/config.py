@@ -458,6 +458,14 @@ class ExecutorConfig(_Section):
         description="Seconds between SIGTERM and SIGKILL when a job is cancelled (and, for "
         "the local executor, when the daemon stops).",
     )
+    queue_ahead: float = Field(
+        1.0,
+        ge=0,
+        description="Local executor: attempts handed to it beyond what a VM runs at once, as "
+        "a fraction of the VM's capacity (1: one more VM-full waits in the daemon), so that "
+        "the next starts the moment a job ends, without waiting for a scheduler pass; they "
+        "count as starting, not running, and a cancel ends them at once. 0: only what fits.",
+    )
     run_as: str = Field(
         "",
         description="Daemon running as root: the unprivileged user jobs run as (its primary "

@@ -130,8 +130,9 @@ class Unplaceable:
     reason: str
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
+    """One pass's decision (made every pass)."""
+
     places: list[Place]
     launches: list[Launch]
     terminations: list[Terminate]
@@ -168,11 +169,13 @@ def _pack(
     Returns how many jobs are left.
     """
     candidates = []
+    restricted = group.vm_types is not None or bool(group.regions)
+    # Keep GPU VMs for GPU jobs while any are waiting.
+    spare_gpus = gpu_demand and group.shape.gpus == 0
     for vm in vms:
-        if not _eligible(group, vm.vm_type, vm.zone) or not _market_ok(group, vm):
+        if (restricted and not _eligible(group, vm.vm_type, vm.zone)) or not _market_ok(group, vm):
             continue
-        # Keep GPU VMs for GPU jobs while any are waiting.
-        if gpu_demand and group.shape.gpus == 0 and vm.capacity.gpus > 0:
+        if spare_gpus and vm.capacity.gpus > 0:
             continue
         if (
             places is not None
@@ -186,14 +189,16 @@ def _pack(
                 )
             continue
         candidates.append(vm)
-    candidates.sort(key=lambda vm: (free[vm.vm_id].cpus, free[vm.vm_id].memory_gb, vm.vm_id))
+    if len(candidates) > 1:
+        candidates.sort(key=lambda vm: (free[vm.vm_id].cpus, free[vm.vm_id].memory_gb, vm.vm_id))
     for vm in candidates:
         if remaining == 0:
             break
-        n = min(remaining, copies_that_fit(group.shape, free[vm.vm_id]))
+        room = free[vm.vm_id]
+        n = min(remaining, copies_that_fit(group.shape, room))
         if n == 0:
             continue
-        free[vm.vm_id] = free[vm.vm_id].minus(group.shape, n)
+        free[vm.vm_id] = room.minus(group.shape, n)
         remaining -= n
         if places is not None:
             places.append(Place(vm.vm_id, group.bag_id, n))
@@ -206,10 +211,18 @@ def plan(snapshot: Snapshot) -> Plan:
     noticed VMs; VMs are launched for what is left; what still waits may queue ahead on
     running VMs; then idle, drained and unbooted VMs are ended, and the next wake-up is
     the earliest deadline that could change the plan."""
-    drained = [vm for vm in snapshot.vms if vm.draining]
-    running = [vm for vm in snapshot.vms if vm.state is VmState.RUNNING and not vm.draining]
-    pending = [vm for vm in snapshot.vms if vm.state is VmState.PENDING and not vm.draining]
-    free = {vm.vm_id: vm.free for vm in snapshot.vms}
+    drained: list[VmView] = []
+    running: list[VmView] = []
+    pending: list[VmView] = []
+    free: dict[str, Shape] = {}
+    for vm in snapshot.vms:  # one pass: this runs every pass of the scheduler
+        free[vm.vm_id] = vm.free
+        if vm.draining:
+            drained.append(vm)
+        elif vm.state is VmState.RUNNING:
+            running.append(vm)
+        elif vm.state is VmState.PENDING:
+            pending.append(vm)
     gpu_demand = any(g.shape.gpus > 0 and g.queued > 0 for g in snapshot.demand)
 
     places: list[Place] = []
@@ -218,7 +231,11 @@ def plan(snapshot: Snapshot) -> Plan:
     leftover = _place_queued(
         snapshot.demand, free, running, pending, gpu_demand, places, refused, on_demand_wanted
     )
-    kept = _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
+    kept = (
+        _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
+        if any(g.expected > 0 for g in snapshot.demand)
+        else set()
+    )
     launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, on_demand_wanted)
     _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places)
 
@@ -362,7 +379,7 @@ def _end_unbooted(
             terminations.append(
                 Terminate(vm.vm_id, f"did not boot within {snapshot.boot_timeout_s:.0f} s")
             )
-        elif deadline != float("inf"):
+        elif deadline != math.inf:
             wake.append(deadline)
 
 
@@ -405,10 +422,10 @@ def _launches(
         remaining = leftover.get(group.bag_id, 0)
         if remaining == 0:
             continue
-        fitting = _fitting(group, snapshot.catalog)
+        fitting, holds_one = _fitting_types(group, snapshot.catalog)
         # `fitting` holds the allowed types: when one can hold a job, nothing is wrong
         # (why_unplaceable would say None after scanning the catalog again, every pass).
-        if not any(copies_that_fit(group.shape, t.capacity) for t in fitting):
+        if not holds_one:
             problem = why_unplaceable(group.shape, group.vm_types, group.regions, snapshot.catalog)
             assert problem is not None  # no allowed type holds a job: it says why
             unplaceable.append(Unplaceable(group.bag_id, problem))
@@ -482,6 +499,48 @@ def _cheapest_for(
         if best is None or key < best[:3]:
             best = (*key, vm_type, slots)
     return None if best is None else (best[3], best[4])
+
+
+# `_fitting_types` answers, per catalog (the scheduler's is one tuple for its whole life):
+# the catalog, then per (shape, allowed types, regions) the answer.
+_FITTING_MEMO: dict[
+    int,
+    tuple[
+        Sequence[CatalogType],
+        dict[
+            tuple[Shape, tuple[str, ...] | None, tuple[str, ...] | None],
+            tuple[list[PricedType], bool],
+        ],
+    ],
+] = {}
+
+
+def _fitting_types(
+    group: DemandGroup, catalog: Sequence[CatalogType]
+) -> tuple[list[PricedType], bool]:
+    """`_fitting(group, catalog)` (spot prices), and whether any of those types holds one
+    of its jobs: remembered for a tuple catalog (immutable, and the same object every
+    pass), since every pass with demand left over asks (what follows reads the list and
+    does not change it)."""
+    if type(catalog) is not tuple:
+        fitting = _fitting(group, catalog)
+        return fitting, any(copies_that_fit(group.shape, t.capacity) for t in fitting)
+    known = _FITTING_MEMO.get(id(catalog))
+    if known is None or known[0] is not catalog:
+        if len(_FITTING_MEMO) >= 64:  # catalogs of schedulers gone (tests make many)
+            _FITTING_MEMO.clear()
+        known = _FITTING_MEMO[id(catalog)] = (catalog, {})
+    key = (group.shape, group.vm_types, group.regions)
+    try:
+        answer = known[1].get(key)
+    except TypeError:  # allowed types or regions given as a list: not remembered
+        fitting = _fitting(group, catalog)
+        return fitting, any(copies_that_fit(group.shape, t.capacity) for t in fitting)
+    if answer is None:
+        fitting = _fitting(group, catalog)
+        answer = fitting, any(copies_that_fit(group.shape, t.capacity) for t in fitting)
+        known[1][key] = answer
+    return answer
 
 
 def _fitting(

@@ -180,6 +180,7 @@ async def make_executor(
             now=now,
             kill_grace_s=config.executor.kill_grace_s,
             users=make_job_users(config, state_dir),
+            queue_ahead=config.executor.queue_ahead,
         )
     from controller.slurm.executor import SlurmExecutor, SlurmExecutorSettings
 

@@ -130,6 +130,11 @@ class LifetimeModel:
 
     def deadline_mass(self) -> float:
         """P(ℒ = L): VMs that live until the deadline are reclaimed there."""
+        return self._deadline_mass
+
+    @functools.cached_property
+    def _deadline_mass(self) -> float:
+        # Once per model: every sampled lifetime asks (the sim driver, at each launch).
         if self.L is None:
             return 0.0
         return float(1.0 - np.clip(self._cdf_c(np.array(self.L)), 0.0, 1.0))

@@ -146,8 +146,13 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class ModelRegistry:
-    entries: dict[ModelKey, ModelEntry]
+    entries: dict[ModelKey, ModelEntry]  # not changed once made: `with_entries` copies
     min_samples: int = 30
+    # What `lookup` found for (provider, type, zone, time of day, day): the scheduler
+    # asks at every launch, and each answer tries up to 14 keys.
+    _found: dict[tuple[str, str, str, str, str], ModelEntry | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def min_preemptions(self) -> int:
@@ -159,6 +164,13 @@ class ModelRegistry:
         self, provider: str, vm_type: str, zone: str, when: dt.datetime | None = None
     ) -> ModelEntry | None:
         """The most specific model with enough samples and preemptions, or None."""
+        if not self.entries:
+            return None
+        moment = (time_of_day(when), day_kind(when)) if when is not None else (ANY, ANY)
+        asked = (provider, vm_type, zone, *moment)
+        if asked in self._found:
+            return self._found[asked]
+        found = None
         for key in fallback_keys(provider, vm_type, zone, when):
             entry = self.entries.get(key)
             if (
@@ -166,8 +178,10 @@ class ModelRegistry:
                 and entry.n >= self.min_samples
                 and entry.n - entry.censored >= self.min_preemptions
             ):
-                return entry
-        return None
+                found = entry
+                break
+        self._found[asked] = found
+        return found
 
     def with_entries(self, entries: Iterable[ModelEntry]) -> ModelRegistry:
         """A registry where the given entries replace those with the same key."""

@@ -182,7 +182,8 @@ class ReuseTable:
         return min(len(self.rows) - 1, max(0, round(age_h / self.age_step_h)))
 
     def reuse_ok(self, age_h: float, length_h: float) -> bool:
-        row = self.rows[self._age_index(age_h)]
+        rows = self.rows  # `_age_index` spelt out: the planner asks for every candidate VM
+        row = rows[min(len(rows) - 1, max(0, round(age_h / self.age_step_h)))]
         column = min(len(row) - 1, max(0, round(length_h / self.length_step_h) - 1))
         return row[column]
 

@@ -10,12 +10,21 @@ Every process carries SPOTBAG_RUN_KEY=<controller id>:<attempt id>. After a
 crash of the daemon its jobs are orphans; `recover()` finds them by that key in
 /proc and kills their process groups, so a lost attempt never keeps running
 beside its retry.
+
+Attempts queue here (`queues_attempts`, docs/architecture.md#local-queue): the
+scheduler may hand a VM `queue_ahead` of its capacity more than it runs, and the
+executor starts the next that fits the moment one ends, reporting `AttemptStarted`,
+without waiting for a scheduler pass and its commit (the intents of queued attempts
+are written already). A VM's capacity is what `vm_started` announced; an attempt for
+a VM never announced starts at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -38,8 +47,11 @@ from controller.executors.base import (
     AttemptEvent,
     AttemptListener,
     AttemptSpec,
+    AttemptStarted,
     CheckpointEvent,
     ExecutorError,
+    ExecutorEvent,
+    ExecutorUnavailable,
     LiveAttempt,
     Outcome,
     start_error,
@@ -48,6 +60,17 @@ from controller.executors.job_users import JobUser, JobUserError, JobUsers
 from drivers.base import VmType
 
 RUN_KEY = "SPOTBAG_RUN_KEY"
+# Starts handed over together go to a worker thread together, this many a trip: a trip
+# costs the daemon ~0.2 ms of CPU (a thread woken, the GIL handed over and back;
+# 2,000 trivial jobs on 4 slots: 1.78-2.02 ms of daemon CPU a job with a trip each,
+# 1.61-1.63 gathered, load 9-10), and a spawn waits for its child's exec, so a
+# hundred at once still start on several threads.
+SPAWNS_PER_TRIP = 8
+# After a start failed for want of the host's resources (descriptors, memory,
+# processes), starts are refused this long (ExecutorUnavailable), so that the
+# scheduler backs off instead of handing over attempts that fail again at once.
+UNAVAILABLE_S = 1.0
+QUEUE_AHEAD = 1.0  # [executor] queue_ahead's default
 
 
 class _Child:
@@ -81,6 +104,10 @@ class _Child:
         future that a caller's cancellation leaves alone."""
         return asyncio.shield(self._ended)
 
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call `callback` on the loop once it ended (before those waiting in `wait`)."""
+        self._ended.add_done_callback(lambda _: callback())
+
     def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
         if self._popen.poll() is None:  # a pidfd turns readable only once it ended
             return
@@ -101,10 +128,58 @@ class _Child:
 
 
 @dataclass
+class _Spawn:
+    """An attempt to start, on its way to a worker thread (`LocalExecutor._spawn`)."""
+
+    spec: AttemptSpec
+    log_path: str
+    checkpoint_dir: str
+    env: dict[str, str]
+    user: JobUser | None
+    done: asyncio.Future[None]  # set once its process is watched, or with its error
+    host: _Host | None = None  # the VM whose room it takes, once it leaves the queue
+    stop_reason: str = ""  # stopped while its process was being started
+
+
+@dataclass
+class _Host:
+    """A VM as the executor fills it: its capacity, what its attempts use, and the
+    attempts waiting for room there, first come first started."""
+
+    cpus: int
+    memory_gb: float
+    gpus: int
+    used_cpus: int = 0
+    used_memory_gb: float = 0.0
+    used_gpus: int = 0
+    waiting: collections.deque[_Spawn] = field(default_factory=collections.deque)
+
+    def fits(self, spec: AttemptSpec) -> bool:
+        # A hair of slack: memory is a float summed and taken away again.
+        return (
+            self.used_cpus + spec.cpus <= self.cpus
+            and self.used_gpus + spec.gpus <= self.gpus
+            and self.used_memory_gb + spec.memory_gb <= self.memory_gb + 1e-9
+        )
+
+    def empty(self) -> bool:
+        """Nothing of its runs (an attempt larger than the VM, which the planner would
+        not place, still starts on it rather than wait for ever)."""
+        return self.used_cpus == 0 and self.used_gpus == 0 and self.used_memory_gb < 1e-9
+
+    def take(self, spec: AttemptSpec, sign: int = 1) -> None:
+        self.used_cpus += sign * spec.cpus
+        self.used_gpus += sign * spec.gpus
+        self.used_memory_gb += sign * spec.memory_gb
+
+
+@dataclass
 class _Running:
     spec: AttemptSpec
     process: _Child
-    watcher: asyncio.Task | None = None
+    host: _Host | None = None  # whose room it takes
+    deadline: asyncio.TimerHandle | None = None  # its max_runtime_s, until it ends
+    timed_out: bool = False
     stop_reason: str = ""  # set when we stopped it on purpose
     killed: asyncio.Event = field(default_factory=asyncio.Event)
     checkpoint: asyncio.Task | None = None  # waiting for a checkpoint it was asked for
@@ -113,10 +188,9 @@ class _Running:
 class LocalExecutor:
     name = "local"
     joins_vms = False
-    queues_attempts = False
+    queues_attempts = True  # the next waiting attempt starts when one ends
     attempts_outlive_controller = False
     confirms_ends = False  # vm_lost kills the attempts at once
-    queue_ahead = 0.0
 
     def __init__(
         self,
@@ -127,7 +201,9 @@ class LocalExecutor:
         kill_grace_s: float = 5.0,
         checkpoint_poll_s: float = 0.02,
         users: JobUsers | None = None,
+        queue_ahead: float = QUEUE_AHEAD,
     ) -> None:
+        self.queue_ahead = queue_ahead
         self._state_dir = state_dir
         self._logs_dir = str(state_dir / "logs")
         self._checkpoints = state_dir / "checkpoints"
@@ -140,6 +216,12 @@ class LocalExecutor:
         self._running: dict[str, _Running] = {}
         self._stoppers: set[asyncio.Task] = set()
         self._listeners: list[AttemptListener] = []
+        self._to_spawn: list[_Spawn] = []  # starts gathered for one worker-thread trip
+        self._hosts: dict[str, _Host] = {}  # by VM id, as vm_started announced them
+        self._spawning: dict[str, _Spawn] = {}  # by attempt id: processes being started
+        self._trips: set[asyncio.Future[Any]] = set()  # worker-thread trips under way
+        self._unavailable_until = 0.0  # loop time; and why:
+        self._unavailable = ""
         # Jobs inherit the daemon's environment minus its own settings (the API token
         # among them) and systemd's notification socket (jobs are not the service).
         self._base_env = {
@@ -159,7 +241,9 @@ class LocalExecutor:
         return {}
 
     async def vm_started(self, vm_id: str, vm_type: VmType) -> None:
-        return None
+        """A VM runs: attempts for it wait for room in its capacity."""
+        if vm_id not in self._hosts:
+            self._hosts[vm_id] = _Host(vm_type.cpus, vm_type.memory_gb, vm_type.gpus)
 
     def workdir_problem(self, path: str) -> str | None:
         """Why jobs could not run in `path` on this host (None when they can)."""
@@ -203,80 +287,186 @@ class LocalExecutor:
             raise ExecutorError(str(exc)) from None
         if user is not None:  # its own identity, not the daemon's
             env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
-        # Directories, the log and the process in one trip to a worker thread.
-        popen = await asyncio.to_thread(
-            self._spawn, spec, Path(log_path), Path(checkpoint_dir), env, user
-        )
-        process = _Child(popen)
-        running = _Running(spec, process)
-        self._running[spec.attempt_id] = running
-        running.watcher = asyncio.create_task(self._watch(running), name=f"watch {spec.attempt_id}")
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._unavailable_until:
+            raise ExecutorUnavailable(self._unavailable)
+        request = _Spawn(spec, log_path, checkpoint_dir, env, user, loop.create_future())
+        host = self._hosts.get(spec.vm_id)
+        if host is None:  # a VM never announced: at once, and its error is the start's
+            self._gather(request)
+            await asyncio.shield(request.done)
+            return ""
+        host.waiting.append(request)
+        self._fill(host)
         return ""
 
-    def _spawn(
+    def _fill(self, host: _Host) -> None:
+        """Start the attempts waiting for this VM while the first fits (in order: the
+        planner's, which packed them)."""
+        while host.waiting and (host.fits(host.waiting[0].spec) or host.empty()):
+            request = host.waiting.popleft()
+            host.take(request.spec)
+            request.host = host
+            request.done.add_done_callback(functools.partial(self._queued_start_failed, request))
+            self._gather(request)
+
+    def _queued_start_failed(self, request: _Spawn, done: asyncio.Future[None]) -> None:
+        """A queued attempt that could not start ends so (an event: its start() returned
+        long ago); its room goes to the next."""
+        exc = done.exception()
+        if exc is None:
+            return
+        assert request.host is not None
+        request.host.take(request.spec, -1)
+        if isinstance(exc, ExecutorUnavailable):
+            self._unavailable_until = asyncio.get_running_loop().time() + UNAVAILABLE_S
+            self._unavailable = str(exc)
+            outcome = Outcome.NOT_STARTED  # the host's fault: not counted
+        else:
+            outcome = Outcome.START_FAILED
+        self._emit(AttemptEvent(request.spec.attempt_id, self._now(), outcome, None, str(exc)))
+        self._fill(request.host)
+
+    def _gather(self, request: _Spawn) -> None:
+        # The starts handed over together take one trip to a worker thread: they are
+        # gathered until the loop runs its next callbacks (`_spawn_gathered`).
+        self._spawning[request.spec.attempt_id] = request
+        self._to_spawn.append(request)
+        if len(self._to_spawn) == 1:
+            asyncio.get_running_loop().call_soon(self._spawn_gathered)
+
+    def _spawn_gathered(self) -> None:
+        gathered, self._to_spawn = self._to_spawn, []
+        loop = asyncio.get_running_loop()
+        # Each spawn waits for its child's exec: many at once (a big VM's first pass)
+        # go on several threads.
+        for first in range(0, len(gathered), SPAWNS_PER_TRIP):
+            requests = gathered[first : first + SPAWNS_PER_TRIP]
+            trip = loop.run_in_executor(None, self._spawn_all, requests)
+            trip.add_done_callback(functools.partial(self._spawned, requests))
+            self._trips.add(trip)
+            trip.add_done_callback(self._trips.discard)
+
+    def _spawn_all(self, requests: list[_Spawn]) -> list[subprocess.Popen[bytes] | BaseException]:
+        """Each attempt's directories, log and process (on a worker thread)."""
+        results: list[subprocess.Popen[bytes] | BaseException] = []
+        for request in requests:
+            try:
+                results.append(self._spawn(request))
+            except BaseException as exc:  # that attempt's error, handed to its start()
+                results.append(exc)
+        return results
+
+    def _spawned(
         self,
-        spec: AttemptSpec,
-        log_path: Path,
-        checkpoint_dir: Path,
-        env: dict[str, str],
-        user: JobUser | None,
-    ) -> subprocess.Popen[bytes]:
-        """Make the attempt's directories and log and start its wrapper, which records the
-        command's exit status beside the log (on a worker thread: several syscalls, a
-        fork and an exec)."""
+        requests: list[_Spawn],
+        trip: asyncio.Future[list[subprocess.Popen[bytes] | BaseException]],
+    ) -> None:
+        """Watch the processes started (here, on the loop, even if a start() that waits
+        for one was cancelled meanwhile: none runs unwatched), and wake their starts."""
         try:
-            _prepare_dirs(log_path.parent, checkpoint_dir)
-            if user is not None:
+            results = trip.result()
+        except BaseException as exc:  # the thread pool is gone (shutting down)
+            results = [exc] * len(requests)
+        for request, result in zip(requests, results, strict=True):
+            self._spawning.pop(request.spec.attempt_id, None)
+            if isinstance(result, BaseException):
+                request.done.set_exception(result)
+                continue
+            running = _Running(request.spec, _Child(result), request.host)
+            self._watch(running)
+            # Before its end can be: the end comes through the loop's next poll.
+            self._emit(AttemptStarted(request.spec.attempt_id, self._now()))
+            request.done.set_result(None)
+            if request.stop_reason:  # cancelled or its VM lost while it was started
+                self._stop_soon(running, request.stop_reason, self._grace_s)
+
+    def _spawn(self, request: _Spawn) -> subprocess.Popen[bytes]:
+        """Make the attempt's checkpoint directory and log and start its wrapper, which
+        records the command's exit status beside the log (several syscalls, a fork and
+        an exec). Directories are made when missing: the first attempt of a bag makes
+        its log directory, each job's first its checkpoint directory."""
+        spec, user = request.spec, request.user
+        log_path, checkpoint_dir = request.log_path, request.checkpoint_dir
+        exit_status = os.path.splitext(log_path)[0] + ".exit"  # exit_status_path's
+        try:
+            if user is None:
+                _make_dir(checkpoint_dir)
+            else:
                 hand_over(
-                    self._state_dir, checkpoint_dir, user, markers=[exit_status_path(log_path)]
+                    self._state_dir,
+                    Path(checkpoint_dir),
+                    user,
+                    markers=[Path(exit_status)],
                 )
             # The daemon opens the log: the job writes to it without reaching the
             # state directory.
-            log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
+            log = _open_log(log_path)
         except OSError as exc:
             raise start_error("cannot prepare log/checkpoint directories", exc) from exc
-        exit_status = str(exit_status_path(log_path))
         try:
             return subprocess.Popen(
-                ["/bin/sh", "-c", LOCAL_WRAPPER, "spotbag-job", spec.command, exit_status],
+                ["/bin/sh", "-c", LOCAL_WRAPPER, "/bin/sh", spec.command, exit_status],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=spec.workdir or None,
-                env=env,
+                env=request.env,
                 start_new_session=True,
                 **self._user_arguments(user),
             )
         except OSError as exc:
             raise start_error(f"cannot start /bin/sh in workdir {spec.workdir!r}", exc) from exc
         finally:
-            log.close()
+            os.close(log)
 
-    async def _watch(self, running: _Running) -> None:
-        spec, process = running.spec, running.process
-        timed_out = False
-        try:
-            try:
-                await asyncio.wait_for(process.wait(), timeout=spec.max_runtime_s)
-            except TimeoutError:
-                timed_out = True
-                await self._stop(running, "timed out", grace_s=self._grace_s)
-                await process.wait()
-        finally:
-            # Whatever happened, the scheduler hears of the end exactly once.
-            self._running.pop(spec.attempt_id, None)
-            self._emit(
-                end_event(
-                    spec.attempt_id,
-                    spec.max_runtime_s,
-                    process.returncode,
-                    running.stop_reason,
-                    timed_out,
-                    self._now(),
-                )
+    def _watch(self, running: _Running) -> None:
+        """Its end reported once it ended; stopped past its max_runtime_s (callbacks on
+        the loop, not a task an attempt)."""
+        self._running[running.spec.attempt_id] = running
+        loop = asyncio.get_running_loop()
+        running.deadline = loop.call_later(running.spec.max_runtime_s, self._time_out, running)
+        running.process.on_end(functools.partial(self._ended, running))
+
+    def _time_out(self, running: _Running) -> None:
+        if running.process.returncode is not None:  # ended; its end is on its way
+            return
+        running.timed_out = True
+        self._stop_soon(running, "timed out", self._grace_s)
+
+    def _stop_soon(self, running: _Running, reason: str, grace_s: float) -> None:
+        running.stop_reason = running.stop_reason or reason
+        task = asyncio.create_task(self._stop(running, reason, grace_s=grace_s))
+        self._stoppers.add(task)
+        task.add_done_callback(self._stoppers.discard)
+
+    def _ended(self, running: _Running) -> None:
+        """Whatever happened, the scheduler hears of the end exactly once."""
+        spec = running.spec
+        if running.deadline is not None:
+            running.deadline.cancel()
+        self._running.pop(spec.attempt_id, None)
+        if running.host is not None:  # its room goes to the next waiting there
+            running.host.take(spec, -1)
+            running.host = None
+            self._fill_later(spec.vm_id)
+        self._emit(
+            end_event(
+                spec.attempt_id,
+                spec.max_runtime_s,
+                running.process.returncode,
+                running.stop_reason,
+                running.timed_out,
+                self._now(),
             )
+        )
 
-    def _emit(self, event: AttemptEvent | CheckpointEvent) -> None:
+    def _fill_later(self, vm_id: str) -> None:
+        host = self._hosts.get(vm_id)
+        if host is not None and host.waiting:
+            self._fill(host)
+
+    def _emit(self, event: ExecutorEvent) -> None:
         for listener in self._listeners:
             listener(event)
 
@@ -337,16 +527,47 @@ class LocalExecutor:
         _signal_group(pgid, signal.SIGKILL)
 
     async def cancel(self, attempt_id: str) -> None:
-        """SIGTERM now, SIGKILL after the grace period; returns at once (the end is an event)."""
+        """SIGTERM now, SIGKILL after the grace period; returns at once (the end is an
+        event). One still waiting for room ends at once; one being started is stopped
+        once it is."""
+        for host in self._hosts.values():
+            for request in host.waiting:
+                if request.spec.attempt_id == attempt_id:
+                    host.waiting.remove(request)
+                    self._emit(
+                        AttemptEvent(attempt_id, self._now(), Outcome.KILLED, None, "cancelled")
+                    )
+                    return
+        starting = self._spawning.get(attempt_id)
+        if starting is not None:
+            starting.stop_reason = starting.stop_reason or "cancelled"
+            return
         running = self._running.get(attempt_id)
         if running is not None and not running.stop_reason:
-            running.stop_reason = "cancelled"
-            task = asyncio.create_task(self._stop(running, "cancelled", grace_s=self._grace_s))
-            self._stoppers.add(task)
-            task.add_done_callback(self._stoppers.discard)
+            self._stop_soon(running, "cancelled", self._grace_s)
+
+    def _drop_waiting(self, hosts: Sequence[_Host], reason: str) -> None:
+        """The attempts waiting there never ran: they end (KILLED, `reason`)."""
+        for host in hosts:
+            waiting, host.waiting = list(host.waiting), collections.deque()
+            for request in waiting:
+                event = AttemptEvent(
+                    request.spec.attempt_id, self._now(), Outcome.KILLED, None, reason
+                )
+                self._emit(event)
+
+    async def _starts_settled(self) -> None:
+        """Wait for the processes being started: none starts after it was told to stop."""
+        while self._trips:
+            await asyncio.wait(list(self._trips))
 
     async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
+        host = self._hosts.pop(vm_id, None)
+        if host is not None:
+            self._drop_waiting([host], "VM lost")
+        await self._starts_settled()
         for running in [r for r in self._running.values() if r.spec.vm_id == vm_id]:
+            running.host = None
             await self._stop(running, "VM lost", grace_s=0)
 
     async def recover(
@@ -359,10 +580,16 @@ class LocalExecutor:
         - attempts that finished meanwhile (their exit status was recorded, in a file
           of the attempt's job user that nobody else may write) are reported as ended,
           with that status, instead of being lost and run again.
-        Returns the attempts that are running or were reported."""
+        Returns the attempts that are running, waiting here for room, or were reported."""
+        await self._starts_settled()
         keep = {r.process.pid for r in self._running.values()}
         await asyncio.to_thread(kill_orphans, self._controller_id, keep_groups=keep)
-        known = {a.attempt_id for a in attempts if a.attempt_id in self._running}
+        waiting = {r.spec.attempt_id for host in self._hosts.values() for r in host.waiting}
+        known = {
+            a.attempt_id
+            for a in attempts
+            if a.attempt_id in self._running or a.attempt_id in waiting
+        }
         for live in attempts:
             attempt_id = live.attempt_id
             if attempt_id in known:
@@ -387,22 +614,39 @@ class LocalExecutor:
         return known
 
     async def shutdown(self) -> None:
+        self._drop_waiting(list(self._hosts.values()), "controller stopping")
+        await self._starts_settled()
         running = list(self._running.values())
         await asyncio.gather(
             *(self._stop(r, "controller stopping", grace_s=self._grace_s) for r in running),
             *list(self._stoppers),
         )
-        watchers = [r.watcher for r in running if r.watcher is not None]
-        if watchers:
-            await asyncio.gather(*watchers, return_exceptions=True)
+        # Their ends are reported before the waits on them return (`_Child.on_end`).
+        await asyncio.gather(*(r.process.wait() for r in running))
 
     def running_pids(self) -> dict[str, int]:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
 
 
-def _prepare_dirs(*paths: Path) -> None:
-    for path in paths:
-        path.mkdir(parents=True, exist_ok=True)
+def _make_dir(path: str) -> None:
+    """`path` made if missing, with its parents (one mkdir when only it is missing)."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(path, exist_ok=True)
+
+
+def _open_log(path: str) -> int:
+    """A descriptor appending to the log at `path` (made, with its directory, if
+    missing), as open(path, "ab") opens it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, 0o666)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

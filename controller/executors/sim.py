@@ -103,7 +103,10 @@ class SimExecutor:
         timer = self._call_at(end_at, lambda: self._finish(end))
         self._timers[spec.attempt_id] = (spec.vm_id, timer)
         self._ends[spec.attempt_id] = (spec, end, end_at)
-        self._by_vm.setdefault(spec.vm_id, {})[spec.attempt_id] = None
+        on_vm = self._by_vm.get(spec.vm_id)
+        if on_vm is None:
+            on_vm = self._by_vm[spec.vm_id] = {}
+        on_vm[spec.attempt_id] = None
         return ""
 
     async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from controller.executors.base import (
     RESOURCE_ERRNOS,
@@ -103,6 +104,12 @@ class Actions:
                 return spec, "", start_error("starting the attempt", exc)
             log.exception("starting %s failed", spec.attempt_id)
             return spec, "", ExecutorError(f"internal error: {exc}")
+
+    async def _cancel(self, attempt_id: str) -> None:
+        await self.calls.call(self.executor.cancel(attempt_id))
+
+    async def _signal(self, attempt_id: str, timeout_s: float) -> None:
+        await self.calls.call(self.executor.signal_checkpoint(attempt_id, timeout_s))
 
     async def _launch(self, vm: VmRun) -> tuple[VmRun, VmStatus | None, Exception | None]:
         request = LaunchRequest(
@@ -190,17 +197,16 @@ class Actions:
             return
         if cancels or signals:
             await self.calls.starts_settled()  # they may be about attempts still being started
-        results = await self.calls.run_all(
-            [
-                *(lambda s=s: self._start(s) for s in starts),
-                *(lambda v=v: self._launch(v) for v in launches),
-                *(lambda a=a: self.calls.call(self.executor.cancel(a)) for a in cancels),
-                *(
-                    lambda a=a, t=t: self.calls.call(self.executor.signal_checkpoint(a, t))
-                    for a, t in signals
-                ),
-            ]
-        )
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            functools.partial(self._start, s) for s in starts
+        ]
+        if launches:
+            calls += [functools.partial(self._launch, v) for v in launches]
+        if cancels:
+            calls += [functools.partial(self._cancel, a) for a in cancels]
+        if signals:
+            calls += [functools.partial(self._signal, a, t) for a, t in signals]
+        results = await self.calls.run_all(calls)
         now = self.clock.now()
         if starts:
             self.record_starts(results[: len(starts)], batch, now)

@@ -49,6 +49,10 @@ from drivers.base import Driver, VmState, VmStatus
 log = logging.getLogger("spotbag.scheduler")
 
 
+def _event_time(event: VmStatus | ExecutorEvent) -> float:
+    return event.changed_at if isinstance(event, VmStatus) else event.at
+
+
 class Events:
     """The handlers of a pass's events (see the module docstring)."""
 
@@ -88,16 +92,18 @@ class Events:
         A callback's key is recorded with the changes its event causes (or alone)."""
         if events is None:
             events, self.inbox.events = self.inbox.events, []
-        events.sort(key=lambda e: e.changed_at if isinstance(e, VmStatus) else e.at)
+        if len(events) > 1:
+            events.sort(key=_event_time)
         for event in events:
-            if isinstance(event, VmStatus):
-                await self._on_status(event, batch)
-            elif isinstance(event, CheckpointEvent):
-                self._on_checkpoint(event, batch)
-            elif isinstance(event, AttemptEvent):
+            # The commonest first (the classes are distinct: the order only saves tests).
+            if isinstance(event, AttemptEvent):
                 self.on_attempt_end(event, batch)
                 if event.key:
                     batch.callback(event.key, event.at, f"end:{event.outcome}", event.attempt_id)
+            elif isinstance(event, VmStatus):
+                await self._on_status(event, batch)
+            elif isinstance(event, CheckpointEvent):
+                self._on_checkpoint(event, batch)
             elif isinstance(event, AttemptStarted):
                 self._on_attempt_started(event, batch)
                 if event.key:
@@ -136,6 +142,8 @@ class Events:
             else:
                 vm.ready_at = at
                 vm.idle_since = at
+                # Its capacity, for an executor that queues attempts itself (local).
+                await self.calls.call(self.executor.vm_started(vm.id, vm.vm_type))
             world.refresh_vm_sets(vm)
             batch.vm(vm.row(world.driver_name, world.time_scale))
             return

@@ -471,9 +471,11 @@ class Scheduler:
             # What the executor returned for the last pass's starts, before any end of
             # theirs; then events, before commands: what happened before a command (a
             # job exiting 0 just before its bag is cancelled) keeps its outcome.
-            self.actions.record_starts(starts_done, batch, now)
-            await self.events.handle(batch, events)
-            cancels = self.commands.run(batch, commands, now)
+            if starts_done:
+                self.actions.record_starts(starts_done, batch, now)
+            if events:
+                await self.events.handle(batch, events)
+            cancels = self.commands.run(batch, commands, now) if commands else []
             cancels += self.events.take_migration_stops()
             self.commands.admit_held(batch, now)
             pool_wake_at = self.slurm_pools.release_unfit(now)
@@ -494,17 +496,19 @@ class Scheduler:
         batch = self.store.new_batch()
         self.actions.replan = False
         signals = self.checkpoints.due_signals(now)
-        await self.slurm_pools.carry_out()
-        await self.actions.execute(
-            starts,
-            launches,
-            cancels,
-            decision.terminations,
-            batch,
-            signals,
-            background_starts=background_starts,
-        )
-        await self.store.apply(batch)
+        if self.slurm_pools.has_decisions():
+            await self.slurm_pools.carry_out()
+        if starts or launches or cancels or decision.terminations or signals:
+            await self.actions.execute(
+                starts,
+                launches,
+                cancels,
+                decision.terminations,
+                batch,
+                signals,
+                background_starts=background_starts,
+            )
+            await self.store.apply(batch)
         if self.metrics is not None:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
         if self.actions.replan:

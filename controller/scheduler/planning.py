@@ -83,7 +83,7 @@ class Planning:
         to_hours = self.time_scale / 3600.0  # real seconds -> model hours
         # While the executor cannot take attempts, nothing is placed (or launched for).
         blocked = now < self.backoff.starts_blocked_until
-        noticed = self._noticed_jobs()
+        noticed = self._noticed_jobs() if world.draining else {}
         if self.deadlines is not None:
             self.deadlines.begin_pass()
         demand = (
@@ -148,14 +148,16 @@ class Planning:
             catalog=world.catalog_view,
             # A VM with a preemption notice is on its way out: its replacement may be
             # launched within max_vms now.
-            alive_vms=len(world.vms) - len(world.pool_vms) - self._noticed_vms(),
+            alive_vms=len(world.vms)
+            - len(world.pool_vms)
+            - (self._noticed_vms() if world.draining else 0),
             max_vms=self.settings.max_vms,
             idle_timeout_s=self.settings.idle_timeout_s,
             boot_timeout_s=self.settings.boot_timeout_s,
             hot_spare_s=self.book.settings.hot_spare_h * 3600.0 / self.time_scale
             if self.book
             else 0.0,
-            blocked_until=self.backoff.blocked_types(),
+            blocked_until=self.backoff.blocked_types() if self.backoff.types else {},
             market=world.market,
         )
 
@@ -255,6 +257,8 @@ class Planning:
     ) -> bool:
         """Reserve the attempt's worst case under its bag's and account's budgets, in
         this pass's batch (the transaction that records the attempt); False holds the bag."""
+        if not self.world.budgets.limited(bag):
+            return True  # no caps: nothing to reserve (every attempt of most bags)
         job = self.world.jobs.get((bag.id, idx))
         number = (job.attempts if job is not None else 0) + 1
         entries = self.world.budgets.reserve_attempt(bag, vm, idx, number, now)

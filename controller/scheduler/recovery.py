@@ -330,6 +330,9 @@ class Recovery:
                 if vm.ready_at is not None:  # it had joined: not a boot to time out
                     vm.rejoin_since = now
                 await self.calls.call(self.executor.vm_started(vm.id, vm.vm_type))
+            elif vm.state is VmState.RUNNING and not self.executor.joins_vms:
+                # Its capacity, for an executor that queues attempts itself (local).
+                await self.calls.call(self.executor.vm_started(vm.id, vm.vm_type))
 
     def _vm_type_of_row(self, row: VmRow) -> VmType:
         """A stored VM's type: the catalog's, or as the row recorded it (a type since

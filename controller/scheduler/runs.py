@@ -5,7 +5,9 @@ attempts and VMs. They mirror rows in the store; the scheduler's `World`
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ from policies.reuse import ReuseTable
 from policies.runtime_estimate import runtime_estimate_s
 
 RECENT_ENDS = 200  # job ends a bag's pace is measured over
+RECENT_RUNTIMES = 1000  # successful jobs' runtimes a bag's runtime estimate is taken from
 
 
 def shape_of(spec: BagSpec) -> Shape:
@@ -29,6 +32,33 @@ def shape_of(spec: BagSpec) -> Shape:
 
 def capacity_of(vm_type: VmType) -> Shape:
     return Shape(vm_type.cpus, vm_type.gpus, vm_type.memory_gb)
+
+
+class RecentRuntimes:
+    """The runtimes of a bag's latest `RECENT_RUNTIMES` successful jobs, oldest first
+    (`order`) and ascending (`ascending`): the estimate reads a quantile of them every 50
+    successes, and keeping them sorted costs a bisection and a short move per success
+    instead of a sort of 1,000 values (or numpy's quantile of a copy) each time."""
+
+    __slots__ = ("ascending", "order")
+
+    def __init__(self) -> None:
+        self.order: deque[float] = deque()
+        self.ascending: list[float] = []
+
+    def append(self, runtime_s: float) -> None:
+        if len(self.order) == RECENT_RUNTIMES:
+            oldest = self.order.popleft()
+            del self.ascending[bisect_left(self.ascending, oldest)]
+        self.order.append(runtime_s)
+        insort(self.ascending, runtime_s)
+
+    def extend(self, runtimes_s: Iterable[float]) -> None:
+        for runtime_s in runtimes_s:
+            self.append(runtime_s)
+
+    def __len__(self) -> int:
+        return len(self.order)
 
 
 @dataclass(slots=True)
@@ -44,7 +74,7 @@ class BagRun:
     cancel_requested: bool = False
     live_attempts: int = 0  # a bag ends only when its jobs have ended and its processes stopped
     held: HeldJobs = field(default_factory=HeldJobs)  # jobs waiting for credit, in order
-    runtimes_s: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # recent successes
+    runtimes_s: RecentRuntimes = field(default_factory=RecentRuntimes)  # recent successes
     # When its last jobs finished (succeeded or failed): its recent pace (scheduler/waiting.py).
     recent_ends: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ENDS))
     runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
@@ -61,7 +91,10 @@ class BagRun:
 
     def refresh_estimate(self) -> None:
         self.runtime_estimate_s = runtime_estimate_s(
-            self.runtimes_s, self.spec.estimated_runtime_s, self.spec.max_runtime_s
+            self.runtimes_s.ascending,
+            self.spec.estimated_runtime_s,
+            self.spec.max_runtime_s,
+            ascending=True,
         )
 
     def job_succeeded(self, runtime_s: float) -> None:

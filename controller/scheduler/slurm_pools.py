@@ -89,6 +89,10 @@ class SlurmPools:
         launches, self._launches = self._launches, []
         return launches
 
+    def has_decisions(self) -> bool:
+        """Whether pool events decided something for `carry_out` to act on or answer."""
+        return bool(self._refusals or self._releases or self._verdicts)
+
     async def carry_out(self) -> None:
         """Act on what pool events decided, before the pass's other actions: the Slurm
         jobs refused are cancelled and the pool nodes released powered down, then the

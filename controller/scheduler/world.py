@@ -51,6 +51,9 @@ from policies.index import TypeMarket
 
 log = logging.getLogger("spotbag.scheduler")
 
+_JOB_TERMINAL = JobState.terminal()
+_ATTEMPT_COUNTED = AttemptState.counted()
+
 
 class World:
     """The open bags, jobs, attempts and VMs, their indexes, and their state changes
@@ -80,12 +83,13 @@ class World:
         self.book = book  # preemption models; None: no reuse policy, no hot spares
         self.metrics = metrics
         self.catalog = {t.name: t for t in catalog}
-        self.catalog_view = [
+        # A tuple: the planner remembers what fits per catalog object (planner._fitting_types).
+        self.catalog_view = tuple(
             CatalogType(
                 t.name, t.zone, capacity_of(t), t.spot_price_per_hour, t.on_demand_price_per_hour
             )
             for t in catalog
-        ]
+        )
         self.market: TypeMarket | None = None  # live prices and policy (controller/hopper.py)
         self.bags: dict[str, BagRun] = {}
         self.jobs: dict[tuple[str, int], JobRun] = {}
@@ -226,7 +230,7 @@ class World:
             if bag.done:  # the job was cancelled meanwhile; this was the bag's last process
                 self.finish_bag(bag, at, batch)
             return
-        if state in AttemptState.counted():
+        if state in _ATTEMPT_COUNTED:
             job.counted += 1
         job.exit_code = exit_code
         if state is AttemptState.SUCCEEDED:
@@ -304,7 +308,7 @@ class World:
         batch.transition(at, "job", job.id, job.state, state, reason)
         job.state = state
         job.reason = reason
-        ended_at = at if state in JobState.terminal() else None
+        terminal = state in _JOB_TERMINAL
         batch.job(
             job.bag_id,
             job.idx,
@@ -315,14 +319,14 @@ class World:
             reason,
             job.vm_id,
             job.started_at,
-            ended_at,
+            at if terminal else None,
             runtime_s,
         )
         if state is JobState.SUCCEEDED and runtime_s is not None:
             bag.job_succeeded(runtime_s)
         if state is JobState.QUEUED:
             bag.queue.appendleft(job.idx)  # retries go first: the bag's tail finishes sooner
-        elif state in JobState.terminal():
+        elif terminal:
             del self.jobs[(job.bag_id, job.idx)]
             bag.open_jobs -= 1
             if state is not JobState.CANCELLED:
@@ -436,18 +440,26 @@ class World:
             return
         # A running VM that has not joined the executor's cluster yet is capacity on its
         # way, like a booting one.
-        booting = vm.state is VmState.PENDING or (vm.state is VmState.RUNNING and not vm.ready)
+        vm_id, running = vm.id, vm.state is VmState.RUNNING
+        booting = vm.state is VmState.PENDING or (running and not vm.ready)
         pending = live and booting and not vm.terminating
-        usable = live and vm.state is VmState.RUNNING and vm.ready and not vm.terminating
+        usable = live and running and vm.ready and not vm.terminating
         draining = usable and bool(vm.draining)
         usable = usable and not draining
-        for index, member in (
-            (self.pending, pending),
-            (self.roomy, usable and vm.free.cpus > 0 and vm.free.memory_gb > 0),
-            (self.idle, usable and not vm.attempts),
-            (self.draining, draining),
-        ):
-            if member:
-                index[vm.id] = None
-            else:
-                index.pop(vm.id, None)
+        # Each index in turn (called at every change of a VM: spelt out, not looped).
+        if pending:
+            self.pending[vm_id] = None
+        else:
+            self.pending.pop(vm_id, None)
+        if usable and vm.free.cpus > 0 and vm.free.memory_gb > 0:
+            self.roomy[vm_id] = None
+        else:
+            self.roomy.pop(vm_id, None)
+        if usable and not vm.attempts:
+            self.idle[vm_id] = None
+        else:
+            self.idle.pop(vm_id, None)
+        if draining:
+            self.draining[vm_id] = None
+        else:
+            self.draining.pop(vm_id, None)

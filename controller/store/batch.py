@@ -8,6 +8,11 @@ are keyed where an object may change twice in a pass, so it is written once; the
 running totals of bags (usage, checkpoints) and the job counts per state are
 deltas that add up. Each row class's `params` gives the values in the order of its
 statement's placeholders.
+
+The four kinds every job makes several of (jobs, attempts, transitions, ledger
+entries: ~1.2 million rows in the 100,000-job simulation) are kept as plain tuples
+in that order: their dataclasses declare the columns, and making a tuple costs a
+fraction of a dataclass's `__init__` (issue 24).
 """
 
 from __future__ import annotations
@@ -39,20 +44,10 @@ class JobChange:
     runtime_s: float | None
 
 
-# The SET columns, then the key (the WHERE clause).
-_JOB_PARAMS = attrgetter(
-    "state",
-    "attempts",
-    "counted_attempts",
-    "exit_code",
-    "reason",
-    "vm_id",
-    "started_at",
-    "ended_at",
-    "runtime_s",
-    "bag_id",
-    "idx",
-)
+# A job's row in a batch: the SET columns, then the key (the WHERE clause).
+JobParams = tuple[
+    str, int, int, int | None, str, str | None, float | None, float | None, float | None, str, int
+]
 
 
 @dataclass(slots=True)
@@ -254,12 +249,10 @@ def _params_in_order(columns: tuple[str, ...]) -> Any:
     return attrgetter(*columns)
 
 
-_ATTEMPT_PARAMS = _params_in_order(ATTEMPT_COLUMNS)
 _VM_PARAMS = _params_in_order(VM_COLUMNS)
+_VM_ROW_VALUES = itemgetter(*VM_COLUMNS)  # a VM's row dict -> its values (KeyError if one lacks)
 _SLURM_RUN_PARAMS = itemgetter(*SLURM_RUN_COLUMNS)
-_TRANSITION_PARAMS = _params_in_order(TRANSITION_COLUMNS)
 _CHECKPOINT_PARAMS = _params_in_order(CHECKPOINT_COLUMNS)
-_LEDGER_PARAMS = _params_in_order(LEDGER_COLUMNS)
 _CALLBACK_PARAMS = _params_in_order(CALLBACK_COLUMNS)
 _USAGE_PARAMS = _params_in_order(_columns(Usage))
 _CHECKPOINT_TOTAL_PARAMS = _params_in_order(_columns(CheckpointTotals))
@@ -272,11 +265,12 @@ class WriteBatch:
     Rows are keyed, so an object changed twice in a pass is written once.
     """
 
-    jobs: dict[tuple[str, int], JobChange] = field(default_factory=dict)
-    attempts: dict[tuple[str, int, int], AttemptChange] = field(default_factory=dict)
+    jobs: dict[tuple[str, int], JobParams] = field(default_factory=dict)
+    # Tuples of AttemptChange's, Transition's and LedgerRow's fields, in their order.
+    attempts: dict[tuple[str, int, int], tuple[Any, ...]] = field(default_factory=dict)
     vms: dict[str, VmChange] = field(default_factory=dict)
     bags: dict[str, BagEnd] = field(default_factory=dict)
-    transitions: list[Transition] = field(default_factory=list)
+    transitions: list[tuple[float, str, str, str, str, str]] = field(default_factory=list)
     count_deltas: defaultdict[tuple[str, str], int] = field(
         default_factory=lambda: defaultdict(int)
     )  # (bag id, job state) -> change in the number of jobs in that state
@@ -284,7 +278,7 @@ class WriteBatch:
     progress: dict[tuple[str, int], Progress] = field(default_factory=dict)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
     checkpoint_deltas: dict[str, CheckpointTotals] = field(default_factory=dict)
-    ledger: list[LedgerRow] = field(default_factory=list)
+    ledger: list[tuple[float, str, str, float, str, str]] = field(default_factory=list)
     callbacks: dict[str, CallbackRecord] = field(default_factory=dict)
     accounts: list[dict[str, Any]] = field(default_factory=list)  # opened by this batch
     slurm_runs: dict[str, SlurmRunRow] = field(default_factory=dict)
@@ -349,9 +343,7 @@ class WriteBatch:
         ended_at: float | None,
         runtime_s: float | None,
     ) -> None:
-        self.jobs[(bag_id, idx)] = JobChange(
-            bag_id,
-            idx,
+        self.jobs[(bag_id, idx)] = (
             state,
             attempts,
             counted,
@@ -361,6 +353,8 @@ class WriteBatch:
             started_at,
             ended_at,
             runtime_s,
+            bag_id,
+            idx,
         )
 
     def job_state_change(self, bag_id: str, from_state: str, to_state: str) -> None:
@@ -382,7 +376,7 @@ class WriteBatch:
         ref: str = "",
         ran_at: float | None = None,
     ) -> None:
-        self.attempts[(bag_id, idx, number)] = AttemptChange(
+        self.attempts[(bag_id, idx, number)] = (
             bag_id,
             idx,
             number,
@@ -399,9 +393,7 @@ class WriteBatch:
 
     def vm(self, row: dict[str, Any]) -> None:
         """A VM's row (every column of VM_COLUMNS, or its default for the later ones)."""
-        self.vms[row["id"]] = VmChange(
-            *(row[c] if c in row else _VM_DEFAULTS[c] for c in VM_COLUMNS)
-        )
+        self.vms[row["id"]] = VmChange(*_VM_ROW_VALUES({**_VM_DEFAULTS, **row}))
 
     def bag_finished(self, bag_id: str, state: str, finished_at: float) -> None:
         self.bags[bag_id] = BagEnd(bag_id, state, finished_at)
@@ -415,7 +407,7 @@ class WriteBatch:
         to_state: str,
         reason: str = "",
     ) -> None:
-        self.transitions.append(Transition(at, entity, entity_id, from_state, to_state, reason))
+        self.transitions.append((at, entity, entity_id, from_state, to_state, reason))
 
     def usage(
         self,
@@ -462,7 +454,7 @@ class WriteBatch:
 
     def ledger_entries(self, at: float, entries: Iterable[Any], note: str = "") -> None:
         """Ledger entries (policies.ledger_rules.Entry) caused by this batch's changes."""
-        self.ledger.extend(LedgerRow(at, e.account, e.kind, e.cpu_h, e.key, note) for e in entries)
+        self.ledger.extend([(at, e.account, e.kind, e.cpu_h, e.key, note) for e in entries])
 
     def account(self, row: dict[str, Any]) -> None:
         """An account opened in memory by this batch's changes (a Slurm user's first job)."""
@@ -527,10 +519,10 @@ def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
         conn.executemany(
             "UPDATE jobs SET state=?, attempts=?, counted_attempts=?, exit_code=?, reason=?, "
             "vm_id=?, started_at=?, ended_at=?, runtime_s=? WHERE bag_id=? AND idx=?",
-            map(_JOB_PARAMS, batch.jobs.values()),
+            batch.jobs.values(),
         )
     if batch.attempts:
-        conn.executemany(_INSERT_ATTEMPT, map(_ATTEMPT_PARAMS, batch.attempts.values()))
+        conn.executemany(_INSERT_ATTEMPT, batch.attempts.values())
     if batch.vms:
         conn.executemany(_INSERT_VM, map(_VM_PARAMS, batch.vms.values()))
     deltas = [(b, s, n) for (b, s), n in batch.count_deltas.items() if n]
@@ -551,7 +543,7 @@ def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
     if batch.slurm_runs:
         conn.executemany(_INSERT_SLURM_RUN, map(_SLURM_RUN_PARAMS, batch.slurm_runs.values()))
     if batch.ledger:
-        insert_ledger(conn, map(_LEDGER_PARAMS, batch.ledger))
+        insert_ledger(conn, batch.ledger)
     if batch.progress:
         conn.executemany(
             "UPDATE jobs SET work_saved_s=?, checkpoints=? WHERE bag_id=? AND idx=?",
@@ -576,7 +568,7 @@ def apply_batch(conn: sqlite3.Connection, batch: WriteBatch) -> None:
     if batch.callbacks:
         conn.executemany(_INSERT_CALLBACK, map(_CALLBACK_PARAMS, batch.callbacks.values()))
     if batch.transitions:
-        conn.executemany(_INSERT_TRANSITION, map(_TRANSITION_PARAMS, batch.transitions))
+        conn.executemany(_INSERT_TRANSITION, batch.transitions)
     _apply_money_and_events(conn, batch)
 
 

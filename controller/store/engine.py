@@ -272,12 +272,13 @@ class Engine:
     async def apply(self, batch: WriteBatch) -> None:
         """Write the scheduler's changes in one transaction (with group commit: once
         enough have gathered, or before the next read)."""
-        if not batch:
-            return
         if not self._group_commit:
-            await self.write(apply_batch, batch)
+            if batch:
+                await self.write(apply_batch, batch)
             return
-        if batch is not self._pending:
+        if batch is not self._pending:  # (the scheduler's are the pending batch itself)
+            if not batch:
+                return
             self._pending.merge(batch)
         if self._pending.size() > GROUP_COMMIT_ROWS:
             await self.flush()

@@ -17,12 +17,15 @@ from controller.executors.attempt_files import checkpoint_fingerprint
 from controller.executors.base import (
     AttemptEvent,
     AttemptSpec,
+    AttemptStarted,
     CheckpointEvent,
     ExecutorError,
     ExecutorUnavailable,
+    LiveAttempt,
     Outcome,
 )
 from controller.executors.local import LocalExecutor, kill_orphans
+from drivers.base import VmType
 
 pytestmark = pytest.mark.processes  # real processes: left out of make test-fast
 
@@ -65,8 +68,10 @@ def executor(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTBAG_TOKEN", "must-not-leak")
     ex = LocalExecutor(tmp_path, controller_id="ctl1", now=time.time, kill_grace_s=1.0)
     events: list[AttemptEvent] = []
-    ex.subscribe(events.append)
+    started: list[AttemptStarted] = []
+    ex.subscribe(lambda e: (started if isinstance(e, AttemptStarted) else events).append(e))
     ex.events = events  # type: ignore[attr-defined]
+    ex.started = started  # type: ignore[attr-defined]
     return ex
 
 
@@ -322,3 +327,178 @@ def test_temporary_files_do_not_count_as_a_checkpoint(tmp_path):
     (tmp_path / "next.tmp").write_text("again")
     (tmp_path / "next.tmp").replace(tmp_path / "state.json")
     assert checkpoint_fingerprint(tmp_path) != first
+
+
+# --- what a job's shell sees (attempt_files.LOCAL_WRAPPER, docs/architecture.md#job-shell) --
+
+
+async def _ended(executor, attempt: AttemptSpec) -> tuple[AttemptEvent, str, str]:
+    """The attempt's end event, its log and its exit-status file, once it ended."""
+    while not any(
+        isinstance(e, AttemptEvent) and e.attempt_id == attempt.attempt_id for e in executor.events
+    ):
+        await asyncio.sleep(0.02)
+    (end,) = [
+        e
+        for e in executor.events
+        if isinstance(e, AttemptEvent) and e.attempt_id == attempt.attempt_id
+    ]
+    log = Path(executor.log_path(attempt.bag_id, attempt.job_id, attempt.number))
+    return end, log.read_text(), log.with_suffix(".exit").read_text()
+
+
+async def test_a_job_sees_sh_c_without_arguments_and_its_exit_is_recorded(executor):
+    attempt = spec('echo "$0 $# [$1] [$2] [$*]"; exit 5')
+    await executor.start(attempt)
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert log == "/bin/sh 0 [] [] []\n"
+    assert (end.outcome, end.exit_code, status) == (Outcome.EXITED, 5, "5\n")
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "output"),
+    [
+        ("exec sh -c 'exit 9'", 9, ""),  # exec replaces the job's shell: its status counts
+        ("echo before; if", 2, "Syntax error"),  # a command that does not parse
+        ("f() { return 4; }; f", 4, ""),  # functions, `return`
+        ("sh -c 'kill -TERM $$'", 143, ""),  # a program killed by a signal: 128 + N
+    ],
+)
+async def test_exit_statuses_of_job_shells(executor, command, code, output):
+    attempt = spec(command)
+    await executor.start(attempt)
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert (end.exit_code, status) == (code, f"{code}\n")
+    assert output in log
+
+
+async def test_dollar_dollar_is_the_jobs_process_group(executor, tmp_path):
+    """$$ is the wrapper's process id: the job's process group and session (`kill -- -$$`
+    reaches every process of the job), and the id `running_pids` gives."""
+    marker = tmp_path / "pid"
+    attempt = spec(f"echo $$ $(ps -o pgid= -o sid= -p $$) > {marker}; sleep 0.5")
+    await executor.start(attempt)
+    pid = executor.running_pids()[attempt.attempt_id]
+    await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert marker.read_text().split() == [str(pid)] * 3
+
+
+async def test_a_handled_term_gets_its_grace_under_a_compound_command(executor, tmp_path):
+    """Cancelled: TERM to the job's process group. The program that handles it finishes
+    within kill_grace_s (1 s here) instead of being killed with the shell around it;
+    the job then ends with 143 (the rest of its command line does not run)."""
+    program = tmp_path / "graceful.py"
+    program.write_text(
+        "import signal, sys, time\n"
+        "def stop(*_):\n"
+        "    time.sleep(0.3)\n"
+        "    print('saved', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    attempt = spec(f"cd {tmp_path} && python3 {program}; echo after")
+    await executor.start(attempt)
+    log_path = Path(executor.log_path(attempt.bag_id, attempt.job_id, 1))
+    await _wait_for_line(log_path, "ready")
+    await executor.cancel(attempt.attempt_id)
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert (end.outcome, end.detail, end.exit_code) == (Outcome.KILLED, "cancelled", 143)
+    assert log == "ready\nsaved\n" and status == "143\n"
+
+
+async def test_a_shell_job_may_trap_the_checkpoint_signal_itself(executor):
+    """The command line's shell may trap SIGUSR1 (the wrapper's sub-shell did not inherit
+    it ignored). What it runs then gets the signal's default action, as under any shell
+    that traps it: here a `sleep` dies of it, and the loop goes on."""
+    attempt = spec(
+        'trap \'echo at "$(date +%s)" > "$SPOTBAG_CHECKPOINT_DIR/state"; echo saved\' USR1; '
+        "echo ready; i=0; while [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done"
+    )
+    await executor.start(attempt)
+    log_path = Path(executor.log_path(attempt.bag_id, attempt.job_id, 1))
+    await _wait_for_line(log_path, "ready")
+    await executor.signal_checkpoint(attempt.attempt_id, timeout_s=10)
+    (event,) = await _checkpoint_events(executor, 1)
+    assert event.ok
+    end, log, status = await asyncio.wait_for(_ended(executor, attempt), 20)
+    assert (end.exit_code, status) == (0, "0\n")
+    assert log.startswith("ready\n") and log.endswith("saved\n")
+
+
+# --- attempts waiting for room on their VM (docs/architecture.md#local-queue) --------------
+
+
+def _ends(executor) -> dict[str, AttemptEvent]:
+    return {e.attempt_id: e for e in executor.events if isinstance(e, AttemptEvent)}
+
+
+async def _until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.01)
+
+
+async def test_attempts_beyond_a_vms_capacity_start_as_others_end(executor):
+    """A 2-CPU VM handed 5 one-CPU attempts: 2 run, the others start one by one as
+    those end (AttemptStarted each), none before a slot is free, in the order given."""
+    await executor.vm_started("vm-1", VmType("two", cpus=2, memory_gb=4.0))
+    ids = [f"b0000000001-{i}.1" for i in range(5)]
+    for attempt_id in ids:
+        assert await executor.start(spec("sleep 0.3", attempt_id=attempt_id)) == ""
+    await _until(lambda: len(executor.started) >= 2)
+    await asyncio.sleep(0.1)
+    assert [s.attempt_id for s in executor.started] == ids[:2]  # the rest wait
+    await _until(lambda: len(_ends(executor)) == 5)
+    assert [s.attempt_id for s in executor.started] == ids
+    ends = _ends(executor)
+    assert all((e.outcome, e.exit_code) == (Outcome.EXITED, 0) for e in ends.values())
+    for started in executor.started[2:]:  # each took the room of one that had ended
+        ended_before = [e for e in ends.values() if e.at <= started.at]
+        running_then = sum(1 for s in executor.started if s.at <= started.at) - len(ended_before)
+        assert running_then <= 2
+
+
+async def test_waiting_attempts_end_at_once_when_cancelled_or_their_vm_is_lost(executor):
+    await executor.vm_started("vm-1", VmType("one", cpus=1, memory_gb=2.0))
+    running, waiting, doomed = "b0000000001-0.1", "b0000000001-1.1", "b0000000001-2.1"
+    for attempt_id in (running, waiting, doomed):
+        await executor.start(spec("sleep 30", attempt_id=attempt_id))
+    await _until(lambda: len(executor.started) == 1)
+    await executor.cancel(waiting)
+    assert _ends(executor)[waiting][2:5] == (Outcome.KILLED, None, "cancelled")
+    await executor.vm_lost("vm-1")
+    await _until(lambda: len(_ends(executor)) == 3)
+    ends = _ends(executor)
+    assert (ends[doomed].outcome, ends[doomed].detail) == (Outcome.KILLED, "VM lost")
+    assert (ends[running].outcome, ends[running].detail) == (Outcome.KILLED, "VM lost")
+    assert [s.attempt_id for s in executor.started] == [running]  # the others never ran
+    assert executor.running_pids() == {}
+
+
+async def test_a_rebuild_keeps_the_attempts_waiting_here(executor):
+    """recover() while the daemon runs (a pass failed): attempts running or waiting for
+    room are the executor's still; one it never had is not."""
+    await executor.vm_started("vm-1", VmType("one", cpus=1, memory_gb=2.0))
+    ids = ["b0000000001-0.1", "b0000000001-1.1"]
+    for attempt_id in ids:
+        await executor.start(spec("sleep 1", attempt_id=attempt_id))
+    await _until(lambda: len(executor.started) == 1)
+    live = [LiveAttempt(a, "vm-1", time.time(), 30.0) for a in [*ids, "b0000000001-9.1"]]
+    assert await executor.recover(live, ["vm-1"]) == set(ids)
+    await _until(lambda: len(_ends(executor)) == 2)
+    assert [s.attempt_id for s in executor.started] == ids
+
+
+async def test_an_attempt_cancelled_while_it_is_being_started_is_stopped_once_started(executor):
+    """A cancel that comes while the attempt's process is being started stops it once
+    it is: nothing runs that was cancelled."""
+    await executor.vm_started("vm-1", VmType("one", cpus=1, memory_gb=2.0))
+    attempt = spec("sleep 30")
+    await executor.start(attempt)
+    await executor.cancel(attempt.attempt_id)  # its spawn is on a worker thread still
+    await _until(lambda: attempt.attempt_id in _ends(executor))
+    end = _ends(executor)[attempt.attempt_id]
+    assert (end.outcome, end.detail) == (Outcome.KILLED, "cancelled")

@@ -254,7 +254,7 @@ async def test_an_attempt_killed_by_an_unknown_signal_still_ends(tmp_path):
 
     executor = LocalExecutor(tmp_path, controller_id="c", now=time.time)
     events: list[AttemptEvent] = []
-    executor.subscribe(events.append)
+    executor.subscribe(lambda e: events.append(e) if isinstance(e, AttemptEvent) else None)
     from tests.controller.test_local_executor import spec
 
     # `exec`: the program itself is the attempt's process and dies of the signal.

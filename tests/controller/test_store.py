@@ -19,6 +19,7 @@ def _migration_before(words: str) -> int:
 
 LEDGER_BALANCES = _migration_before("ledger balances and open reservations")
 SCOPED_KEYS = _migration_before("idempotency keys belong to an account")
+LEDGER_KINDS_BY_OR = _migration_before("the ledger's kinds checked with OR")
 
 
 def bag_row(bag_id="b0000000001", n=3, now=100.0):
@@ -116,6 +117,42 @@ async def test_idempotency_keys_are_unique_per_account_after_an_upgrade(tmp_path
             )
         indexes = {row[1] for row in conn.execute("PRAGMA index_list(bags)")}
         assert {"bags_by_state", "bags_by_account", "bags_by_idempotency_key"} <= indexes
+
+
+async def test_the_ledger_rebuilt_for_its_kinds_check_keeps_its_rows_and_rules(tmp_path):
+    """The ledger rebuilt so that its kinds are checked with OR (issue 24): every entry
+    keeps its id and values, and the table refuses what it refused before."""
+    path = tmp_path / "db.sqlite"
+    entries = [
+        (1, 1.0, "a", "credit", 100.0, "", "opened"),
+        (2, 2.0, "a", "reserve", 4.0, "b0000000001:0:1", "admission"),
+        (3, 3.0, "a", "charge", 1.0, "b0000000001:0:1", "attempt 1 succeeded"),
+        (4, 3.0, "a", "release", 3.0, "b0000000001:0:1", "attempt 1 succeeded"),
+        (5, 4.0, "a", "credit", 5.0, "", "again"),
+    ]
+    with sqlite3.connect(path) as conn:  # the schema before the rebuild
+        for _, ddl in MIGRATIONS[:LEDGER_KINDS_BY_OR]:
+            conn.executescript(ddl)
+        conn.execute(f"PRAGMA user_version = {LEDGER_KINDS_BY_OR}")
+        conn.executemany("INSERT INTO ledger VALUES (?,?,?,?,?,?,?)", entries)
+    store = Store(path)
+    await store.open()
+    assert store.schema_version == len(MIGRATIONS)
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT * FROM ledger ORDER BY id").fetchall() == entries
+        indexes = {row[1] for row in conn.execute("PRAGMA index_list(ledger)")}
+        assert {"ledger_by_account", "ledger_once"} <= indexes
+        for bad in (
+            (9.0, "a", "refund", 1.0, "b0000000001:1:1", ""),  # not a kind
+            (9.0, "a", "charge", -1.0, "b0000000001:1:1", ""),  # negative
+            (9.0, "a", "charge", 1.0, "b0000000001:0:1", ""),  # charged twice
+        ):
+            with pytest.raises(sqlite3.IntegrityError):
+                conn.execute(
+                    "INSERT INTO ledger (at, account, kind, cpu_h, key, note) VALUES (?,?,?,?,?,?)",
+                    bad,
+                )
 
 
 async def test_writes_run_on_one_thread_and_roll_back_on_error(tmp_path):

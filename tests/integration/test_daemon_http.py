@@ -73,8 +73,12 @@ def test_bag_completes_through_injected_and_sampled_preemptions(make_daemon, tmp
 
     # Preempt a VM while it runs jobs; its jobs must come back and finish.
     def busy_vm() -> str | None:
-        vms = client.vms()["vms"]
-        return next((v["id"] for v in vms if v["state"] == "running" and v["jobs"]), None)
+        # One whose jobs run: those only handed to it (waiting to start there) never ran.
+        running = store_rows(
+            daemon.state_dir, "SELECT DISTINCT vm_id FROM attempts WHERE state = 'running'"
+        )
+        vms = {v["id"] for v in client.vms()["vms"] if v["state"] == "running"}
+        return next((vm for (vm,) in running if vm in vms), None)
 
     def preempt_a_busy_vm() -> str | None:
         vm_id = busy_vm()
