@@ -56,6 +56,30 @@ class CompletionTimes:
     aged_cdf: np.ndarray
     aged_mean_h: np.ndarray
     aged_var_h2: np.ndarray
+    aged_worst_h: np.ndarray | None = None  # [w, a]: the longest with an on-demand retry
+
+    def worst_h(self, work_h, age_h) -> np.ndarray:
+        """The longest a running job of `work_h` on a VM of `age_h` can take if its
+        retry after a preemption goes on-demand (`_Renewal.worst`): work rounded up to
+        the grid, the larger of the two grid ages around its age. Without the table,
+        2·w plus a restart plus ten per cent (a path is at most w and its checkpoints)."""
+        w = np.asarray(work_h, dtype=float)
+        if self.aged_worst_h is None:
+            return 2.2 * w + self.restart_h
+        upper = np.clip(
+            np.searchsorted(self.work_grid_h, np.minimum(w, self.work_grid_h[-1]) - 1e-9),
+            0,
+            len(self.work_grid_h) - 1,
+        )
+        spacing = self.age_grid_h[1] - self.age_grid_h[0] if len(self.age_grid_h) > 1 else 1.0
+        low = np.clip(
+            np.floor(np.asarray(age_h, dtype=float) / spacing + 1e-9).astype(int),
+            0,
+            len(self.age_grid_h) - 1,
+        )
+        high = np.minimum(low + 1, len(self.age_grid_h) - 1)
+        worst = np.maximum(self.aged_worst_h[upper, low], self.aged_worst_h[upper, high])
+        return np.where(w <= 0, 0.0, worst)
 
     @property
     def max_work_h(self) -> float:
@@ -162,6 +186,27 @@ class _Renewal:
             left -= first
         return segments, left == 0
 
+    def worst(self, work: int, age: int) -> int:
+        """The longest the job can take (steps) if, at its first preemption, its retry
+        goes on-demand (no further preemption): the VM dies at the end of some
+        segment k, losing it, and the work left at that segment's start, J_k, is done
+        after a restart: max_k (s_k + d_k − a + R + J_k); a path cut by the VM's
+        deadline restarts what is left there."""
+        if work == 0:
+            return 0
+        if self.S[min(age, self.reach - 1)] <= 0:
+            return self.restart + work
+        worst, left, at = work, work, age
+        while left > 0 and at < self.reach - 1 and self.S[at] > 0:
+            first = int(self.table.choice[left, min(at, self.table.ages - 1)])
+            first = max(1, min(first, left))
+            at += first + (self.delta if first < left else 0)
+            worst = max(worst, at - age + self.restart + left)
+            left -= first
+        if left > 0:  # the VM's deadline cut the path
+            worst = max(worst, at - age + self.restart + left)
+        return worst
+
     def place(self, out: np.ndarray, masses: np.ndarray, offset: int, cdf: np.ndarray) -> None:
         """out[offset + n] += Σ_k masses[k]·cdf[n - k]: restarts after failures at
         offsets offset, offset + 1, .. with the given probabilities."""
@@ -232,10 +277,12 @@ def build_completion_times(
     )
     age_grid = np.arange(0, table.ages, max(1, round(age_every_h / step)))
     aged = np.zeros((len(work_grid_h), len(age_grid), grid.taus))
+    worst = np.zeros((len(work_grid_h), len(age_grid)))
     for w, work_h in enumerate(work_grid_h):
         J = min(n, round(work_h / step))
         for a, age in enumerate(age_grid):
             aged[w, a] = grid.attempt(J, int(age), fresh) if age else fresh[J]
+            worst[w, a] = grid.worst(J, int(age)) * step
     aged_mean, aged_var = _moments(aged, step)
     return CompletionTimes(
         step_h=step,
@@ -248,4 +295,5 @@ def build_completion_times(
         aged_cdf=aged,
         aged_mean_h=aged_mean,
         aged_var_h2=aged_var,
+        aged_worst_h=worst,
     )

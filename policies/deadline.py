@@ -33,10 +33,11 @@ the attempt's time, so the rule is checked with the free slots already busy:
   jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
   the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less (the last round), δ_c = 0 and
   instead, each at half the risk: (a) every spot attempt ends in time to hand its
-  slot over, Π_j F'_j(τ_j) >= 1 − (1 − c)/2, where F'_j(τ) = 1 from τ = 2·(1 + ε)·w_j
-  on (a failed attempt's retry may go on-demand: it then ends by its path, a launch
-  and its work again), and (b) enough slots free by D − λ − max w_left for the jobs
-  left (on on-demand in the fallback): a Poisson-binomial tail >= 1 − (1 − c)/2;
+  slot over, Π_j F'_j(τ_j) >= 1 − (1 − c)/2, where F'_j(τ) = 1 from the longest the
+  attempt can take with an on-demand retry on (`CompletionTimes.worst_h`: a failed
+  attempt's retry may go on-demand), and (b) enough slots free by D − λ − max w_left
+  for the jobs left (on on-demand in the fallback): a Poisson-binomial tail
+  >= 1 − (1 − c)/2;
 - a free slot holding a live spot VM reuses it (`free_spot_age_h`): its next attempt
   is planned at that age, without a launch;
 - the queue is taken in the scheduler's order when it says so (`queue_ordered`);
@@ -104,7 +105,6 @@ from scipy.special import ndtr, ndtri
 from policies.completion_times import CompletionTimes
 
 DEFAULT_CONFIDENCE = 0.95
-PATH_OVERHEAD = 0.1  # checkpoint time over work on a DP path, at most (δ ≤ a tenth of a segment)
 
 
 def _array(values) -> np.ndarray:
@@ -603,12 +603,13 @@ def _attempts_end_in_time(
 ) -> bool:
     """P(every spot attempt ends by its time) >= 1 − risk, lifetimes independent. An
     attempt whose VM dies has its retry go on-demand if need be (the decision at the
-    preemption sees it): it then ends by its path, a launch and its work again, at
-    most 2·(1 + ε)·w + launch (ε: the checkpoints' overhead), whatever befalls it."""
+    preemption sees it): whatever befalls it, it ends by `CompletionTimes.worst_h`
+    (the end of its worst checkpoint segment, a restart, the work left at that
+    segment's start)."""
     if not len(work):
         return True
     in_time = times.aged_cdf_at(work, age, by_h)
-    in_time = np.where(by_h >= 2 * (1 + PATH_OVERHEAD) * work, 1.0, in_time)
+    in_time = np.where(by_h >= times.worst_h(work, age), 1.0, in_time)
     return float(np.prod(in_time)) >= 1.0 - risk
 
 

@@ -92,6 +92,32 @@ def test_a_vm_at_its_deadline_restarts_the_job() -> None:
     assert float(mean[0]) == pytest.approx(float(fresh[0]) + LAUNCH_H, abs=STEP_H)
 
 
+@pytest.mark.parametrize("work_h, age_h", [(1.0, 0.0), (2.0, 0.0), (1.0, 6.0), (2.0, 23.0)])
+def test_worst_time_with_an_on_demand_retry_bounds_every_draw(work_h: float, age_h: float) -> None:
+    """A job on spot whose retry after its first preemption goes on-demand never
+    takes longer than `worst_h`: 4,000 lifetimes through the DP's checkpoint plan."""
+    table, times = plan()
+    worst = float(times.worst_h(np.array([work_h]), np.array([age_h]))[0])
+    schedule = table.schedule(work_h, age_h).intervals_h
+    delta = table.delta_steps * STEP_H
+    rng = np.random.default_rng(3)
+    lifetimes = MODEL.sample_h(rng, 20_000)
+    alive = lifetimes[lifetimes > age_h][:4000] - age_h  # conditioned on being alive now
+    longest = 0.0
+    for left_of_life in alive:
+        at, saved = 0.0, 0.0
+        for k, interval in enumerate(schedule):
+            end = at + interval + (delta if k < len(schedule) - 1 else 0.0)
+            if end > left_of_life:  # preempted: the rest on an on-demand VM
+                at = left_of_life + LAUNCH_H + (work_h - saved)
+                break
+            at, saved = end, saved + interval
+        longest = max(longest, at)
+    assert longest <= worst + STEP_H
+    assert worst <= 2 * work_h + LAUNCH_H + 0.5  # and not absurdly above the worst case
+    assert worst >= work_h
+
+
 # --- the decision --------------------------------------------------------------------
 
 
