@@ -14,7 +14,9 @@ the VM is released, losing nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,6 +84,27 @@ def trace_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def vm_story(daemon, vm_id: str) -> str:
+    """What a VM host said (its console, its notice watcher's log, read through a
+    process of its namespace) and the daemon's last lines: the message of a wait that
+    timed out."""
+    told = [f"--- daemon log (end) ---\n{daemon.log()[-4000:]}"]
+    for record in (daemon.state_dir / "vms" / "hosts").glob("*.json"):
+        host = json.loads(record.read_text())
+        if host.get("vm_id") != vm_id:
+            continue
+        console = Path(host["console"])
+        told.append(f"--- console ---\n{console.read_text(errors='replace')[-3000:]}")
+        pids = subprocess.run(
+            ["ip", "netns", "pids", host["namespace"]], capture_output=True, text=True
+        ).stdout.split()
+        for pid in pids[:1]:
+            watch_log = Path(f"/proc/{pid}/root/var/log/spotbag-notice-watch.log")
+            with contextlib.suppress(OSError):
+                told.append(f"--- notice watcher ---\n{watch_log.read_text()[-3000:]}")
+    return "\n".join(told)
+
+
 def views(client) -> dict[str, dict]:
     return {v["id"]: v for v in client.vms(include_ended=True)["vms"]}
 
@@ -121,9 +144,12 @@ def test_a_notice_heard_on_the_vm_moves_the_job_to_a_vm_launched_at_the_notice(
 
     # Heard on the VM (the watcher: at once on GCE, within 2 s on EC2), then by the
     # node poll (every 5 s).
-    seen = wait_until(
-        lambda: views(client)[old_vm]["notice_until"] or None, 15, 0.1, "the notice heard"
-    )
+    try:
+        seen = wait_until(
+            lambda: views(client)[old_vm]["notice_until"] or None, 15, 0.1, "the notice heard"
+        )
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}\n{vm_story(daemon, old_vm)}") from None
     heard_s = time.time() - noticed_at
     assert seen == pytest.approx(noticed_at + LEAD_S, abs=2.0)
     assert "spot notice: ends by " in daemon.log()
