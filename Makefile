@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/hopping.py
 	$(BIN)/python bench/deadlines.py
 	$(BIN)/python bench/deadline_pass.py
+	$(BIN)/python bench/deadline_inputs.py
 	$(BIN)/python bench/slurm_dispatch.py
 	$(BIN)/python bench/vm_notices.py
 	$(BIN)/python bench/local_dispatch.py

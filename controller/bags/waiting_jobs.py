@@ -43,6 +43,13 @@ class JobQueue:
     def __iter__(self) -> Iterator[int]:
         return itertools.chain(self._front, range(self._next, self._stop), self._back)
 
+    @property
+    def first(self) -> Sequence[int]:
+        """The indexes put first (`appendleft`: retries), next first; the rest of the
+        queue follows them. Read-only: the deadline policy's inputs read what the
+        retries saved without walking the whole queue."""
+        return self._front
+
     def popleft(self) -> int:
         if self._front:
             return self._front.popleft()

@@ -11,10 +11,16 @@ VMs; Planning passes that to the planner, which launches them (docs/design.md#de
   it is no longer at risk).
 - `never` (or no book of preemption models): spot only, as without a deadline.
 
-The policy's inputs come from the World, in model hours: queued work from the bag's
-runtime estimate less the work its checkpoints saved, running attempts' work left and
-their VMs' ages, prices of the cheapest type for the bag's jobs (per slot), the launch
-delay of the book. Its completion-time tables (policies/completion_times.py) are built
+The policy's inputs come from the World, in model hours, as the simulator
+(policies/deadline_sim.py) gives them: the queue in the order the scheduler takes it
+(retries first: `queue_ordered`), each job at the bag's runtime estimate less the work
+its checkpoints saved; running attempts' work left, their VMs' ages and their work
+since their last checkpoint (`spot_unsaved_h`: what a preemption now loses); the ages
+of the running spot VMs whose free room the bag's next attempts would take
+(`free_spot_age_h`); whether spot can be launched now (`spot_available`: not while
+every type that holds a job is backed off after failed launches, `spot_outage_h` until
+then); prices of the cheapest type for the bag's jobs (per slot), the launch delay of
+the book. Its completion-time tables (policies/completion_times.py) are built
 once per (model, checkpoint table), inline in the simulator and in a worker thread in
 the daemon (the bag stays on spot until they are ready).
 """
@@ -29,15 +35,17 @@ from typing import Any
 
 import numpy as np
 
+from controller.planner import CatalogType
 from controller.preemption.checkpoint_tables import TableCache
 from controller.preemption.model_book import ModelBook
+from controller.scheduler.backoff import Backoff
 from controller.scheduler.runs import BagRun
 from controller.scheduler.world import World
 from controller.store import WriteBatch
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import DeadlineDecision, DeadlineInputs, decide
-from policies.packing import PricedType, cheapest_type
+from policies.packing import PricedType, cheapest_type, copies_that_fit, zone_allowed
 from policies.preemption import LifetimeModel
 
 log = logging.getLogger("spotbag.scheduler")
@@ -76,9 +84,16 @@ class Deadlines:
     """Per bag, the deadline policy's decision and projection (module docstring)."""
 
     def __init__(
-        self, *, world: World, book: ModelBook | None, tables: TableCache, max_vms: int
+        self,
+        *,
+        world: World,
+        book: ModelBook | None,
+        tables: TableCache,
+        max_vms: int,
+        backoff: Backoff | None = None,
     ) -> None:
         self.world = world
+        self.backoff = backoff  # VM types backed off after failed launches: spot_available
         self.book = book
         self.tables = tables
         self.max_vms = max_vms
@@ -242,37 +257,120 @@ class Deadlines:
         times = self._completion_times(model, delta_h, estimate_h)
         if times is None:
             return None
-        queued = np.full(len(bag.queue), estimate_h)
-        spot_work, spot_age, od_left = [], [], []
+        # One sweep over the attempts (as before) gives the running ones; the work is the
+        # job's runtime: `saved_s` at `mark_at` (the attempt's start or its last
+        # checkpoint) plus the time since, while its program runs (runs.AttemptRun); one
+        # waiting in the executor's queue (`ran_at` None) has done nothing yet.
+        spot_work, spot_age, spot_unsaved, od_left = [], [], [], []
         for attempt in world.attempts.values():
             if attempt.bag_id != bag.id or attempt.cancelling:
                 continue
             vm = world.vms.get(attempt.vm_id)
             if vm is None:
                 continue
-            done_h = (now - (attempt.ran_at or attempt.started_at)) * to_h + attempt.saved_s * to_h
-            left_h = max(estimate_h - done_h, 0.01 * estimate_h)
+            saved_h = attempt.saved_s * to_h
+            since_mark_h = 0.0
+            if attempt.ran_at is not None:
+                since_mark_h = max(0.0, now - attempt.mark_at) * to_h
+            left_h = max(estimate_h - saved_h - since_mark_h, 0.01 * estimate_h)
             if vm.spot:
                 spot_work.append(left_h)
                 spot_age.append(max(0.0, now - vm.requested_at) * to_h)
+                # What a preemption now loses (World.finish_attempt's `work_lost`): the
+                # work since its last checkpoint, at most the job's estimate left (as
+                # the simulator's min(done, work) − saved).
+                spot_unsaved.append(max(0.0, min(since_mark_h, estimate_h - saved_h)))
             else:
                 od_left.append(left_h)
         slots = max(1, min(bag.open_jobs, self.max_vms * spot_slots))
+        outage_h = self._spot_blocked_h(bag, fitting, now) * to_h
         inputs = DeadlineInputs(
             now_h=now * to_h,
             deadline_h=bag.deadline_at * to_h,
             slots=slots,
-            queued_work_h=queued,
+            # In the order the scheduler takes the queue, retries first: queue_ordered.
+            queued_work_h=self._queued_work_h(bag, estimate_h, to_h),
             spot_work_h=np.asarray(spot_work, dtype=float),
             spot_age_h=np.asarray(spot_age, dtype=float),
+            spot_unsaved_h=np.asarray(spot_unsaved, dtype=float),
+            free_spot_age_h=np.asarray(
+                self._reusable_spot_ages_h(bag, now, estimate_h, slots), dtype=float
+            ),
             on_demand_left_h=np.asarray(od_left, dtype=float),
             spot_price_per_hour=spot_type.price_per_hour / spot_slots,
             on_demand_price_per_hour=od[0].price_per_hour / od[1],
             on_demand_launch_h=self.book.launch_h,
+            spot_outage_h=outage_h,
             confidence=bag.spec.deadline_confidence,
             decision_lag_h=self.decide_every_s * to_h + self.book.launch_h,
+            # Spot can be launched now unless every type that holds a job is backed off
+            # after failed launches (the driver said no); unknown without the back-off.
+            spot_available=None if self.backoff is None else outage_h == 0.0,
+            queue_ordered=True,
         )
         return inputs, times
+
+    def _queued_work_h(self, bag: BagRun, estimate_h: float, to_h: float) -> np.ndarray:
+        """The bag's queued jobs' work left, in the order the scheduler takes them
+        (`JobQueue`: retries first, then the jobs never run): the estimate less what
+        the job's checkpoints saved (a retry resumes there, planning's
+        `resume_work_s`). Only the retries put first are looked up, not the whole
+        queue: the rest are the admitted jobs, which never ran, and the ones a restart
+        queued again behind them (taken at the whole estimate: what they saved is not
+        counted, on the safe side)."""
+        work = np.full(len(bag.queue), estimate_h)
+        if not bag.spec.checkpointable:
+            return work  # a retry starts from scratch
+        jobs = self.world.jobs
+        for i, idx in enumerate(bag.queue.first):
+            job = jobs.get((bag.id, idx))
+            if job is not None and job.work_saved_s > 0:
+                work[i] = max(estimate_h - job.work_saved_s * to_h, 0.01 * estimate_h)
+        return work
+
+    def _reusable_spot_ages_h(
+        self, bag: BagRun, now: float, runtime_h: float, slots: int
+    ) -> list[float]:
+        """The ages (model hours) of the running spot VMs whose free room the bag's next
+        attempts would take, one per job that fits there (at most `slots`): those the
+        planner would place them on (controller/planner.py `_pack`: the bag's types and
+        regions, room for its shape, the reuse policy agreeing; best fit first). A sweep
+        of the roomy VMs, not of every VM."""
+        world = self.world
+        to_h = world.time_scale / 3600.0
+        found: list[tuple[int, float, str, float, int]] = []
+        for vm_id in world.roomy:
+            vm = world.vms[vm_id]
+            if not vm.spot or (
+                bag.allowed_types is not None and vm.vm_type.name not in bag.allowed_types
+            ):
+                continue
+            if not zone_allowed(vm.zone, bag.regions):
+                continue
+            fit = copies_that_fit(bag.shape, vm.free)
+            if fit == 0:
+                continue
+            age_h = max(0.0, now - vm.requested_at) * to_h
+            if vm.table is not None and not vm.table.reuse_ok(age_h, runtime_h):
+                continue  # the planner would not reuse it: the next attempt launches afresh
+            found.append((vm.free.cpus, vm.free.memory_gb, vm.id, age_h, fit))
+        found.sort()
+        ages = [age_h for *_, age_h, fit in found for _ in range(fit)]
+        return ages[:slots]
+
+    def _spot_blocked_h(self, bag: BagRun, fitting: list[CatalogType], now: float) -> float:
+        """Real seconds until a spot VM for the bag may be launched again: 0 unless every
+        allowed type that holds one of its jobs is backed off after failed launches
+        (controller/scheduler/backoff.py; the planner launches none of them until
+        then). The hopping market's bid is not a bar: the planner falls back on the
+        catalog's prices when it knows no type below it."""
+        if self.backoff is None or not self.backoff.types:
+            return 0.0
+        holding = [t for t in fitting if copies_that_fit(bag.shape, t.capacity)]
+        if not holding:
+            return 0.0
+        blocked = self.backoff.types
+        return max(0.0, min(blocked.get(t.name, (0.0, 0.0))[0] for t in holding) - now)
 
     def _completion_times(
         self, model: LifetimeModel, delta_h: float, work_h: float

@@ -198,7 +198,11 @@ class Scheduler:
         )
         # The deadline policy's on-demand slots per bag (docs/design.md#deadlines).
         self.deadlines = Deadlines(
-            world=self.world, book=book, tables=tables, max_vms=settings.max_vms
+            world=self.world,
+            book=book,
+            tables=tables,
+            max_vms=settings.max_vms,
+            backoff=self.backoff,
         )
         self.planning = Planning(
             world=self.world,

@@ -1,0 +1,187 @@
+"""What the daemon tells the deadline policy (controller/scheduler/deadlines.py
+`Deadlines._inputs`), from a World built by the scheduler's own methods: VMs tracked,
+attempts placed and started as a planning pass does, a checkpoint written, a VM
+preempted and its job queued again. Each input the simulator passes
+(policies/deadline_sim.py) is checked against the value worked out by hand: the queue
+in the scheduler's order with the retry's saved work taken off, each running spot
+attempt's work left, VM age and unsaved work, the ages of the spot VMs the next
+attempts would reuse, and whether spot can be launched (not while the launch back-off
+blocks every type)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.bags.admission import admit
+from controller.clock import SimClock
+from controller.executors.base import CheckpointEvent
+from controller.scheduler.runs import AttemptRun, VmRun, capacity_of
+from controller.store import WriteBatch
+from drivers.base import VmState
+from policies.deadline import decide
+from tests.controller.simworld import bag, config, world
+
+HOUR = 3600.0
+START = 1_800_000_000.0
+NOW = START + 0.9 * HOUR
+BAG = "b0000000001"
+
+
+def deadline_config():
+    # small: 2 cpus, so two 1-cpu jobs a VM; big: 8 cpus, not allowed for the bag.
+    return config(**{"preemption.model": "exponential", "preemption.mttf_h": 3.0})
+
+
+async def scheduler_with_bag(tmp_path, **extra):
+    cfg = deadline_config()
+    clock = SimClock(START)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    spec = bag(8, runtime_s=HOUR, deadline="10h", **extra)
+    spec["resources"]["vm_types"] = ["small"]
+    await admit(
+        spec,
+        store=scheduler.store,
+        scheduler=scheduler,
+        catalog=cfg.catalog(),
+        bag_id=BAG,
+        now=START,
+        max_jobs=100,
+        offload=False,
+    )
+    # The scheduler takes the bag at its next pass: as that pass does.
+    commands, scheduler.inbox.commands = scheduler.inbox.commands, []
+    scheduler.commands.run(WriteBatch(), commands, START)
+    return scheduler
+
+
+def running_vm(scheduler, vm_id: str, type_name: str, requested_at: float, spot=True) -> VmRun:
+    world = scheduler.world
+    vm_type = world.catalog[type_name]
+    vm = VmRun(
+        id=vm_id,
+        vm_type=vm_type,
+        state=VmState.RUNNING,
+        requested_at=requested_at,
+        spot=spot,
+        zone=vm_type.zone,
+        running_at=requested_at + 60,
+        free=capacity_of(vm_type),
+    )
+    world.assume_model(vm)
+    world.track_vm(vm)
+    return vm
+
+
+def place(scheduler, vm: VmRun, at: float, batch: WriteBatch, *, start=True) -> AttemptRun:
+    """The next queued job onto the VM, as a planning pass records it; started (as the
+    executor's answer is recorded) unless `start` is False."""
+    world = scheduler.world
+    run = world.bags[BAG]
+    spec = scheduler.planning._new_attempt(run, vm, run.queue.popleft(), at, batch)
+    world.refresh_vm_sets(vm)
+    if start:
+        scheduler.actions.record_starts([(spec, "ref", None)], batch, at)
+    return world.attempts[spec.attempt_id]
+
+
+def checkpoint(scheduler, attempt: AttemptRun, requested_at: float, at: float, batch) -> None:
+    attempt.signalled_at = requested_at  # the checkpoint timer asked for it
+    scheduler.events._on_checkpoint(CheckpointEvent(attempt.id, requested_at, at, True), batch)
+
+
+async def test_each_input_the_simulator_passes_comes_from_the_world(tmp_path):
+    scheduler = await scheduler_with_bag(tmp_path, checkpointable=True, checkpoint_cost_s=60)
+    world, batch = scheduler.world, WriteBatch()
+    run = world.bags[BAG]
+    assert run.runtime_estimate_s == HOUR and list(run.queue) == list(range(8))
+
+    # Jobs 0 and 1 on an old spot VM (2 h old at the start), job 2 on an on-demand VM.
+    old = running_vm(scheduler, "vm-old", "small", START - 2 * HOUR)
+    a0, a1 = place(scheduler, old, START, batch), place(scheduler, old, START, batch)
+    on_demand = running_vm(scheduler, "vm-od", "small", START - HOUR / 2, spot=False)
+    place(scheduler, on_demand, START, batch)
+    # Job 3 checkpoints 15 min in (a minute to write it).
+    doomed = running_vm(scheduler, "vm-doomed", "small", START)
+    a3 = place(scheduler, doomed, START, batch)
+    checkpoint(scheduler, a3, START + 900, START + 960, batch)
+    # Job 4 is placed on a spot VM launched an hour before the start, half an hour in,
+    # and has not yet begun to run; that VM has room for one more.
+    roomy = running_vm(scheduler, "vm-roomy", "small", START - HOUR)
+    a4 = place(scheduler, roomy, START + 0.5 * HOUR, batch, start=False)
+    assert a4.ran_at is None
+    # Job 0 checkpoints half an hour in; job 3's VM is preempted at 45 min.
+    checkpoint(scheduler, a0, START + 1800, START + 1860, batch)
+    world.end_vm(doomed, VmState.PREEMPTED, START + 0.75 * HOUR, "preempted", batch)
+    assert a3.id not in world.attempts
+    # An idle spot VM launched half an hour in (room for two); an idle on-demand VM and
+    # a spot VM of a type the bag does not allow, which its next attempts do not take.
+    running_vm(scheduler, "vm-idle", "small", START + HOUR / 2)
+    running_vm(scheduler, "vm-idle-od", "small", START, spot=False)
+    running_vm(scheduler, "vm-big", "big", START)
+
+    inputs, times = scheduler.deadlines._inputs(run, NOW)
+
+    # The queue as the scheduler takes it: job 3's retry first, resuming from its
+    # checkpoint (15 of its 60 min saved), then jobs 5, 6 and 7 never run.
+    assert list(run.queue) == [3, 5, 6, 7]
+    assert inputs.queue_ordered is True
+    assert inputs.queued_work_h == pytest.approx([0.75, 1.0, 1.0, 1.0])
+    # Running spot attempts: (work left, VM age, work since the last checkpoint).
+    # Job 0: 30 min saved, then 23 min since the checkpoint was written at 31 min.
+    # Job 1: 54 min run, nothing saved. Job 4: not yet running, nothing done.
+    spot = sorted(zip(inputs.spot_work_h, inputs.spot_age_h, inputs.spot_unsaved_h, strict=True))
+    expected = sorted(
+        [
+            (1.0 - 0.5 - 23 / 60, 2.9, 23 / 60),
+            (1.0 - 0.9, 2.9, 0.9),
+            (1.0, 1.9, 0.0),
+        ]
+    )
+    assert np.array(spot) == pytest.approx(np.array(expected))
+    assert inputs.on_demand_left_h == pytest.approx([0.1])
+    # The next attempts reuse the roomy spot VM (best fit first: one free slot), then
+    # the idle one's two slots; not the on-demand VM nor the type not allowed.
+    assert inputs.free_spot_age_h == pytest.approx([1.9, 0.4, 0.4])
+    assert inputs.spot_available is True and inputs.spot_outage_h == 0.0
+    assert a1.saved_s == 0.0 and a0.saved_s == 1800.0
+
+    # The policy takes them as they are (one unsaved figure per running spot attempt).
+    decision = decide(inputs, times, (), project=False)
+    assert decision.on_demand_slots >= 1  # the one running there
+
+
+async def test_spot_is_unavailable_while_every_allowed_type_is_backed_off(tmp_path):
+    scheduler = await scheduler_with_bag(tmp_path)
+    run = scheduler.world.bags[BAG]
+    backoff = scheduler.backoff
+    # Only a type the bag may not use is backed off: spot can be had.
+    backoff.types["big"] = (NOW + 600, 300)
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    assert inputs.spot_available is True and inputs.spot_outage_h == 0.0
+    # Its only allowed type backed off for 10 more minutes: not until then.
+    backoff.types["small"] = (NOW + 600, 300)
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    assert inputs.spot_available is False
+    assert inputs.spot_outage_h == pytest.approx(600 / HOUR)
+    # The back-off over: available again.
+    inputs, _ = scheduler.deadlines._inputs(run, NOW + 601)
+    assert inputs.spot_available is True and inputs.spot_outage_h == 0.0
+
+
+async def test_a_retry_that_cannot_checkpoint_is_queued_whole_and_loses_all_it_ran(tmp_path):
+    scheduler = await scheduler_with_bag(tmp_path)  # not checkpointable
+    world, batch = scheduler.world, WriteBatch()
+    run = world.bags[BAG]
+    vm = running_vm(scheduler, "vm-1", "small", START)
+    place(scheduler, vm, START, batch)
+    doomed = running_vm(scheduler, "vm-2", "small", START)
+    place(scheduler, doomed, START, batch)
+    world.end_vm(doomed, VmState.PREEMPTED, START + 0.5 * HOUR, "preempted", batch)
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    assert list(run.queue) == [1, 2, 3, 4, 5, 6, 7]  # the retry first
+    assert inputs.queued_work_h == pytest.approx([1.0] * 7)
+    assert inputs.spot_work_h == pytest.approx([0.1])
+    assert inputs.spot_unsaved_h == pytest.approx([0.9])
+    # vm-1's second slot is free: the next attempt reuses it.
+    assert inputs.free_spot_age_h == pytest.approx([0.9])
