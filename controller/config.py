@@ -350,6 +350,11 @@ class GceConfig(_Section):
     max_retries: int = Field(5, ge=0, description="Retries of a throttled or failed call.")
     operation_timeout_s: float = Field(120.0, gt=0, description="Longest wait for an operation.")
     startup_script: str = Field("", description="Startup script of the VMs (metadata).")
+    notices: bool = Field(
+        True,
+        description="Hear preemption notices from the API: each describe also lists the "
+        "zones' running compute.instances.preempted operations (docs/clouds.md#notices).",
+    )
 
 
 class AwsConfig(_Section):
@@ -392,6 +397,11 @@ class AwsConfig(_Section):
     max_concurrency: int = Field(8, ge=1, description="EC2 API calls in flight at once.")
     max_retries: int = Field(5, ge=0, description="Retries of a throttled or failed call.")
     price_cache_s: float = Field(300.0, ge=0, description="How long spot prices read are reused.")
+    notices: bool = Field(
+        True,
+        description="Hear interruption notices from the API: each describe also asks which "
+        "spot requests are marked for termination (docs/clouds.md#notices).",
+    )
 
 
 class HoppingConfig(_Section):

@@ -269,6 +269,7 @@ def aws_settings(config: Config, controller_id: str) -> AwsSettings:
             max_concurrency=aws.max_concurrency,
             max_retries=aws.max_retries,
             price_cache_s=aws.price_cache_s,
+            notices=aws.notices,
         )
     except ValueError as exc:
         raise ConfigError(f"[aws]: {exc}") from None
@@ -297,6 +298,7 @@ def gce_settings(config: Config, controller_id: str) -> GceSettings:
             operation_timeout_s=gce.operation_timeout_s,
             spot_prices={t.name: t.spot_price_per_hour for t in config.vm_types},
             startup_script=gce.startup_script or None,
+            notices=gce.notices,
         )
     except ValueError as exc:
         raise ConfigError(f"[gce]: {exc}") from None

@@ -34,7 +34,7 @@ import aiohttp
 from controller import __version__
 from controller.config import NotifyConfig
 from controller.slurm.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
-from controller.store import Store, StoreUnavailable
+from controller.store import Store, StoreClosed, StoreUnavailable
 from controller.store.events import DeliveryTry
 
 log = logging.getLogger("spotbag.notify")
@@ -112,6 +112,11 @@ class Deliverer:
                         more = await self._send_due(session)
                     except StoreUnavailable as exc:  # the disk: try again at the next poll
                         log.warning("cannot read the deliveries due: %s", exc)
+                        more = False
+                    except StoreClosed:  # the daemon stops
+                        raise
+                    except Exception:  # a bug or a bad row must not end every delivery
+                        log.exception("looking for the deliveries due failed; again later")
                         more = False
                     if more:  # a full page: fetch again as soon as a POST ends
                         await asyncio.wait(

@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,11 +56,11 @@ DECIDE_EVERY_S = 10.0  # real seconds: the cheap decision at least this often pe
 DECIDE_EVERY_H = 0.1  # and at least every this many model hours (a time-scaled daemon)
 PROJECT_EVERY_S = 30.0  # real seconds: the projection at most this often per bag
 QUANTILES = (0.5, 0.9, 0.95)
-ALL_SLOTS = 1 << 30
+ALL_SLOTS = 1 << 30  # `always`: more on-demand slots than any bag has
 
-_TimesKey = tuple[
-    LifetimeModel, int
-]  # (model, id of its checkpoint table)  # `always`: more on-demand slots than any bag has
+_TimesKey = tuple[LifetimeModel, int]  # (model, id of its checkpoint table)
+TIMES_KEPT = 8  # completion-time tables kept (~10 MB each at 1-min steps over 24 h)
+RETRY_BUILD_S = 60.0  # after a failed build, real seconds before the next try
 
 
 @dataclass
@@ -98,8 +100,13 @@ class Deadlines:
         self.tables = tables
         self.max_vms = max_vms
         self._bags: dict[str, _BagDeadline] = {}
-        self._times: dict[_TimesKey, CompletionTimes] = {}
+        # Keyed by the table's id, kept with the table: an id is only unique while its
+        # object lives, so an entry is used only while its own table is the one asked
+        # for (a table the cache dropped may leave its id to another). Oldest first.
+        self._times: dict[_TimesKey, tuple[CheckpointTable, CompletionTimes]] = {}
         self._building: dict[_TimesKey, asyncio.Task[None]] = {}
+        self._failed_at: dict[_TimesKey, float] = {}  # key -> when its build failed
+        self.on_ready: Callable[[], None] | None = None  # wakes the scheduler
         self._counts: dict[str, int] | None = None  # bag -> attempts on on-demand VMs
         # How long a decision stands when nothing changes (real s): the policy's lag.
         self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
@@ -382,20 +389,38 @@ class Deadlines:
         if table is None:
             return None
         key = (model, id(table))
-        times = self._times.get(key)
-        if times is not None:
-            return times
+        kept = self._times.get(key)
+        if kept is not None and kept[0] is table:
+            return kept[1]
         if self.tables.inline:
-            times = self._times[key] = build_completion_times(model, table)
+            times = build_completion_times(model, table)
+            self._keep(key, table, times)
             return times
+        failed_at = self._failed_at.get(key)
+        if failed_at is not None and time.monotonic() - failed_at < RETRY_BUILD_S:
+            return None
         if key not in self._building:
             self._building[key] = asyncio.create_task(self._build(key, model, table))
         return None
 
+    def _keep(self, key: _TimesKey, table: CheckpointTable, times: CompletionTimes) -> None:
+        self._times.pop(key, None)
+        self._times[key] = (table, times)
+        while len(self._times) > TIMES_KEPT:
+            del self._times[next(iter(self._times))]
+
     async def _build(self, key: _TimesKey, model: LifetimeModel, table: CheckpointTable) -> None:
+        """In a worker thread; once built, the scheduler is woken to use them. A failed
+        build is logged and tried again after RETRY_BUILD_S, not at every pass."""
         try:
-            self._times[key] = await asyncio.to_thread(build_completion_times, model, table)
+            times = await asyncio.to_thread(build_completion_times, model, table)
         except Exception:
             log.exception("building the completion-time tables for %r failed", model)
+            self._failed_at[key] = time.monotonic()
+            return
         finally:
             self._building.pop(key, None)
+        self._failed_at.pop(key, None)
+        self._keep(key, table, times)
+        if self.on_ready is not None:
+            self.on_ready()

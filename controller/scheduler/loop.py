@@ -204,6 +204,7 @@ class Scheduler:
             max_vms=settings.max_vms,
             backoff=self.backoff,
         )
+        self.deadlines.on_ready = self.inbox.wake.set  # its completion-time tables built
         self.planning = Planning(
             world=self.world,
             executor=executor,
