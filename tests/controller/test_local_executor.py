@@ -30,6 +30,12 @@ from drivers.base import VmType
 pytestmark = pytest.mark.processes  # real processes: left out of make test-fast
 
 
+# The executor's controller id, one per test process: a recovery kills every process of
+# its controller id on the host (kill_orphans), and the other xdist worker runs these
+# tests too, its jobs under its own id.
+CONTROLLER_ID = f"ctl{os.getpid()}"
+
+
 def spec(
     command: str,
     *,
@@ -66,7 +72,7 @@ async def run(
 @pytest.fixture
 def executor(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTBAG_TOKEN", "must-not-leak")
-    ex = LocalExecutor(tmp_path, controller_id="ctl1", now=time.time, kill_grace_s=1.0)
+    ex = LocalExecutor(tmp_path, controller_id=CONTROLLER_ID, now=time.time, kill_grace_s=1.0)
     events: list[AttemptEvent] = []
     started: list[AttemptStarted] = []
     ex.subscribe(lambda e: (started if isinstance(e, AttemptStarted) else events).append(e))
@@ -90,7 +96,7 @@ async def test_runs_the_command_with_its_environment_and_log(executor, tmp_path)
         f"SPOTBAG_CHECKPOINT_DIR={tmp_path}/checkpoints/b0000000001/b0000000001-0",
         "SPOTBAG_JOB_ID=b0000000001-0",
         "SPOTBAG_PARAM_X=1.5",
-        "SPOTBAG_RUN_KEY=ctl1:b0000000001-0.1",
+        f"SPOTBAG_RUN_KEY={CONTROLLER_ID}:b0000000001-0.1",
     ]  # the daemon's own SPOTBAG_TOKEN is not passed on
     assert (tmp_path / "checkpoints" / "b0000000001" / "b0000000001-0").is_dir()
 

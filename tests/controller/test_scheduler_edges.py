@@ -4,6 +4,7 @@ failing passes, launch failures. Each test is a scenario that once went wrong.""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 
 import numpy as np
@@ -252,7 +253,7 @@ async def test_an_attempt_killed_by_an_unknown_signal_still_ends(tmp_path):
 
     from controller.executors.local import LocalExecutor
 
-    executor = LocalExecutor(tmp_path, controller_id="c", now=time.time)
+    executor = LocalExecutor(tmp_path, controller_id=f"edges{os.getpid()}", now=time.time)
     events: list[AttemptEvent] = []
     executor.subscribe(lambda e: events.append(e) if isinstance(e, AttemptEvent) else None)
     from tests.controller.test_local_executor import spec
