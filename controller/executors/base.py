@@ -24,12 +24,16 @@ Executors differ in three ways the scheduler asks about (class attributes):
   their attempts themselves, at once (local, sim), do not.
 - `queue_ahead`: how much more than a VM's capacity (a fraction of it) may be handed
   to the executor's queue, so that the executor refills a slot the moment it frees.
+- `vms_settling()`: VMs where an attempt has ended (its program's exit status is in)
+  but the engine has not yet said its job did (Slurm: the batch script's end reaches
+  slurmctld a moment after the program's). Such a VM is not idle yet: ended now, its
+  job would be recorded as NODE_FAIL instead of COMPLETED.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -233,6 +237,10 @@ class Executor(Protocol):
 
     async def shutdown(self) -> None:
         """Stop every attempt (the controller is stopping)."""
+
+    def vms_settling(self) -> Collection[str]:
+        """VMs whose ended attempts' jobs the engine has not yet seen end (module
+        docstring); empty for executors whose ends are their engines' own."""
 
 
 @runtime_checkable

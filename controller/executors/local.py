@@ -613,6 +613,9 @@ class LocalExecutor:
                 known.add(attempt_id)
         return known
 
+    def vms_settling(self) -> tuple[str, ...]:
+        return ()  # an attempt's end is its process's
+
     async def shutdown(self) -> None:
         self._drop_waiting(list(self._hosts.values()), "controller stopping")
         await self._starts_settled()

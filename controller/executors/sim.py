@@ -162,6 +162,9 @@ class SimExecutor:
     ) -> set[str]:
         return {a.attempt_id for a in attempts if a.attempt_id in self._timers}
 
+    def vms_settling(self) -> tuple[str, ...]:
+        return ()  # an attempt ends when its timer does
+
     async def shutdown(self) -> None:
         for _, timer in self._timers.values():
             timer.cancel()

@@ -119,9 +119,13 @@ class Planning:
         else:
             candidates = list(world.pending) + list(world.roomy if demand else world.idle)
         candidates += [v for v in world.draining if v not in world.roomy and v not in world.idle]
+        # A VM whose ended attempt's job the executor has not seen end is not empty yet
+        # (ended now, Slurm would record the job as NODE_FAIL): it counts as running one.
+        settling = self.executor.vms_settling()
         views = []
         for vm_id in candidates:
             vm = world.vms[vm_id]
+            running = len(vm.attempts) or (1 if vm_id in settling else 0)
             views.append(
                 VmView(
                     vm.id,
@@ -130,7 +134,7 @@ class Planning:
                     vm.state if vm.ready else VmState.PENDING,
                     vm.capacity,
                     vm.free,
-                    len(vm.attempts),
+                    running,
                     vm.idle_since,
                     vm.requested_at,
                     max(0.0, now - vm.requested_at) * to_hours,

@@ -130,6 +130,10 @@ class SlurmTools:
         except asyncio.CancelledError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
+            # Reaped before the cancellation goes on: a process left to the garbage
+            # collector closes its pipes on an event loop that may be closed by then.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.wait(), 2.0)
             raise
         if process.returncode != 0:
             message = (err or out).decode("utf-8", "replace").strip() or (

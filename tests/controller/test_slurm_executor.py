@@ -184,6 +184,26 @@ async def test_jobs_run_on_their_vm_with_their_variables_and_exit_statuses(rig, 
     assert "cannot enter workdir /nonexistent/dir" in log
 
 
+async def test_a_vm_stays_settling_until_slurm_sees_its_job_end(rig):
+    """An attempt ends when its program's exit status is in; its VM is reported
+    settling until squeue (or jobcomp) says the batch script ended too, so that the
+    scheduler does not end the VM under a job Slurm still runs (NODE_FAIL)."""
+    vm = "vm-ex0000000009"
+    await rig.boot(vm)
+    spec = rig.spec(vm, 0, "echo fine")
+    job_id = await rig.executor.start(spec)
+    end = await rig.wait(lambda: rig.end_of(spec.attempt_id), 30, "the end")
+    assert (end.outcome, end.exit_code) == (Outcome.EXITED, 0)
+    # Either still settling, or Slurm had already said so (checked in that order: a
+    # VM leaves the set only after Slurm's word).
+    settling = vm in rig.executor.vms_settling()
+    state = rig.cluster.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").strip()
+    assert settling or state not in ("RUNNING", "CONFIGURING", "SIGNALING"), state
+    await rig.wait(lambda: not rig.executor.vms_settling(), 30, "Slurm's word")
+    state = rig.cluster.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").strip()
+    assert state in ("COMPLETED", "COMPLETING", ""), state
+
+
 async def test_cancel_time_limit_and_a_checkpoint_signal_after_the_start(rig):
     await rig.boot("vm-ex0000000002")
     slow = rig.spec("vm-ex0000000002", 0, "sleep 60")

@@ -55,6 +55,8 @@ class Callbacks:
         attempt_id = attempt_of_job(shared.controller_id, job_name_)
         if attempt_id is None:
             return ""
+        if event == "jobcomp" and state not in LIVE_STATES:
+            shared.settled(job_id)  # also when its attempt ended by its exit status
         attempt = shared.attempts.get(attempt_id)
         # Job ids are reused: an event for another job of the same name is stale.
         if attempt is None or attempt.ended or (attempt.job_id and attempt.job_id != job_id):

@@ -190,6 +190,10 @@ class SlurmExecutor:
             self._state, self._watcher, self._node_manager, attempts, live_vm_ids
         )
 
+    def vms_settling(self) -> set[str]:
+        """VMs with a job whose program ended but whose batch script Slurm still runs."""
+        return self._state.vms_settling()
+
     async def shutdown(self) -> None:
         """Stop watching; the jobs run on (they outlive the controller)."""
         state = self._state

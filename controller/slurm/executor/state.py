@@ -39,6 +39,9 @@ LIVE_STATES = frozenset(
      "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "STAGE_OUT", "RESV_DEL_HOLD"}
 )  # fmt: skip
 RUNNING_STATES = frozenset({"CONFIGURING", "RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
+# A job whose batch script has not ended in Slurm's eyes: its node must stay.
+SCRIPT_RUNNING_STATES = frozenset({"CONFIGURING", "RUNNING", "SIGNALING", "SUSPENDED"})
+SETTLE_LIMIT_S = 60.0  # longest a VM is kept for Slurm to say a job's script ended
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class SlurmState:
         self.wake = asyncio.Event()
         self.closing = False
         self.unavailable = ""
+        # Jobs whose program's exit status ended their attempt before Slurm said the job
+        # ended (job id -> (VM id, since when)): their VMs are not idle until it does.
+        self.settling: dict[str, tuple[str, float]] = {}
 
     # --- paths and names ----------------------------------------------------------
 
@@ -181,6 +187,19 @@ class SlurmState:
         if node is not None:
             node.attempts.add(attempt.attempt_id)
 
+    def settled(self, job_id: str) -> None:
+        """Slurm said the job ended (or forgot it)."""
+        self.settling.pop(job_id, None)
+
+    def vms_settling(self) -> set[str]:
+        """The VMs of the settling jobs; a job Slurm has not said ended after
+        SETTLE_LIMIT_S is given up (its VM is not held forever)."""
+        now = self.now()
+        for job_id, (_, since) in list(self.settling.items()):
+            if now - since > SETTLE_LIMIT_S:
+                del self.settling[job_id]
+        return {vm_id for vm_id, _ in self.settling.values()}
+
     def untrack(self, attempt: Attempt) -> None:
         """Forget an attempt that is over (or never became a job): whatever waits on it
         (a stop, a checkpoint) sees it ended."""
@@ -223,8 +242,13 @@ class SlurmState:
             attempt.program_started = True
             attempt.program_started_at = attempt.program_started_at or started_at
 
-    def finish_with_exit(self, attempt: Attempt, code: int, at: float, key: str = "") -> None:
-        """The attempt's wrapper wrote its exit status: its program ran, and ended."""
+    def finish_with_exit(
+        self, attempt: Attempt, code: int, at: float, key: str = "", confirmed: bool = True
+    ) -> None:
+        """The attempt's wrapper wrote its exit status: its program ran, and ended.
+        `confirmed`: Slurm said its job ended too (else the job settles: `settling`)."""
+        if not confirmed and attempt.job_id and not attempt.ended:
+            self.settling[attempt.job_id] = (attempt.vm_id, self.now())
         attempt.program_started = True
         event = end_event(
             attempt.attempt_id,

@@ -37,6 +37,7 @@ from controller.slurm.executor.nodes import NodeManager
 from controller.slurm.executor.state import (
     LIVE_STATES,
     RUNNING_STATES,
+    SCRIPT_RUNNING_STATES,
     Attempt,
     SlurmState,
     read_markers,
@@ -119,7 +120,7 @@ class Watcher:
         Slurm not answering. Otherwise the shared files and the callbacks report starts
         and ends, and squeue is asked QUIET_POLLS times less often."""
         state = self._state
-        if state.unavailable:
+        if state.unavailable or state.settling:
             return True
         if any(not n.ready and not n.lost for n in state.nodes.values()):
             return True
@@ -144,7 +145,10 @@ class Watcher:
             if attempt.program_started and not attempt.ended:
                 state.started(attempt, attempt.program_started_at or state.now())
             if finished is not None:
-                state.finish_with_exit(attempt, *finished)
+                # Ended for the scheduler now (its slot is free); its VM stays until
+                # squeue says the job did (`_poll_settling`).
+                state.finish_with_exit(attempt, *finished, confirmed=False)
+                state.wake.set()
 
     def _check_timeouts(self) -> None:
         state = self._state
@@ -164,6 +168,7 @@ class Watcher:
         state = self._state
         try:
             asked = await self._poll_jobs()
+            asked = await self._poll_settling() or asked
             asked = await self._nodes.poll() or asked
             await self._sweep_orphans()
             await self._nodes.delete_lost()
@@ -223,6 +228,20 @@ class Watcher:
                 finished.append((attempt, job_state, reason))
         if finished:
             await self.finish_from_slurm(finished)
+        return True
+
+    async def _poll_settling(self) -> bool:
+        """The jobs whose attempts ended by their exit status: settled once squeue shows
+        their batch script ended (or forgets them). False when there were none."""
+        state = self._state
+        if not state.settling:
+            return False
+        job_ids = list(state.settling)
+        rows = await self._job_rows(job_ids)
+        running = {row[0] for row in rows.values() if row[1] in SCRIPT_RUNNING_STATES}
+        for job_id in job_ids:
+            if job_id not in running:
+                state.settled(job_id)
         return True
 
     async def _give_up_submission(self, attempt: Attempt) -> None:
