@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -217,6 +218,34 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     for daemon in daemons:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop(signal.SIGKILL)
+        halt_vm_hosts(daemon.state_dir)
+
+
+def halt_vm_hosts(state_dir: Path) -> int:
+    """Remove the VM hosts (network namespaces) a daemon's local driver left running: a
+    stopped daemon's VMs outlive it (its restart adopts them), and on a bridge that the
+    next test's daemon shares they would hold the addresses it hands out (two hosts
+    answering ARP for one address: its nodes' traffic goes astray). As an operator
+    retiring a daemon would, with the driver's own LocalHosts.halt_all."""
+    import asyncio
+    import sqlite3
+
+    from drivers.local_hosts import LocalHosts
+
+    db = state_dir / "spotbag.db"
+    if not (db.exists() and (state_dir / "vms" / "hosts").exists() and shutil.which("ip")):
+        return 0  # no VM host was made (records under vms/hosts), or no iproute2
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()
+    if row is None:
+        return 0
+    hosts = LocalHosts(
+        bridge="unused",
+        subnet="10.255.255.0/24",
+        consoles=state_dir / "vms",
+        prefix=f"sb{row[0][:8]}-",  # controller/wiring.py's
+    )
+    return asyncio.run(hosts.halt_all())
 
 
 @pytest.fixture
