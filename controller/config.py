@@ -172,7 +172,9 @@ class DriverConfig(_Section):
         "with executor slurm its slurmd joins and the jobs run there; needs root).",
     )
     host_bridge: str = Field(
-        "spotbag0", description="Local driver, hosts = netns: the bridge the VM hosts join."
+        "spotbag0",
+        description="Local driver, hosts = netns: the bridge the VM hosts join. One daemon "
+        "per bridge: each hands the subnet's addresses to its own VM hosts only.",
     )
     host_subnet: str = Field(
         "10.203.0.0/24",
