@@ -226,11 +226,11 @@ def halt_vm_hosts(state_dir: Path) -> int:
     stopped daemon's VMs outlive it (its restart adopts them), and on a bridge that the
     next test's daemon shares they would hold the addresses it hands out (two hosts
     answering ARP for one address: its nodes' traffic goes astray). As an operator
-    retiring a daemon would, with the driver's own LocalHosts.halt_all."""
+    retiring a daemon would, with the driver's own NamespaceHosts.halt_all."""
     import asyncio
     import sqlite3
 
-    from drivers.local_hosts import LocalHosts
+    from drivers.local_hosts import NamespaceHosts
 
     db = state_dir / "spotbag.db"
     if not (db.exists() and (state_dir / "vms" / "hosts").exists() and shutil.which("ip")):
@@ -239,7 +239,7 @@ def halt_vm_hosts(state_dir: Path) -> int:
         row = conn.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()
     if row is None:
         return 0
-    hosts = LocalHosts(
+    hosts = NamespaceHosts(
         bridge="unused",
         subnet="10.255.255.0/24",
         consoles=state_dir / "vms",
