@@ -133,7 +133,18 @@ def test_a_spot_interruption_reaches_slurm_and_the_job_resumes_on_a_new_vm(
             ]
             return job if job["state"] == "running" and len(mine) >= 2 else None
 
-        job = wait_until(checkpointed, 120, 0.1, "two checkpoints on the first VM")
+        try:
+            job = wait_until(checkpointed, 120, 0.1, "two checkpoints on the first VM")
+        except AssertionError as timed_out:  # what the daemon and the VM said
+            seen = client.job(job_id)
+            consoles = "\n".join(
+                f"--- {vm_id} ---\n{hosts.console(vm_id)[-2000:]}" for vm_id in hosts.booted
+            )
+            raise AssertionError(
+                f"{timed_out}\njob: {seen['state']}, attempts {seen['attempt_list']}, "
+                f"checkpoints {seen['checkpoint_list']}, host errors {hosts.errors}\n"
+                f"{consoles}\n--- daemon ---\n{daemon.log()[-4000:]}"
+            ) from None
         victim = next(v for v in client.vms()["vms"] if v["id"] == job["vm_id"])
         node = f"sb-{victim['id']}"
         assert "idle" in slurm_cluster.run("sinfo", "-h", "-N", "-n", node, "-o", "%T") or (
