@@ -128,7 +128,10 @@ def test_a_checkpointable_bag_runs_on_the_vms_through_slurm_across_preemptions(
         live = [n for n in names if n[2] in ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING")]
         return names if not (settled and live) else None
 
-    wait_until(lambda: slurm_jobs(settled=True), 30, 0.5, "Slurm to see every job end")
+    try:
+        wait_until(lambda: slurm_jobs(settled=True), 60, 0.5, "Slurm to see every job end")
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}: {slurm_jobs(settled=False)}") from None
     names = slurm_jobs(settled=False)
     assert names is not None
     total_attempts = sum(client.job(f"{bag['id']}-{i}")["attempts"] for i in range(len(RATES)))

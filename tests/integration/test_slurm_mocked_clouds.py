@@ -31,7 +31,7 @@ from tests.integration.test_mocked_clouds import BASE_CONFIG, DESCRIBE_S, TOKEN,
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 PROGRAM = REPO / "examples" / "programs" / "logistic.py"
-ARGS = "--r 3.7 --iterations 300000 --chunks 300 --seconds 10 --progress"
+ARGS = "--r 3.7 --iterations 300000 --chunks 300 --seconds 20 --progress"
 SLURM = """
 [executor]
 name = "slurm"
@@ -182,7 +182,7 @@ def test_a_spot_interruption_reaches_slurm_and_the_job_resumes_on_a_new_vm(
         # checkpoint signal that came as the program exited, "failed signal 10").
         result = json.loads([x for x in after.splitlines() if x.startswith("{")][-1])
         clean = subprocess.run(
-            [sys.executable, str(PROGRAM), *ARGS.replace("--seconds 10", "--seconds 0").split()],
+            [sys.executable, str(PROGRAM), *ARGS.replace("--seconds 20", "--seconds 0").split()],
             capture_output=True,
             text=True,
             check=True,

@@ -51,8 +51,11 @@ def test_the_timeline_shows_a_preempted_attempt_its_vm_and_the_retry(client):
     job_id = f"{bag['id']}-0"
 
     def running_on() -> str | None:
+        # Its program runs (`ran_at`): preempted before that, an attempt handed to the
+        # VM's queue never started and ends lost, not preempted.
         job = client.job(job_id)
-        return job["vm_id"] if job["state"] == "running" else None
+        ran = job["attempt_list"] and job["attempt_list"][-1]["ran_at"]
+        return job["vm_id"] if job["state"] == "running" and ran else None
 
     vm_id = str(wait_until(running_on, 30, what="the job to run"))
     before = timeline(client, bag["id"])
