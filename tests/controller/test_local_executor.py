@@ -458,7 +458,10 @@ async def test_attempts_beyond_a_vms_capacity_start_as_others_end(executor):
     await asyncio.sleep(0.1)
     assert [s.attempt_id for s in executor.started] == ids[:2]  # the rest wait
     await _until(lambda: len(_ends(executor)) == 5)
-    assert [s.attempt_id for s in executor.started] == ids
+    # Taken from the queue in the order given; two slots freed at once start their
+    # next two together, and which start is reported first is the spawn threads'.
+    started = [s.attempt_id for s in executor.started]
+    assert started[:2] == ids[:2] and sorted(started) == ids
     ends = _ends(executor)
     assert all((e.outcome, e.exit_code) == (Outcome.EXITED, 0) for e in ends.values())
     for started in executor.started[2:]:  # each took the room of one that had ended
