@@ -235,21 +235,32 @@ def test_every_job_runs_exactly_once_through_preemptions_and_a_controller_crash(
     # spotbag counts as succeeded (a success whose VM went while Slurm was completing
     # its job may show another end), and nothing of the bag pends or runs any more.
     def bag_in_slurm() -> list[list[str]]:
-        listed = slurm_cluster.run("squeue", "-h", "-t", "all", "-o", "%j|%T")
+        listed = slurm_cluster.run("squeue", "-h", "-t", "all", "-o", "%i %j|%T")
         return [line.rsplit("|", 1) for line in listed.splitlines() if f":{bag['id']}-" in line]
 
     # The last jobs' programs have exited (their exit status ended their attempts):
     # Slurm completes them a moment later.
-    slurm_jobs = wait_until(
-        lambda: (
-            (jobs := bag_in_slurm())
-            and not [n for n, state in jobs if state in ("PENDING", "RUNNING", "COMPLETING")]
-            and jobs
-        ),
-        30,
-        0.2,
-        "Slurm to finish the bag's last jobs",
-    )
+    def live(jobs: list[list[str]]) -> list[str]:
+        return [n for n, state in jobs if state in ("PENDING", "RUNNING", "COMPLETING")]
+
+    try:
+        slurm_jobs = wait_until(
+            lambda: (jobs := bag_in_slurm()) and not live(jobs) and jobs,
+            60,
+            0.2,
+            "Slurm to finish the bag's last jobs",
+        )
+    except AssertionError as timed_out:  # say which, and what Slurm says of them
+        still = live(bag_in_slurm())
+        shown = [
+            slurm_cluster.run("scontrol", "-o", "show", "job", n.split()[0], check=False)
+            for n in still[:5]
+        ]
+        raise AssertionError(
+            f"{timed_out}: {still}\n{shown}\n"
+            f"{slurm_cluster.run('sinfo', '-N', '-h', '-o', '%N %T %E', check=False)}\n"
+            f"{daemon.log()[-4000:]}"
+        ) from None
     in_slurm = {name.rsplit(":", 1)[1]: state for name, state in slurm_jobs}
     assert len(in_slurm) == len(slurm_jobs)
     succeeded_names = {f"{job}.{number}" for job, number in succeeded}

@@ -140,8 +140,15 @@ def test_a_checkpointable_bag_runs_on_the_vms_through_slurm_across_preemptions(
     # No node: a job queued on the preempted VM, cancelled before it ran.
     assert all(state == "CANCELLED" for _, node, state in names if not node), names
     assert not [n for n in names if n[2] in ("RUNNING", "PENDING")]
-    # Each job's last attempt, which succeeded, completed in Slurm's records too.
+    # Each job's last attempt, which succeeded, completed in Slurm's records too: its VM
+    # was kept until Slurm heard the batch script end. Only a VM the model preempted in
+    # that moment (its program had exited; slurmctld had not heard yet) leaves NODE_FAIL.
     state_of = {name.rsplit(":", 1)[-1]: state for name, _, state in names}
+    vm_state = {vm["id"]: vm["state"] for vm in client.vms(include_ended=True)["vms"]}
     for idx in range(len(RATES)):
         job = client.job(f"{bag['id']}-{idx}")
-        assert state_of[f"{bag['id']}-{idx}.{job['attempts']}"] == "COMPLETED", names
+        slurm_state = state_of[f"{bag['id']}-{idx}.{job['attempts']}"]
+        last_vm = job["attempt_list"][-1]["vm_id"]
+        if slurm_state == "NODE_FAIL" and vm_state.get(last_vm) == "preempted":
+            continue
+        assert slurm_state == "COMPLETED", (names, last_vm, vm_state)
