@@ -175,6 +175,15 @@ class Events:
         if not vm.draining:
             vm.draining = f"spot notice: ends within {left_s:.0f} s"
             world.refresh_vm_sets(vm)
+        self.move_off_noticed(vm, ends_by, at)
+
+    def move_off_noticed(self, vm: VmRun, ends_by: float, at: float) -> None:
+        """Move a noticed VM's attempts: those queued there stop (to start elsewhere);
+        each running checkpointable one is asked to checkpoint now, if that can be
+        written before `ends_by` and there is work since its last checkpoint, then
+        stops and resumes elsewhere. Also after a restart that found a VM under notice
+        (recovery.py): the attempts' moves lived in memory."""
+        world = self.world
         self._move_queued(vm, f"spot notice on {vm.id}")
         for attempt_id in vm.attempts:
             attempt = world.attempts.get(attempt_id)

@@ -9,7 +9,8 @@ failed pass) and reconcile it with what the driver and the executor still have.
 - Live attempts are handed to the executor to re-adopt (`Executor.recover`); those it
   cannot re-adopt are marked LOST (not counted against max_attempts) and their jobs
   queued again, unless their end already waits in the inbox. Re-adopted running
-  attempts get their checkpoint schedule again.
+  attempts get their checkpoint schedule again; on a VM under a preemption notice
+  heard before the restart, they are asked to checkpoint and move again.
 - Bags with nothing open left are finished; cancellations under way are resumed.
 
 `Recovery` rebuilds the scheduler's `World` (controller/scheduler/world.py) and what
@@ -112,6 +113,13 @@ class Recovery:
         for vm_id in gone_vms:  # the executor stops what it still has there
             await self.calls.call(self.executor.vm_lost(vm_id))
         await self._resume_vms(now)
+        for vm in self.world.vms.values():  # a notice heard before the restart still holds
+            if (
+                vm.notice_until is not None
+                and vm.notice_until > now
+                and vm.state is VmState.RUNNING
+            ):
+                self.events.move_off_noticed(vm, vm.notice_until, now)
         for bag in list(self.world.bags.values()):
             if bag.done:
                 self.world.finish_bag(bag, now, batch)

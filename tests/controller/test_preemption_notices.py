@@ -217,3 +217,40 @@ def vm_status(scheduler, vm) -> VmStatus:
     return VmStatus(
         vm.provider_id, vm.id, vm.vm_type.name, vm.state, vm.zone, "", vm.requested_at, 0.0
     )
+
+
+async def test_a_notice_heard_before_a_restart_still_moves_the_vms_jobs(tmp_path):
+    """The attempts' moves live in memory; the notice is stored with the VM. A scheduler
+    rebuilt while the notice runs asks the VM's jobs to checkpoint and move again (without
+    it they would run on to the VM's end and lose their work since their last checkpoint)."""
+    first, clock, executor = await running_world(tmp_path)
+    await run_until(first, clock, 600)
+    vm = the_vm(first)
+    first.inbox.on_attempt_event(NodeNotice(vm.id, 600.0, 1200.0, "spot notice: ends by ..."))
+    await first.tick()
+    assert vm.notice_until == 1200.0
+    assert rows(tmp_path, f"SELECT notice_until FROM vms WHERE id = '{vm.id}'") == [(1200.0,)]
+    second = await world(
+        tmp_path,
+        clock,
+        1,
+        config(**{"scheduler.max_vms": 2}),
+        store=first.store,
+        driver=first.driver,
+        executor=executor,
+    )
+    await second.recover()
+    noticed = second.world.vms[vm.id]
+    assert noticed.notice_until == 1200.0 and noticed.draining
+    moving = [second.world.attempts[a] for a in noticed.attempts]
+    assert len(moving) == 2
+    assert all(a.migrating == f"spot notice on {vm.id}" for a in moving)
+    await run_until(second, clock, 3 * 3600)
+    await second.store.close()
+    assert rows(tmp_path, "SELECT state FROM jobs") == [("succeeded",)] * 2
+    moved = rows(
+        tmp_path,
+        f"SELECT count(*) FROM attempts WHERE vm_id = '{vm.id}' AND reason LIKE 'migrated: spot%'",
+    )
+    assert moved == [(2,)]
+    check_store_consistent(tmp_path)
