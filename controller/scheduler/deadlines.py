@@ -19,10 +19,11 @@ since their last checkpoint (`spot_unsaved_h`: what a preemption now loses); the
 of the running spot VMs whose free room the bag's next attempts would take
 (`free_spot_age_h`); whether spot can be launched now (`spot_available`: not while
 every type that holds a job is backed off after failed launches, `spot_outage_h` until
-then); prices of the cheapest type for the bag's jobs (per slot), the launch delay of
-the book. Its completion-time tables (policies/completion_times.py) are built
-once per (model, checkpoint table), inline in the simulator and in a worker thread in
-the daemon (the bag stays on spot until they are ready).
+then); prices of the cheapest type for the bag's jobs (per slot; spot at the hopping
+market's price now where it knows one), the launch delay of the book. Its
+completion-time tables (policies/completion_times.py) are built once per (model,
+checkpoint table), inline in the simulator and in a worker thread in the daemon (the
+bag stays on spot until they are ready).
 """
 
 from __future__ import annotations
@@ -240,8 +241,13 @@ class Deadlines:
             for t in world.catalog_view
             if (bag.allowed_types is None or t.name in bag.allowed_types)
         ]
+        spot_price = self._spot_prices_now()
         spot = cheapest_type(
-            bag.shape, [PricedType(t.name, t.capacity, t.spot_price_per_hour) for t in fitting]
+            bag.shape,
+            [
+                PricedType(t.name, t.capacity, spot_price.get(t.name, t.spot_price_per_hour))
+                for t in fitting
+            ],
         )
         od = cheapest_type(
             bag.shape,
@@ -316,6 +322,20 @@ class Deadlines:
             queue_ordered=True,
         )
         return inputs, times
+
+    def _spot_prices_now(self) -> dict[str, float]:
+        """Each type's spot price now (USD/h), where the hopping market knows it
+        (controller/hopper.py: the prices the planner launches at); the catalog's for
+        the others. A spot market moves by the hour: the policy's cost of staying on
+        spot is today's, not the price written in the configuration."""
+        market = self.world.market
+        if market is None:
+            return {}
+        return {
+            name: float(price)
+            for name, price in zip(market.names, market.now_price, strict=True)
+            if math.isfinite(price) and price > 0.0
+        }
 
     def _queued_work_h(self, bag: BagRun, estimate_h: float, to_h: float) -> np.ndarray:
         """The bag's queued jobs' work left, in the order the scheduler takes them

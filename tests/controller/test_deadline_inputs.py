@@ -20,6 +20,7 @@ from controller.scheduler.runs import AttemptRun, VmRun, capacity_of
 from controller.store import WriteBatch
 from drivers.base import VmState
 from policies.deadline import decide
+from policies.index import Policy, TypeMarket
 from tests.controller.simworld import bag, config, world
 
 HOUR = 3600.0
@@ -185,3 +186,35 @@ async def test_a_retry_that_cannot_checkpoint_is_queued_whole_and_loses_all_it_r
     assert inputs.spot_unsaved_h == pytest.approx([0.9])
     # vm-1's second slot is free: the next attempt reuses it.
     assert inputs.free_spot_age_h == pytest.approx([0.9])
+
+
+async def test_spot_is_priced_at_the_hopping_markets_price_now(tmp_path):
+    """The cost of staying on spot is the market's price now (the planner launches at
+    it), not the configuration's; a type the market has no price for keeps the catalog's."""
+    scheduler = await scheduler_with_bag(tmp_path)
+    run = scheduler.world.bags[BAG]
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    # The catalog: small (2 cpus, two 1-cpu jobs) at 0.02 $/h spot, 0.08 on demand.
+    assert inputs.spot_price_per_hour == pytest.approx(0.01)
+    assert inputs.on_demand_price_per_hour == pytest.approx(0.04)
+
+    def market(small_now: float) -> TypeMarket:
+        return TypeMarket(
+            policy=Policy.COST,
+            names=("small", "big"),
+            cpus=np.array([2.0, 8.0]),
+            memory_gb=np.array([4.0, 32.0]),
+            on_demand=np.array([0.08, 0.40]),
+            bid=np.array([0.08, 0.40]),
+            now_price=np.array([small_now, 0.1]),
+            mean_price=np.array([small_now, 0.1]),
+            std_price=np.zeros(2),
+        )
+
+    scheduler.world.market = market(0.05)  # spot's price rose
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    assert inputs.spot_price_per_hour == pytest.approx(0.025)
+    assert inputs.on_demand_price_per_hour == pytest.approx(0.04)
+    scheduler.world.market = market(float("nan"))  # no price known: the catalog's
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    assert inputs.spot_price_per_hour == pytest.approx(0.01)
