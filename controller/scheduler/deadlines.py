@@ -112,6 +112,12 @@ class Deadlines:
         # How long a decision stands when nothing changes (real s): the policy's lag.
         self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
 
+    def forget(self) -> None:
+        """Drop every bag's decision and projection (after a recovery: they are made
+        again from the rebuilt world; a bag still at risk is told so again)."""
+        self._bags.clear()
+        self._counts = None
+
     # --- what Planning asks ---------------------------------------------------------
 
     def plan_for(self, bag: BagRun, now: float) -> OnDemandPlan | None:

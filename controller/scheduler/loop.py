@@ -324,6 +324,9 @@ class Scheduler:
         """Rebuild memory from the store and reconcile it with the driver and the
         executor (controller/scheduler/recovery.py)."""
         await self.recovery.recover()
+        # Its decisions and what it told were of the world before: a `deadline_at_risk`
+        # whose pass failed to write is told again (as after a daemon restart).
+        self.deadlines.forget()
 
     # --- the loop -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ on-demand VMs; the sim driver never preempts an on-demand VM."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 
@@ -191,3 +192,34 @@ async def test_a_deadline_no_slot_count_can_meet_is_at_risk_and_told_once(tmp_pa
     assert [bag_id for bag_id, _ in told] == ["b0000000001"]  # once, not every projection
     payload = json.loads(told[0][1])
     assert payload["at"] == START + HOUR / 2 and payload["at_risk"] is True
+
+
+async def test_an_at_risk_notice_whose_pass_failed_to_write_is_told_after_the_recovery(tmp_path):
+    """The pass that first finds the bag at risk fails to write (the disk, say): the
+    scheduler recovers from the store, and the bag, still at risk, is told then."""
+    cfg = deadline_config(**{"preemption.model": "exponential", "preemption.mttf_h": 3.0})
+    clock = SimClock(START)
+    scheduler = await world(tmp_path, clock, 3, cfg)
+    await submit(scheduler, clock, cfg, "b0000000001", 20, deadline="30m")
+    store, apply = scheduler.store, scheduler.store.apply
+    failed = []
+
+    async def apply_failing_the_first_at_risk(batch):
+        if not failed and any(e.kind == "deadline_at_risk" for e in batch.events):
+            failed.append(batch)
+            raise sqlite3.OperationalError("disk I/O error")
+        return await apply(batch)
+
+    store.apply = apply_failing_the_first_at_risk
+    while not failed and clock.now() < START + HOUR / 4:
+        try:
+            await scheduler.tick()
+        except sqlite3.OperationalError:
+            break
+        clock.advance_to(clock.now() + 1.0)
+    assert failed, "no pass found the bag at risk"
+    await scheduler.recover()  # as Scheduler.run does after a failed pass
+    await run_until(scheduler, clock, START + 12 * HOUR)
+    await store.flush()
+    told = rows(tmp_path, "SELECT bag_id FROM events WHERE kind = 'deadline_at_risk'")
+    assert told == [("b0000000001",)]
