@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -223,6 +224,27 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop(signal.SIGKILL)
         halt_vm_hosts(daemon.controller_id or controller_id_of(daemon.state_dir))
+
+
+@pytest.fixture(autouse=True)
+def no_vm_host_outlives_its_test(request) -> Iterator[None]:
+    """After a test on the Slurm cluster (and its daemons' teardown: this fixture is set
+    up first, so torn down last), no VM host it made is left on the cluster's bridge: one
+    left would answer for the addresses the next tests' VMs get. Any found is removed,
+    with a warning naming the test (a teardown that missed it is a test defect)."""
+    if "slurm_cluster" not in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("slurm_cluster")
+    before = cluster.vm_hosts()
+    yield
+    left = cluster.vm_hosts() - before
+    if left:
+        cluster.halt_hosts(left)
+        warnings.warn(
+            f"{request.node.nodeid} left VM hosts {sorted(left)} on the bridge (removed)",
+            stacklevel=1,
+        )
 
 
 def controller_id_of(state_dir: Path) -> str | None:

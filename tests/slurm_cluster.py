@@ -311,16 +311,14 @@ class SlurmCluster:
                 raise RuntimeError("slurmctld did not come back")
             time.sleep(0.05)
 
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.run("scancel", "--full", "-u", "root", check=False, timeout=10)
-        # Every VM host on the bridge: their namespaces hold slurmd, slurmstepd and jobs.
+    def vm_hosts(self) -> set[str]:
+        """The network namespaces of the VM hosts on this cluster's bridge."""
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         links = subprocess.run(
             ["ip", "-o", "link", "show", "master", self.bridge], capture_output=True, text=True
         ).stdout
-        namespaces = [line.split()[0] for line in listed.splitlines() if line.strip()]
-        for namespace in namespaces:
+        found = set()
+        for namespace in (line.split()[0] for line in listed.splitlines() if line.strip()):
             peer = subprocess.run(
                 ["ip", "-n", namespace, "-o", "link", "show", "eth0"],
                 capture_output=True,
@@ -329,7 +327,18 @@ class SlurmCluster:
             # A namespace whose eth0 is the peer of a veth on our bridge is one of ours.
             index = peer.split("@if")[-1].split(":")[0] if "@if" in peer else ""
             if index and f"\n{index}: " in "\n" + links:
-                _halt_namespace(namespace)
+                found.add(namespace)
+        return found
+
+    def halt_hosts(self, namespaces: set[str]) -> None:
+        for namespace in namespaces:
+            _halt_namespace(namespace)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.run("scancel", "--full", "-u", "root", check=False, timeout=10)
+        # Every VM host on the bridge: their namespaces hold slurmd, slurmstepd and jobs.
+        self.halt_hosts(self.vm_hosts())
         for process in reversed(self._processes):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
