@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from controller.scheduler.backoff import Backoff
 from controller.scheduler.runs import BagRun
 from controller.scheduler.world import World
 from controller.store import WriteBatch
+from drivers.base import VmType
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import DeadlineDecision, DeadlineInputs, decide
@@ -62,6 +63,20 @@ ALL_SLOTS = 1 << 30  # `always`: more on-demand slots than any bag has
 _TimesKey = tuple[LifetimeModel, int]  # (model, id of its checkpoint table)
 TIMES_KEPT = 8  # completion-time tables kept (~10 MB each at 1-min steps over 24 h)
 RETRY_BUILD_S = 60.0  # after a failed build, real seconds before the next try
+
+
+class SpotPriceFeed(Protocol):
+    """A spot price that moves, known to the scheduler beside the driver (`spotbag
+    simulate --price-trace`: controller/traces/price_trace.py TraceMarket)."""
+
+    def price_at(self, vm_type: str, zone: str, at: float) -> float:
+        """The spot price (USD/h) in effect at `at`."""
+        ...
+
+    def outage_left_s(self, vm_type: str, zone: str, bid: float, at: float) -> float:
+        """0 while the price is at or below `bid`; else how much longer it is expected
+        to stay above it (from the past only)."""
+        ...
 
 
 @dataclass
@@ -94,8 +109,12 @@ class Deadlines:
         tables: TableCache,
         max_vms: int,
         backoff: Backoff | None = None,
+        spot_feed: SpotPriceFeed | None = None,
     ) -> None:
         self.world = world
+        # A moving spot price (simulate's trace): the policy's price now, whether spot
+        # can be had, and for how long it cannot.
+        self.spot_feed = spot_feed
         self.backoff = backoff  # VM types backed off after failed launches: spot_available
         self.book = book
         self.tables = tables
@@ -247,7 +266,7 @@ class Deadlines:
             for t in world.catalog_view
             if (bag.allowed_types is None or t.name in bag.allowed_types)
         ]
-        spot_price = self._spot_prices_now()
+        spot_price = self._spot_prices_now(now)
         spot = cheapest_type(
             bag.shape,
             [
@@ -266,6 +285,7 @@ class Deadlines:
             return None
         spot_type, spot_slots = spot
         vm_type = world.catalog[spot_type.name]
+        outbid_s = self._outbid_s(vm_type, now)
         model = self.book.belief(vm_type, vm_type.zone).model
         estimate_h = bag.runtime_estimate_s * to_h
         # A job that cannot checkpoint restarts from scratch: a checkpoint as dear as the
@@ -302,7 +322,7 @@ class Deadlines:
             else:
                 od_left.append(left_h)
         slots = max(1, min(bag.open_jobs, self.max_vms * spot_slots))
-        outage_h = self._spot_blocked_h(bag, fitting, now) * to_h
+        outage_h = max(self._spot_blocked_h(bag, fitting, now), outbid_s) * to_h
         inputs = DeadlineInputs(
             now_h=now * to_h,
             deadline_h=bag.deadline_at * to_h,
@@ -324,16 +344,21 @@ class Deadlines:
             decision_lag_h=self.decide_every_s * to_h + self.book.launch_h,
             # Spot can be launched now unless every type that holds a job is backed off
             # after failed launches (the driver said no); unknown without the back-off.
-            spot_available=None if self.backoff is None else outage_h == 0.0,
+            spot_available=(
+                None if self.backoff is None and self.spot_feed is None else outage_h == 0.0
+            ),
             queue_ordered=True,
         )
         return inputs, times
 
-    def _spot_prices_now(self) -> dict[str, float]:
+    def _spot_prices_now(self, now: float) -> dict[str, float]:
         """Each type's spot price now (USD/h), where the hopping market knows it
         (controller/hopper.py: the prices the planner launches at); the catalog's for
         the others. A spot market moves by the hour: the policy's cost of staying on
         spot is today's, not the price written in the configuration."""
+        feed = self.spot_feed
+        if feed is not None:  # the market simulate replays: every type's price now
+            return {t.name: feed.price_at(t.name, t.zone, now) for t in self.world.catalog_view}
         market = self.world.market
         if market is None:
             return {}
@@ -342,6 +367,14 @@ class Deadlines:
             for name, price in zip(market.names, market.now_price, strict=True)
             if math.isfinite(price) and price > 0.0
         }
+
+    def _outbid_s(self, vm_type: VmType, now: float) -> float:
+        """Real seconds the spot price of `vm_type` is expected to stay above its bid
+        (its on-demand price): 0 without a price feed or while it is at or below."""
+        if self.spot_feed is None:
+            return 0.0
+        bid = vm_type.on_demand_price_per_hour or math.inf
+        return self.spot_feed.outage_left_s(vm_type.name, vm_type.zone, bid, now)
 
     def _queued_work_h(self, bag: BagRun, estimate_h: float, to_h: float) -> np.ndarray:
         """The bag's queued jobs' work left, in the order the scheduler takes them
