@@ -318,6 +318,12 @@ class BagSpec(_Strict):
         le=0.9999,
         description="With a deadline: the probability with which it should be met.",
     )
+    deadline_policy: Literal["spotbag", "uniform_progress"] = Field(
+        "spotbag",
+        description="With on_demand: when_needed, what decides when on-demand VMs are needed: "
+        "spotbag (the deadline policy, from the preemption models; docs/design.md#deadlines) or "
+        "uniform_progress (Wu et al., NSDI '24: the baseline, no model of spot lifetimes).",
+    )
     notify: list[Webhook] = Field(
         default_factory=list,
         max_length=MAX_WEBHOOKS,

@@ -46,6 +46,7 @@ from controller.scheduler.runs import BagRun
 from controller.scheduler.world import World
 from controller.store import WriteBatch
 from drivers.base import VmType
+from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import DeadlineDecision, DeadlineInputs, decide
@@ -87,6 +88,7 @@ class _BagDeadline:
     projected: DeadlineDecision | None = None
     projected_at: float = -float("inf")
     at_risk_told: bool = False
+    up_safety_net: bool = False  # Uniform Progress's safety net fired: on-demand to the end
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,10 @@ class Deadlines:
         if inputs_times is None:
             return state.decision
         inputs, times = inputs_times
-        decision = decide(inputs, times, (), project=False)
+        if bag.spec.deadline_policy == "uniform_progress":
+            decision = self._uniform_progress(bag, state, inputs)
+        else:
+            decision = decide(inputs, times, (), project=False)
         if state.decision is None or decision.on_demand_slots != state.decision.on_demand_slots:
             log.info(
                 "bag %s: %d slot(s) on on-demand (deadline in %.2f model h)",
@@ -236,6 +241,70 @@ class Deadlines:
             )
         state.decision, state.decided_at, state.decided_for = decision, now, key
         return decision
+
+    def _uniform_progress(
+        self, bag: BagRun, state: _BagDeadline, inputs: DeadlineInputs
+    ) -> DeadlineDecision:
+        """Uniform Progress (policies/uniform_progress.py `plan_bag`), the baseline a bag
+        chooses with `deadline_policy: uniform_progress`, from the same inputs as the
+        deadline policy's: C, the bag's work (its jobs × the runtime estimate); cp(t), C
+        less the work left (queued, and running attempts' left); C(t), list scheduling
+        of the work left on the bag's slots all on-demand; spot available when the
+        deadline policy would say so (no back-off, the price at or below the bid)."""
+        to_h = self.world.time_scale / 3600.0
+        estimate_h = bag.runtime_estimate_s * to_h
+        launch_h = inputs.on_demand_launch_h
+        left_h = float(
+            inputs.queued_work_h.sum() + inputs.spot_work_h.sum() + inputs.on_demand_left_h.sum()
+        )
+        total_h = max(bag.jobs_total, bag.open_jobs) * estimate_h
+        running = len(inputs.spot_work_h) + len(inputs.on_demand_left_h)
+        busy_h = [
+            *inputs.on_demand_left_h.tolist(),
+            *(w + launch_h for w in inputs.spot_work_h.tolist()),
+            *[launch_h] * max(inputs.slots - running, 0),
+        ]
+        progress = up.ProgressState(
+            now_h=inputs.now_h,
+            start_h=bag.submitted_at * to_h,
+            deadline_h=inputs.deadline_h,
+            total_work_h=total_h,
+            progress_h=max(total_h - left_h, 0.0),
+            work_left_h=up.bag_work_left_h(
+                inputs.queued_work_h.tolist(), busy_h, inputs.deadline_h - inputs.now_h, launch_h
+            ),
+            changeover_h=launch_h,
+            spot_available=inputs.spot_available is not False and inputs.spot_outage_h == 0.0,
+            current=up.Kind.WAIT,
+            safety_net=state.up_safety_net,
+        )
+        plan = up.plan_bag(progress, inputs.slots, self._on_demand_running(bag.id))
+        state.up_safety_net = plan.safety_net
+        return DeadlineDecision(
+            on_demand_slots=plan.on_demand_slots,
+            launch_spot=plan.launch_spot,
+            p_meet=math.nan,
+            finish_quantiles_h=(),
+            latest_switch_h=math.nan,
+            at_risk=False,
+        )
+
+    def next_due(self, now: float) -> float | None:
+        """When a decision that keeps a bag's queued jobs waiting (no spot worth
+        launching now, no on-demand slot for them) stands no longer: nothing else may
+        happen before then (no VM alive, on a virtual clock no timer), and the wait must
+        be decided again. None: no bag waits on its decision."""
+        due = None
+        for bag_id, state in self._bags.items():
+            decision = state.decision
+            bag = self.world.bags.get(bag_id)
+            if decision is None or decision.launch_spot or bag is None or not len(bag.queue):
+                continue
+            at = state.decided_at + self.decide_every_s
+            if at <= now:  # not decided again (its tables are being built): no busy loop
+                at = now + self.decide_every_s
+            due = at if due is None else min(due, at)
+        return due
 
     def begin_pass(self) -> None:
         """A new planning pass: the attempts on on-demand VMs are counted again."""

@@ -525,7 +525,12 @@ class Scheduler:
             return now
         wanted = [
             t
-            for t in (decision.next_wake_at, self.checkpoints.next_due(), pool_wake_at)
+            for t in (
+                decision.next_wake_at,
+                self.checkpoints.next_due(),
+                pool_wake_at,
+                self.deadlines.next_due(now),
+            )
             if t is not None
         ]
         if self.backoff.starts_blocked_until > now:

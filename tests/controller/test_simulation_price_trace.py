@@ -172,3 +172,46 @@ def test_the_cli_takes_the_trace_options(tmp_path):
     assert out.exit_code == 0, out.output
     usage = json.loads(out.output)["bag"]["usage"]
     assert usage["spot_cost_usd"] == pytest.approx(0.50, abs=0.001)  # not 3 h × 0.5
+
+
+def deadline_bag(policy: str, on_demand: str) -> dict:
+    """20 one-hour jobs on 10 one-job VMs, due in 3 h."""
+    return {
+        **bag(1.0),
+        "command": "run {i}",
+        "parameters": {"i": {"range": [0, 20]}},
+        "deadline": "3h",
+        "on_demand": on_demand,
+        "deadline_policy": policy,
+    }
+
+
+@pytest.mark.parametrize("policy", ["uniform_progress", "spotbag"])
+async def test_a_deadline_policy_escalates_while_spot_is_outbid_and_meets_it(tmp_path, policy):
+    # Spot is above the bid for the first hour: on spot alone the bag's 2 h of rounds
+    # start at 1 h and end after 3 h. Uniform Progress falls behind its line with no spot
+    # to be had (rule 1) and goes on-demand; spotbag's policy sees the outage.
+    trace = write_trace(tmp_path / "trace.csv", [(0, 2.00), (1, 0.10)])
+    config = config_for(trace)
+    config = config.model_copy(
+        update={
+            "scheduler": config.scheduler.model_copy(update={"max_vms": 10}),
+            "simulation": config.simulation.model_copy(update={"boot_delay_s": 60.0}),
+        }
+    )
+    spot_only = await simulate(
+        deadline_bag(policy, "never"), config, seed=1, state_dir=tmp_path / "spot"
+    )
+    assert spot_only.bag["elapsed_s"] > 3 * H  # missed
+    result = await simulate(
+        deadline_bag(policy, "when_needed"), config, seed=1, state_dir=tmp_path / "escalated"
+    )
+    assert result.bag["counts"]["succeeded"] == 20
+    assert result.bag["elapsed_s"] <= 3 * H
+    with sqlite3.connect(tmp_path / "escalated" / "spotbag.db") as db:
+        on_demand = [at for (at,) in db.execute("SELECT requested_at FROM vms WHERE spot = 0")]
+    assert len(on_demand) >= 1
+    if policy == "uniform_progress":
+        # Rule 1 (behind the line, no spot), within a decision or two of the start, not
+        # the safety net, which would fire only near 1 h (R < C(t) + 2d).
+        assert min(on_demand) <= START + 60
