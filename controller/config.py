@@ -730,6 +730,14 @@ class SimulationConfig(_Section):
     start_at: float = Field(
         1_767_225_600.0, description="spotbag simulate: epoch seconds the virtual clock starts at."
     )
+    projection_every_s: float = Field(
+        30.0,
+        gt=0,
+        description="spotbag simulate: a bag's deadline projection (P(meet), finish "
+        "quantiles, deadline_at_risk) at most once per this many simulated seconds, as the "
+        "daemon makes it at most every 30 s; it changes no decision, and is most of a long "
+        "simulation's time when frequent.",
+    )
     price_trace: str = Field(
         "",
         description="spotbag simulate: a spot price trace file (the format of `spotbag data "

@@ -126,6 +126,7 @@ async def simulate(
             ),
             spot_feed=market,
         )
+        scheduler.deadlines.project_every_s = config.simulation.projection_every_s
         bag_row, _ = await admit(
             spec,
             store=store,

@@ -163,6 +163,12 @@ class SimulationHints(_Strict):
     runtime_cv: float = Field(
         0.0, ge=0, le=10, description="Coefficient of variation of a lognormal runtime."
     )
+    runtime_param: str | None = Field(
+        None,
+        min_length=1,
+        description="Each job's runtime, seconds, is its value of this parameter (jobs of "
+        "different lengths; before runtime_cv); a job without it takes runtime_s.",
+    )
     failure_probability: float = Field(
         0.0, ge=0, le=1, description="Chance that an attempt exits non-zero."
     )

@@ -130,6 +130,9 @@ class Deadlines:
         self._failed_at: dict[_TimesKey, float] = {}  # key -> when its build failed
         self.on_ready: Callable[[], None] | None = None  # wakes the scheduler
         self._counts: dict[str, int] | None = None  # bag -> attempts on on-demand VMs
+        # How often a bag's projection is made (real s); it changes no decision (views and
+        # `deadline_at_risk` only): a simulation may make it rarer (simulation.py).
+        self.project_every_s = PROJECT_EVERY_S
         # How long a decision stands when nothing changes (real s): the policy's lag.
         self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
 
@@ -165,7 +168,7 @@ class Deadlines:
             if bag.deadline_at is None or bag.spec.on_demand_mode == "never":
                 continue
             state = self._bags.setdefault(bag.id, _BagDeadline())
-            if now - state.projected_at >= PROJECT_EVERY_S and (
+            if now - state.projected_at >= self.project_every_s and (
                 due is None or state.projected_at < due[0]
             ):
                 due = (state.projected_at, bag, state)
