@@ -215,3 +215,24 @@ async def test_a_deadline_policy_escalates_while_spot_is_outbid_and_meets_it(tmp
         # Rule 1 (behind the line, no spot), within a decision or two of the start, not
         # the safety net, which would fire only near 1 h (R < C(t) + 2d).
         assert min(on_demand) <= START + 60
+
+
+async def test_each_job_can_take_its_own_runtime_from_a_parameter(tmp_path):
+    # Jobs of 1, 2 and 3 h (their `runtime_s`) on one VM after another, spot at 0.10 $/h:
+    # 6 h of attempts; a job whose value is not a runtime (0) takes the bag's runtime_s,
+    # 0.5 h.
+    trace = write_trace(tmp_path / "trace.csv", [(0, 0.10)])
+    spec = {
+        **bag(1.0),
+        "command": "run {i}",
+        "points": [
+            {"i": 0, "runtime_s": 1 * H},
+            {"i": 1, "runtime_s": 2 * H},
+            {"i": 2, "runtime_s": 0},
+            {"i": 3, "runtime_s": 3 * H},
+        ],
+        "simulation": {"runtime_param": "runtime_s", "runtime_s": 0.5 * H},
+    }
+    result = await simulate(spec, config_for(trace), seed=1, state_dir=tmp_path)
+    assert result.bag["counts"]["succeeded"] == 4
+    assert result.bag["usage"]["attempt_hours"] == pytest.approx(6.5)
