@@ -138,6 +138,26 @@ class Budgets:
             return 0
         return min(wanted, fits)
 
+    def launchable_with_on_demand(
+        self, bag: BagRun, wanted: int, on_demand: int, catalog: Sequence[CatalogType], now: float
+    ) -> tuple[int, int]:
+        """(attempts, of which on on-demand VMs) the bag's budgets leave room for, when
+        the first `on_demand` of the `wanted` would go on on-demand VMs (the planner
+        fills a bag's on-demand slots first; the deadline policy's `when_needed`): each
+        of those at its worst case at the cheapest on-demand price, the rest at spot's.
+        The budget is the cap and the deadline a goal: on-demand attempts it cannot
+        pay for are left to spot (cheaper), not held."""
+        on_demand = min(on_demand, wanted)
+        if not wanted or not on_demand or not self.limited(bag):
+            return wanted, on_demand
+        room = self.room_usd(bag.id, bag.spec.account, now)
+        od_usd = self._cheapest_attempt_usd(bag, catalog, on_demand=True)
+        spot_usd = self._cheapest_attempt_usd(bag, catalog, on_demand=False)
+        od_fit = on_demand if od_usd <= 0 else _fits(room, od_usd, on_demand)
+        room -= od_fit * od_usd
+        spot_fit = wanted - od_fit if spot_usd <= 0 else _fits(room, spot_usd, wanted - od_fit)
+        return od_fit + spot_fit, od_fit
+
     def room_usd(self, bag_id: str, account: str, now: float) -> float:
         """Dollars left under the tighter of the bag's and the account's caps (inf: none)."""
         self._roll_month(now)
@@ -152,9 +172,11 @@ class Budgets:
             room = min(room, cap - spent - book.account_committed.get(account, 0.0))
         return room
 
-    def _cheapest_attempt_usd(self, bag: BagRun, catalog: Sequence[CatalogType]) -> float:
+    def _cheapest_attempt_usd(
+        self, bag: BagRun, catalog: Sequence[CatalogType], on_demand: bool | None = None
+    ) -> float:
         # A bag that runs on on-demand VMs only pays their price.
-        always = bag.spec.on_demand_mode == "always"
+        always = bag.spec.on_demand_mode == "always" if on_demand is None else on_demand
         prices = [
             (
                 t.on_demand_price_per_hour or t.spot_price_per_hour
@@ -295,3 +317,10 @@ class Budgets:
             self.book.account_spent[(account, self.month)] = spent
         for row in state["open"]:
             self.book.reserve(row["bag_id"], row["account"], row["key"], row["usd"], row["month"])
+
+
+def _fits(room_usd: float, each_usd: float, at_most: int) -> int:
+    """How many attempts of `each_usd` the room holds, at most `at_most`."""
+    if room_usd <= 0:
+        return 0
+    return max(0, min(at_most, math.floor(room_usd / each_usd + TOLERANCE)))

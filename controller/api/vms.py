@@ -143,6 +143,13 @@ async def list_models(request: web.Request) -> web.Response:
     )
 
 
+def still_launching(vm_id: str) -> str:
+    """A VM the daemon tracks whose provider id its driver has not reported yet (the
+    launch answered, or its first status is on its way): it cannot be named to the
+    driver yet. Not "not alive": a job may already run on it."""
+    return f"VM {vm_id} is still being launched (its driver has not reported it yet): try again"
+
+
 async def preempt_vm(request: web.Request) -> web.Response:
     c = controller_of(request)
     vm_id = request.match_info["vm_id"]
@@ -151,8 +158,10 @@ async def preempt_vm(request: web.Request) -> web.Response:
     if injector is None:
         raise Conflict(f"the {c.driver.name} driver cannot inject preemptions")
     vm = c.running_scheduler.world.vms.get(vm_id)
-    if vm is None or not vm.provider_id:
+    if vm is None:
         raise NotFound(f"VM {vm_id} is not alive")
+    if not vm.provider_id:
+        raise Conflict(still_launching(vm_id))
     if not injector.inject_preemption(
         vm.provider_id, "preempted: injected through the API", notice_s=notice_s
     ):
@@ -167,8 +176,10 @@ async def rebalance_vm(request: web.Request) -> web.Response:
     if inject is None:
         raise Conflict(f"the {c.driver.name} driver cannot give rebalance recommendations")
     vm = c.running_scheduler.world.vms.get(vm_id)
-    if vm is None or not vm.provider_id:
+    if vm is None:
         raise NotFound(f"VM {vm_id} is not alive")
+    if not vm.provider_id:
+        raise Conflict(still_launching(vm_id))
     if not inject(vm.provider_id):
         raise Conflict(f"VM {vm_id} is not alive, or has no metadata server to tell it")
     return json_response({"id": vm_id, "recommended": True}, status=202)

@@ -20,6 +20,7 @@ attempts) and writes nothing there but the attempts' `due_at` and `signalled_at`
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from collections.abc import Callable
 
@@ -29,6 +30,8 @@ from controller.scheduler.runs import AttemptRun
 from controller.scheduler.world import World
 from controller.states import AttemptState
 from policies.checkpoint import next_checkpoint_h, planned_work_left
+
+log = logging.getLogger("spotbag.scheduler")
 
 
 class CheckpointTimer:
@@ -106,6 +109,9 @@ class CheckpointTimer:
             due = max(now + interval_h / to_h, attempt.mark_at + settings.min_interval_s)
         attempt.due_at = due
         heapq.heappush(self._due, (due, attempt.id, interval_h is not None))
+        log.debug(
+            "%s: %s in %.1f s", attempt.id, "checkpoint" if interval_h else "review", due - now
+        )
 
     def next_due(self) -> float | None:
         """When the earliest signal or review is due (None: none is planned)."""
@@ -137,6 +143,7 @@ class CheckpointTimer:
                 self.plan(attempt, now)
                 continue
             attempt.signalled_at = now
+            log.debug("%s: asked to checkpoint", attempt_id)
             spec = self._world.bags[attempt.bag_id].spec
             timeout_s = max(self.settings.confirm_timeout_s, 5 * spec.checkpoint_cost_s)
             signals.append((attempt_id, timeout_s))

@@ -173,8 +173,17 @@ class Planning:
         wanted = self.deadlines.plan_for(bag, now)
         if wanted is None:
             return group
+        queued, slots = group.queued, wanted.slots
+        if bag.spec.on_demand_mode == "when_needed" and slots > wanted.running:
+            # Budgets priced every attempt at spot (`launchable`); those placed on
+            # on-demand VMs cost more: as many as the budgets pay for, the rest on spot.
+            queued, on_demand = self.world.budgets.launchable_with_on_demand(
+                bag, queued, slots - wanted.running, self.world.catalog_view, now
+            )
+            slots = min(slots, wanted.running + on_demand)
         return group._replace(
-            on_demand_slots=wanted.slots,
+            queued=queued,
+            on_demand_slots=slots,
             on_demand_running=wanted.running,
             use_spot=wanted.use_spot,
         )

@@ -299,6 +299,13 @@ async def test_vms_models_and_an_injected_preemption(api: Api) -> None:
     vm = await running_vm()
     models = await api.ok("GET", "/v1/models")
     assert "configured" in models and "in_use" in models
+    # Before its launch's answer is recorded a VM has no provider id: not preemptible
+    # yet, and not "not alive" either (a job may run on it already).
+    tracked = api.controller.running_scheduler.world.vms[vm["id"]]
+    provider_id, tracked.provider_id = tracked.provider_id, ""
+    status, body = await api.call("POST", f"/v1/vms/{vm['id']}/preempt")
+    tracked.provider_id = provider_id
+    assert status == 409 and "still being launched" in body["error"]["message"], body
     assert (await api.ok("POST", f"/v1/vms/{vm['id']}/preempt", 202))["preempted"] is True
     status, _ = await api.call("POST", "/v1/vms/vm-nosuchvm/preempt")
     assert status == 404

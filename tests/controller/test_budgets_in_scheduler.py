@@ -130,3 +130,36 @@ async def test_a_bag_budget_holds_its_bag_only(tmp_path):
     ) == [(0,)]
     assert rows(tmp_path, "SELECT state FROM bags WHERE id = 'b0000000002'") == [("succeeded",)]
     await scheduler.store.close()
+
+
+async def test_a_deadline_escalates_only_to_the_on_demand_vms_its_budget_pays_for(tmp_path):
+    """A bag at risk of missing its deadline wants every slot on-demand; its budget pays
+    for two on-demand attempts ($0.16 worst case each: half of a $0.08/h VM for 4 h) and
+    then two on spot ($0.04 each) of its $0.40. No on-demand VM is launched that the
+    budget then refuses to use (each ran an attempt), and the cap is never passed."""
+    cfg = config(
+        **{
+            "preemption.model": "exponential",
+            "preemption.mttf_h": 3.0,
+            "vm_types": [config().vm_types[0]],
+        }
+    )
+    clock = SimClock(1_800_000_000.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    await submit(scheduler, clock, cfg, "b0000000001", deadline="30m", budget_usd=0.40)
+    await run_until(scheduler, clock, clock.now() + HOUR / 2)
+    await scheduler.store.flush()
+    on_demand = rows(
+        tmp_path,
+        "SELECT v.id, count(a.vm_id) FROM vms v LEFT JOIN attempts a ON a.vm_id = v.id "
+        "WHERE v.spot = 0 GROUP BY v.id",
+    )
+    assert on_demand, "the deadline did not escalate"
+    assert all(n > 0 for _, n in on_demand), on_demand
+    attempts = rows(
+        tmp_path,
+        "SELECT v.spot, count(*) FROM attempts a JOIN vms v ON v.id = a.vm_id GROUP BY v.spot",
+    )
+    assert dict(attempts) == {0: 2, 1: 2}
+    charged, reserved = spent_and_reserved(tmp_path)
+    assert charged + reserved <= 0.40 + 1e-9

@@ -90,9 +90,22 @@ class Chaos:
                 wait_until(lambda n=run: lines(runs_file) >= n, 240, 0.2, f"pool run {run}")
                 time.sleep(1.0)
                 victim = wait_until(lambda: self.pool_vm(), 30, 0.2, "the pool job's VM")
-                assert self.call("preempt", victim) is not None
+                # Again while the daemon restarts (the call answers None then).
+                wait_until(
+                    lambda v=victim: self.call("preempt", v) is not None or self.gone(v),
+                    60,
+                    0.5,
+                    f"the pool job's VM {victim} preempted",
+                )
         except BaseException as exc:  # reported by the test
             self.errors.append(exc)
+
+    def gone(self, vm_id: str) -> bool:
+        """Whether the VM has ended (a preemption whose answer was lost in a restart)."""
+        listed = self.call("vms", True)
+        return bool(listed) and any(
+            v["id"] == vm_id and v["state"] in ("preempted", "terminated") for v in listed["vms"]
+        )
 
     def pool_vm(self) -> str | None:
         listed = self.call("vms")

@@ -57,6 +57,11 @@ policy = "young-daly"
 """
 
 
+def spotbag_lines(log: str, last: int = 80) -> str:
+    """The daemon's own log lines (the cloud clients' debug output left out)."""
+    return "\n".join([line for line in log.splitlines() if " spotbag." in line][-last:])
+
+
 @pytest.fixture(params=["aws", "gce"])
 def cloud_with_hosts(request, slurm_cluster, tmp_path):
     """A mocked cloud reachable from the VM hosts, the munge key in its secret store,
@@ -143,7 +148,7 @@ def test_a_spot_interruption_reaches_slurm_and_the_job_resumes_on_a_new_vm(
             raise AssertionError(
                 f"{timed_out}\njob: {seen['state']}, attempts {seen['attempt_list']}, "
                 f"checkpoints {seen['checkpoint_list']}, host errors {hosts.errors}\n"
-                f"{consoles}\n--- daemon ---\n{daemon.log()[-4000:]}"
+                f"{consoles}\n--- daemon (its own lines) ---\n{spotbag_lines(daemon.log())}"
             ) from None
         victim = next(v for v in client.vms()["vms"] if v["id"] == job["vm_id"])
         node = f"sb-{victim['id']}"
@@ -165,7 +170,7 @@ def test_a_spot_interruption_reaches_slurm_and_the_job_resumes_on_a_new_vm(
         done = wait_for_bag(client, bag["id"], 180)
         assert done["state"] == "succeeded", (
             [(a["state"], a["reason"]) for a in client.job(job_id)["attempt_list"]],
-            daemon.log()[-4000:],
+            spotbag_lines(daemon.log()),
         )
         job = client.job(job_id)
         first, last = job["attempt_list"][0], job["attempt_list"][-1]

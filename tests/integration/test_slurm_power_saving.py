@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.cli.client import ClientError
 from tests.conftest import SAY_HOST, Daemon, plain_user, pool_vms_alive, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
@@ -99,6 +100,16 @@ def ended_runs(daemon, job_id: str) -> list[dict]:
     return [r for r in runs(daemon) if r["job_id"] == job_id and r["state"] != "running"]
 
 
+def preempted(client, vm_id: str) -> bool:
+    try:
+        client.preempt(vm_id)
+    except ClientError as exc:
+        if "still being launched" not in exc.message:
+            raise
+        return False
+    return True
+
+
 def test_slurm_users_jobs_run_on_spot_vms_and_are_charged(pool_daemon, slurm_cluster, out_dir):
     client = pool_daemon.start()
     client.create_account("chem", cpu_hours=1000)
@@ -144,7 +155,9 @@ def test_slurm_users_jobs_run_on_spot_vms_and_are_charged(pool_daemon, slurm_clu
     )
     wait_until(lambda: job_field(slurm_cluster, second, "%T") == "RUNNING", 90, 0.2, "it to run")
     victim = wait_until(lambda: job_hosts(out_dir, second), 30, 0.1, "its host")[0]
-    client.preempt(victim)
+    # The job may run before the daemon has recorded its VM's launch (its provider id):
+    # the API says so (409, "still being launched") until it has.
+    wait_until(lambda: preempted(client, victim), 30, 0.2, f"{victim} to be preempted")
     wait_until(
         lambda: job_field(slurm_cluster, second, "%T") == "COMPLETED", 150, 0.5, "the requeued job"
     )

@@ -38,6 +38,7 @@ class JobSignals:
     def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
         attempt = self._state.attempts.get(attempt_id)
         if attempt is None or attempt.ended or attempt.stop_reason or attempt.checkpoint:
+            log.debug("checkpoint of %s not asked: gone, stopping or under way", attempt_id)
             return
         if attempt.checkpoint_dir is None:  # not checkpointable: nothing to watch
             return
@@ -92,6 +93,7 @@ class JobSignals:
                 await asyncio.sleep(state.settings.file_poll_s)
         finally:
             attempt.checkpoint = None
+            log.debug("checkpoint of %s: %s", attempt.attempt_id, "written" if ok else detail)
             state.emit(CheckpointEvent(attempt.attempt_id, requested_at, state.now(), ok, detail))
 
     def cancel(self, attempt_id: str) -> None:
