@@ -10,6 +10,10 @@ VMs; Planning passes that to the planner, which launches them (docs/design.md#de
   one bag per pass, for the API and the `deadline_at_risk` event (once per bag until
   it is no longer at risk).
 - `never` (or no book of preemption models): spot only, as without a deadline.
+- `deadline_policy: uniform_progress` (with `when_needed`): Uniform Progress
+  (policies/uniform_progress.py `plan_bag`, the baseline) decides instead, from the
+  same inputs, when and as often as the deadline policy would (it waits for the same
+  completion-time tables, which it does not use, to be built).
 
 The policy's inputs come from the World, in model hours, as the simulator
 (policies/deadline_sim.py) gives them: the queue in the order the scheduler takes it
