@@ -26,13 +26,13 @@ from controller.api.base import (
 from controller.api.schemas import (
     ACCOUNT_NAME_PATTERN,
     Account,
+    AccountChange,
     AccountCreate,
     AccountList,
-    BudgetChange,
     Credit,
     parse_body,
 )
-from controller.errors import Conflict, NotFound
+from controller.errors import ApiError, Conflict, NotFound
 
 ACCOUNT_NAME = re.compile(ACCOUNT_NAME_PATTERN)
 LEDGER_AFTER = bounded("after", "Entries after this id (paging).", 0, 10**15, 0)
@@ -52,11 +52,23 @@ def account_in_path(request: web.Request) -> str:
 
 
 def account_view(c: Any, name: str) -> dict[str, Any]:
-    """An account's CPU-hour balance and its budget in dollars this month."""
+    """An account's CPU-hour balance, its budget in dollars this month, its webhooks."""
     scheduler = c.running_scheduler
     view = scheduler.accounts.view(name)
     view["budget"] = scheduler.budgets.account_view(name, c.clock.now())
+    view["notify"] = [
+        {"url": url, "events": list(kinds)}
+        for url, kinds in scheduler.world.notices.account_webhooks.get(name, ())
+    ]
     return view
+
+
+async def set_webhooks(c: Any, name: str, webhooks: list[Any]) -> None:
+    """An account's webhooks: written first, then the scheduler's (events raised from
+    now on go to them too)."""
+    notify = [w.model_dump() for w in webhooks]
+    await c.store.set_account_notify(name, notify)
+    c.running_scheduler.world.notices.set_account_webhooks(name, notify)
 
 
 async def list_accounts(request: web.Request) -> web.Response:
@@ -78,18 +90,27 @@ async def create_account(request: web.Request) -> web.Response:
     if body.budget_usd is not None:
         await c.store.set_account_budget(body.name, body.budget_usd, c.clock.now())
         c.running_scheduler.budgets.set_account_cap(body.name, body.budget_usd)
+    if body.notify:
+        await set_webhooks(c, body.name, body.notify)
     c.running_scheduler.credited()
     return json_response(account_view(c, body.name), status=201)
 
 
 async def set_account(request: web.Request) -> web.Response:
-    """Change an account's monthly budget: written first, then the scheduler's book."""
+    """Change an account's monthly budget, its webhooks, or both: each written first,
+    then taken by the scheduler."""
     c = controller_of(request)
     name = account_in_path(request)
-    body = parse_body(BudgetChange, await json_body(request))
-    await c.store.set_account_budget(name, body.budget_usd, c.clock.now())
-    c.running_scheduler.budgets.set_account_cap(name, body.budget_usd)
-    c.running_scheduler.credited()  # wake it: held bags may go on
+    body = parse_body(AccountChange, await json_body(request))
+    given = body.model_fields_set
+    if not given:
+        raise ApiError("give budget_usd, notify or both", code="invalid_body")
+    if "notify" in given:
+        await set_webhooks(c, name, body.notify)
+    if "budget_usd" in given:
+        await c.store.set_account_budget(name, body.budget_usd, c.clock.now())
+        c.running_scheduler.budgets.set_account_cap(name, body.budget_usd)
+        c.running_scheduler.credited()  # wake it: held bags may go on
     return json_response(account_view(c, name))
 
 
@@ -141,7 +162,8 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/accounts",
         create_account,
-        "Create an account: {name, cpu_hours (its first credit), unlimited, note, budget_usd}.",
+        "Create an account: {name, cpu_hours (its first credit), unlimited, note, budget_usd, "
+        "notify}.",
         admin_only=True,
         body=AccountCreate,
         responses={
@@ -162,9 +184,10 @@ ROUTES: tuple[Route, ...] = (
         "PATCH",
         "/v1/accounts/{account}",
         set_account,
-        "Change an account's monthly budget: {budget_usd} (US dollars, or null for none).",
+        "Change an account's monthly budget {budget_usd} (US dollars, or null for none), "
+        "its webhooks {notify} ([] for none), or both.",
         admin_only=True,
-        body=BudgetChange,
+        body=AccountChange,
         params=(ACCOUNT_PATH,),
         responses={
             200: ("The account, with its budget now.", Account),

@@ -21,7 +21,14 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.bags.spec import ACCOUNT_NAME, MAX_BUDGET_USD, MIN_BUDGET_USD, BagSpec, Webhook
+from controller.bags.spec import (
+    ACCOUNT_NAME,
+    MAX_BUDGET_USD,
+    MAX_WEBHOOKS,
+    MIN_BUDGET_USD,
+    BagSpec,
+    Webhook,
+)
 from controller.errors import ApiError
 from controller.states import BagState, JobState
 
@@ -66,6 +73,13 @@ _CPU_HOURS_MESSAGE = (
 )
 
 
+_NOTIFY_MESSAGE = (  # formatted with {value}: other braces doubled
+    "must be a list of at most " + str(MAX_WEBHOOKS) + " webhooks, each {{url: an http(s) "
+    "URL, events: a list of finished, failed, deadline_at_risk, budget_reached, "
+    "preemption_storm}}, not {value}",
+    "a list of {url, events}",
+)
+
 _BUDGET_MESSAGE = (
     "must be a number of US dollars, more than 0 and at most 1e9, or null (no budget), not {value}",
     "a positive number or null",
@@ -86,6 +100,11 @@ class AccountCreate(_Request):
         le=MAX_BUDGET_USD,
         description="Most its bags may cost per calendar month (UTC), US dollars; null: no cap.",
     )
+    notify: list[Webhook] = Field(
+        default_factory=list,
+        max_length=MAX_WEBHOOKS,
+        description="Webhooks told of every event of the account's bags (docs/notifications.md).",
+    )
 
     messages: ClassVar[dict[str, tuple[str, str | None]]] = {
         "name": ("must be 1-64 letters, digits, '_', '.' or '-', not {value}", None),
@@ -93,6 +112,7 @@ class AccountCreate(_Request):
         "cpu_hours": _CPU_HOURS_MESSAGE,
         "note": _NOTE_MESSAGE,
         "budget_usd": _BUDGET_MESSAGE,
+        "notify": _NOTIFY_MESSAGE,
     }
 
 
@@ -105,6 +125,28 @@ class BudgetChange(_Request):
     )
 
     messages: ClassVar[dict[str, tuple[str, str | None]]] = {"budget_usd": _BUDGET_MESSAGE}
+
+
+class AccountChange(_Request):
+    """PATCH /v1/accounts/{account}: its monthly budget, its webhooks, or both (a field
+    left out is not changed)."""
+
+    budget_usd: float | None = Field(
+        ABSENT,
+        ge=MIN_BUDGET_USD,
+        le=MAX_BUDGET_USD,
+        description="The new monthly cap, US dollars; null: no cap.",
+    )
+    notify: list[Webhook] = Field(
+        ABSENT,
+        max_length=MAX_WEBHOOKS,
+        description="Its webhooks from now on ([]: none).",
+    )
+
+    messages: ClassVar[dict[str, tuple[str, str | None]]] = {
+        "budget_usd": _BUDGET_MESSAGE,
+        "notify": _NOTIFY_MESSAGE,
+    }
 
 
 class Credit(_Request):
@@ -521,6 +563,7 @@ class Account(_Response):
     available_cpu_h: float | None = Field(description="null when unlimited.")
     held_jobs: int = Field(description="Jobs waiting, held, for credit.")
     budget: AccountBudget
+    notify: list[Webhook] = Field(description="Its webhooks (docs/notifications.md).")
 
 
 class AccountList(_Response):

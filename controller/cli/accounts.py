@@ -15,6 +15,7 @@ from rich.table import Table
 from controller.cli.common import call, client_of, console, err_console
 from controller.cli.render import table_of, when
 from controller.formatting import number
+from controller.notify.kinds import EVENT_KINDS
 
 
 @click.group()
@@ -68,6 +69,12 @@ def accounts_list(ctx: click.Context, as_json: bool) -> None:
     console.print(table)
 
 
+NOTIFY_HELP = (
+    "A webhook told of every event of the account's bags (repeatable); =KIND,... for some "
+    "kinds only (docs/notifications.md)."
+)
+
+
 @accounts.command("create")
 @click.argument("name")
 @click.option("--cpu-hours", type=float, default=0.0, show_default=True, help="First credit.")
@@ -76,6 +83,7 @@ def accounts_list(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--budget-usd", type=float, default=None, help="Most its bags may cost per month (UTC), USD."
 )
+@click.option("--notify", "webhooks", multiple=True, metavar="URL[=KIND,...]", help=NOTIFY_HELP)
 @click.pass_context
 def accounts_create(
     ctx: click.Context,
@@ -84,12 +92,20 @@ def accounts_create(
     unlimited: bool,
     note: str,
     budget_usd: float | None,
+    webhooks: tuple[str, ...],
 ) -> None:
-    """Create an account with an allocation of CPU-hours (and a monthly budget)."""
-    view = call(client_of(ctx).create_account, name, cpu_hours, unlimited, note, budget_usd)
+    """Create an account with an allocation of CPU-hours (and a monthly budget, webhooks)."""
+    notify = [webhook_value(text) for text in webhooks]
+    view = call(client_of(ctx).create_account, name, cpu_hours, unlimited, note, budget_usd, notify)
+    _print_account(view)
+
+
+def _print_account(view: dict[str, Any]) -> None:
     table = _balance_table()
     _balance_row(table, view)
     console.print(table)
+    for hook in view.get("notify") or ():
+        console.print(f"webhook {hook['url']}: {', '.join(hook['events'])}", highlight=False)
 
 
 @accounts.command("credit")
@@ -110,16 +126,38 @@ def accounts_credit(ctx: click.Context, name: str, cpu_hours: float, note: str) 
 @click.option(
     "--budget-usd",
     "budget",
-    required=True,
+    default=None,
     help="Most its bags may cost per calendar month (UTC), US dollars; 'none' removes it.",
 )
+@click.option("--notify", "webhooks", multiple=True, metavar="URL[=KIND,...]", help=NOTIFY_HELP)
+@click.option("--no-notify", is_flag=True, help="Remove the account's webhooks.")
 @click.pass_context
-def accounts_set(ctx: click.Context, name: str, budget: str) -> None:
-    """Change an account's monthly budget (bags it held may then go on)."""
-    view = call(client_of(ctx).set_account_budget, name, budget_value(budget))
-    table = _balance_table()
-    _balance_row(table, view)
-    console.print(table)
+def accounts_set(
+    ctx: click.Context, name: str, budget: str | None, webhooks: tuple[str, ...], no_notify: bool
+) -> None:
+    """Change an account's monthly budget (bags it held may then go on), its webhooks."""
+    if webhooks and no_notify:
+        raise click.UsageError("--notify and --no-notify together")
+    change: dict[str, Any] = {}
+    if budget is not None:
+        change["budget_usd"] = budget_value(budget)
+    if webhooks or no_notify:
+        change["notify"] = [webhook_value(text) for text in webhooks]
+    if not change:
+        raise click.UsageError("give --budget-usd, --notify or --no-notify")
+    _print_account(call(client_of(ctx).set_account, name, change))
+
+
+def webhook_value(text: str) -> dict[str, Any]:
+    """A webhook given on the command line: URL, or URL=kind,kind (default: every kind)."""
+    url, _, kinds = text.partition("=")
+    events = [k.strip() for k in kinds.split(",") if k.strip()]
+    unknown = [k for k in events if k not in EVENT_KINDS]
+    if unknown:
+        raise click.BadParameter(
+            f"{', '.join(unknown)}: not an event kind ({', '.join(EVENT_KINDS)})"
+        )
+    return {"url": url.strip(), **({"events": events} if events else {})}
 
 
 def budget_value(text: str) -> float | None:

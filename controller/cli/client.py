@@ -189,15 +189,26 @@ class Client:
         unlimited: bool = False,
         note: str = "",
         budget_usd: float | None = None,
+        notify: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        body = {"name": name, "cpu_hours": cpu_hours, "unlimited": unlimited, "note": note}
+        body: dict[str, Any] = {
+            "name": name,
+            "cpu_hours": cpu_hours,
+            "unlimited": unlimited,
+            "note": note,
+        }
         if budget_usd is not None:
             body["budget_usd"] = budget_usd
+        if notify:
+            body["notify"] = notify
         return self.request("POST", "/v1/accounts", body=body)
 
     def set_account_budget(self, name: str, budget_usd: float | None) -> dict[str, Any]:
-        body = {"budget_usd": budget_usd}
-        return self.request("PATCH", f"/v1/accounts/{_q(name)}", body=body)
+        return self.set_account(name, {"budget_usd": budget_usd})
+
+    def set_account(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
+        """PATCH an account: `budget_usd`, `notify` or both."""
+        return self.request("PATCH", f"/v1/accounts/{_q(name)}", body=change)
 
     def set_bag_budget(self, bag_id: str, budget_usd: float | None) -> dict[str, Any]:
         return self.request("PATCH", f"/v1/bags/{_q(bag_id)}", body={"budget_usd": budget_usd})

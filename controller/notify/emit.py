@@ -1,7 +1,8 @@
 """Raising events (docs/notifications.md#kinds): `Notices` records an event in the
 write batch of the change that raised it (so an event is never lost nor raised for a
 change that was not written), with one pending delivery per webhook that asked for its
-kind: the bag's own (`notify` in its spec) and the operator's (`[notify] webhooks`).
+kind: the bag's own (`notify` in its spec), its account's (`notify` of the account:
+POST/PATCH /v1/accounts) and the operator's (`[notify] webhooks`).
 
 Kinds and who raises them: `finished` and `failed` when a bag ends (cancelled bags
 are `finished` with their state in the payload), `budget_reached` when a budget holds
@@ -75,12 +76,30 @@ class Notices:
         self.new_id = new_id
         self.wake = wake  # the delivery worker: an event is due
         self.storm = StormDetector(self.settings.storm_preemptions, self.settings.storm_window_s)
+        # account -> its webhooks, (url, kinds) each (the store's accounts.notify)
+        self.account_webhooks: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {}
 
-    def urls_for(self, kind: str, bags: Iterable[BagRun] = ()) -> tuple[str, ...]:
-        """The webhooks that want `kind`: the operator's, and those of `bags`."""
+    def set_account_webhooks(self, account: str, webhooks: Iterable[dict[str, Any]]) -> None:
+        """The webhooks an account names ([{url, events}]; none: forget them)."""
+        hooks = tuple((w["url"], tuple(w.get("events") or ())) for w in webhooks)
+        if hooks:
+            self.account_webhooks[account] = hooks
+        else:
+            self.account_webhooks.pop(account, None)
+
+    def urls_for(
+        self, kind: str, bags: Iterable[BagRun] = (), accounts: Iterable[str] = ()
+    ) -> tuple[str, ...]:
+        """The webhooks that want `kind`: the operator's, those of `bags`, and those of
+        their accounts and of `accounts`."""
+        bags = list(bags)
         urls = [w.url for w in self.settings.webhooks if _wants(w.events, kind)]
         for bag in bags:
             urls += [w.url for w in bag.spec.notify if _wants(w.events, kind)]
+        for account in dict.fromkeys([*(bag.spec.account for bag in bags), *accounts]):
+            urls += [
+                url for url, kinds in self.account_webhooks.get(account, ()) if _wants(kinds, kind)
+            ]
         return tuple(dict.fromkeys(urls))  # each URL once, in order
 
     def emit(
@@ -103,7 +122,7 @@ class Notices:
             bag_id=bag.id if bag is not None else None,
             account=bag.spec.account if bag is not None else account,
             payload=json.dumps(payload, separators=(",", ":"), sort_keys=True),
-            urls=self.urls_for(kind, subscribers),
+            urls=self.urls_for(kind, subscribers, [account] if account else ()),
         )
         batch.event(record)
         if record.urls:

@@ -87,6 +87,10 @@ class Recovery:
         now = self.clock.now()
         # Accounts.load takes a dict of lists of dicts: a LedgerState is what it reads.
         self.accounts.load(await self.store.ledger_state())
+        notices = self.world.notices
+        notices.account_webhooks.clear()
+        for account, webhooks in (await self.store.account_webhooks()).items():
+            notices.set_account_webhooks(account, webhooks)
         budget_state = await self.store.budget_state(month_of(now), month_start(now))
         self.world.budgets.load(budget_state, now)
         state = await self.store.load_active()

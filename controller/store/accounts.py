@@ -1,9 +1,10 @@
 """Accounts and the append-only CPU-hour ledger (docs/design.md#ledger): opening an account,
 appending entries, the balances and open reservations a restart rebuilds from, and
-an account's entries page by page."""
+an account's entries page by page; the webhooks an account names (docs/notifications.md)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
@@ -28,6 +29,26 @@ class AccountQueries(Engine):
             return True
 
         return await self.write(create)
+
+    async def set_account_notify(self, account: str, notify: list[dict[str, Any]]) -> bool:
+        """Set the webhooks an account names (JSON: [{url, events}]); False when the
+        account does not exist."""
+        text = json.dumps(notify, separators=(",", ":"))
+
+        def update(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute("UPDATE accounts SET notify = ? WHERE name = ?", (text, account))
+            return cursor.rowcount > 0
+
+        return await self.write(update)
+
+    async def account_webhooks(self) -> dict[str, list[dict[str, Any]]]:
+        """Each account's webhooks (accounts that name none are left out)."""
+
+        def load(conn: sqlite3.Connection) -> dict[str, list[dict[str, Any]]]:
+            rows = conn.execute("SELECT name, notify FROM accounts WHERE notify != '[]'")
+            return {name: json.loads(notify) for name, notify in rows}
+
+        return await self.read(load)
 
     async def append_ledger(self, ledger_rows: Sequence[tuple]) -> None:
         await self.write(insert_ledger, ledger_rows)

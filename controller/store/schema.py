@@ -503,6 +503,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE UNIQUE INDEX ledger_once ON ledger(key, kind) WHERE kind != 'credit';
         """,
     ),
+    (
+        "accounts name webhooks for their bags' events",
+        """
+        -- JSON: [{"url": ..., "events": [...]}], told of every event of the account's bags
+        ALTER TABLE accounts ADD COLUMN notify TEXT NOT NULL DEFAULT '[]';
+        """,
+    ),
 ]
 
 

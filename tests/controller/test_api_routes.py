@@ -459,3 +459,46 @@ async def test_budgets_hold_a_bag_until_raised_and_events_tell_its_story(api: Ap
     issued = await api.ok("POST", "/v1/accounts/lab/tokens", 201, json={})
     mine = await api.ok("GET", "/v1/events", token=issued["token"])
     assert {e["bag_id"] for e in mine["events"]} == {bag_id}
+
+
+async def test_an_accounts_webhooks_are_told_of_its_bags_events(api: Api) -> None:
+    """An account names webhooks (POST, PATCH): each event of its bags is delivered to
+    them too (finished only where asked), a restart's recovery keeps them, [] removes
+    them, and a bad one is a 400 naming the field."""
+    everything, finished_only = "http://127.0.0.1:9/all", "http://127.0.0.1:9/finished"
+    created = await api.ok(
+        "POST",
+        "/v1/accounts",
+        201,
+        json={"name": "lab", "unlimited": True, "notify": [{"url": everything}]},
+    )
+    assert [h["url"] for h in created["notify"]] == [everything]
+    assert len(created["notify"][0]["events"]) == 5  # every kind by default
+    changed = await api.ok(
+        "PATCH",
+        "/v1/accounts/lab",
+        json={"notify": [{"url": everything}, {"url": finished_only, "events": ["finished"]}]},
+    )
+    assert changed["notify"][1] == {"url": finished_only, "events": ["finished"]}
+    assert changed["budget"]["budget_usd"] is None  # a field left out is not changed
+    status, body = await api.call(
+        "PATCH", "/v1/accounts/lab", json={"notify": [{"url": "ftp://x/y"}]}
+    )
+    assert status == 400 and body["error"]["message"].startswith("notify: "), body
+    status, body = await api.call("PATCH", "/v1/accounts/lab", json={})
+    assert status == 400 and "budget_usd, notify" in body["error"]["message"], body
+
+    await api.controller.running_scheduler.recover()  # as after a restart: from the store
+    assert (await api.ok("GET", "/v1/accounts/lab"))["notify"] == changed["notify"]
+    first = await api.ok("POST", "/v1/bags", 201, json=bag(parameters={"i": [1]}))
+    await api.wait_bag(first["id"], ("succeeded",))
+    (event,) = (await api.ok("GET", f"/v1/events?bag={first['id']}"))["events"]
+    assert event["kind"] == "finished"
+    assert [d["url"] for d in event["deliveries"]] == [everything, finished_only]
+
+    removed = await api.ok("PATCH", "/v1/accounts/lab", json={"notify": []})
+    assert removed["notify"] == []
+    second = await api.ok("POST", "/v1/bags", 201, json=bag(parameters={"i": [1]}))
+    await api.wait_bag(second["id"], ("succeeded",))
+    (event,) = (await api.ok("GET", f"/v1/events?bag={second['id']}"))["events"]
+    assert event["deliveries"] == []

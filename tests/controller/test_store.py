@@ -321,6 +321,8 @@ async def test_the_ledger_balances_are_built_from_an_existing_ledger(tmp_path):
             "ALTER TABLE accounts DROP COLUMN budget_changed_at;"
             "DROP TABLE budget_reservations; DROP TABLE events; DROP TABLE event_deliveries;"
             "DROP TABLE delivery_attempts;"
+            # and the accounts' webhooks
+            "ALTER TABLE accounts DROP COLUMN notify;"
         )
         conn.execute("DELETE FROM migrations WHERE version > ?", (LEDGER_BALANCES,))
         conn.execute(f"PRAGMA user_version = {LEDGER_BALANCES}")

@@ -249,3 +249,43 @@ def test_a_restart_keeps_undelivered_events_and_budgets(make_daemon):
         receiver.stop()
     kinds = sorted(e["kind"] for e in receiver.delivered().values())
     assert kinds == ["budget_reached", "finished"]
+
+
+def test_an_accounts_webhook_named_on_the_command_line_gets_its_bags_events(make_daemon):
+    """`spotbag accounts create --notify URL=finished`: the account's webhook receives its
+    bags' finished events, signed, and nothing else; it is kept across a restart, and
+    `accounts set --no-notify` removes it."""
+    daemon = notify_daemon(make_daemon)
+    client = daemon.start()
+    receiver = Receiver().start()
+    try:
+        shown = spotbag(
+            "accounts",
+            "create",
+            "lab",
+            "--unlimited",
+            "--notify",
+            f"{receiver.url}=finished",
+            state_dir=daemon.state_dir,
+        )
+        assert f"webhook {receiver.url}: finished" in shown.stdout
+        wrong = spotbag(
+            "accounts", "set", "lab", "--notify", "http://x/=exploded",
+            state_dir=daemon.state_dir, check=False,
+        )  # fmt: skip
+        assert wrong.returncode != 0 and "exploded: not an event kind" in wrong.stderr
+        assert daemon.stop() == 0
+        client = daemon.start()
+        assert client.account("lab")["notify"] == [{"url": receiver.url, "events": ["finished"]}]
+        bag = client.submit({"account": "lab", "command": "true", "max_runtime_s": 60})
+        assert wait_for_bag(client, bag["id"])["state"] == "succeeded"
+        (event,) = wait_until(lambda: list(receiver.delivered().values()), 30, 0.1, "the event")
+        assert (event["kind"], event["bag_id"], event["account"]) == ("finished", bag["id"], "lab")
+        _, headers, body, _ = receiver.posts[0]
+        secret = secret_of(daemon.state_dir)  # signed as every event is (raises if not)
+        verify(secret, headers[TIMESTAMP_HEADER], headers[SIGNATURE_HEADER], body, time.time(), 300)
+        removed = spotbag("accounts", "set", "lab", "--no-notify", state_dir=daemon.state_dir)
+        assert "webhook" not in removed.stdout
+        assert client.account("lab")["notify"] == []
+    finally:
+        receiver.stop()

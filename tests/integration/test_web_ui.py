@@ -358,12 +358,16 @@ def severe_console_messages(browser: Any) -> list[dict[str, Any]]:
 
 
 def running_vm_of(client: Any, job_id: str) -> str:
-    """The VM a job runs on, once it runs."""
+    """The VM a job runs on, once its program runs (its attempt running, not only handed
+    to the executor: a VM preempted before that ends the attempt lost, not preempted)."""
 
     def vm() -> str | None:
         job = client.job(job_id)
         attempts = job.get("attempt_list") or []
-        return attempts[-1]["vm_id"] if job["state"] == "running" and attempts else None
+        if job["state"] != "running" or not attempts:
+            return None
+        last = attempts[-1]
+        return last["vm_id"] if last["state"] == "running" and last["ran_at"] else None
 
     return str(wait_until(vm, 30, what=f"{job_id} to run"))
 
