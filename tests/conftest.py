@@ -126,6 +126,9 @@ class Daemon:
         self.token = token
         self.process: subprocess.Popen | None = None
         self.log_path = state_dir / "daemon.log"
+        # Its controller id once it has run (the prefix of its VM hosts' names): kept
+        # here, as its state directory may be gone before its VM hosts are removed.
+        self.controller_id: str | None = None
 
     def start(
         self,
@@ -136,6 +139,7 @@ class Daemon:
         """Start the daemon and wait until it is ready (`wait_until_ready`)."""
         process = self.launch(extra_env, nofile)
         wait_until_ready(self.state_dir, process, self.log, hang_s)
+        self.controller_id = self.controller_id or controller_id_of(self.state_dir)
         return self.client()
 
     def launch(
@@ -218,32 +222,43 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     for daemon in daemons:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop(signal.SIGKILL)
-        halt_vm_hosts(daemon.state_dir)
+        halt_vm_hosts(daemon.controller_id or controller_id_of(daemon.state_dir))
 
 
-def halt_vm_hosts(state_dir: Path) -> int:
+def controller_id_of(state_dir: Path) -> str | None:
+    """The controller id a daemon's store keeps (None: it never ran there)."""
+    import sqlite3
+
+    db = state_dir / "spotbag.db"
+    if not db.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()
+        except sqlite3.OperationalError:  # no meta table yet
+            return None
+    return row[0] if row else None
+
+
+def halt_vm_hosts(controller_id: str | None) -> int:
     """Remove the VM hosts (network namespaces) a daemon's local driver left running: a
     stopped daemon's VMs outlive it (its restart adopts them), and on a bridge that the
     next test's daemon shares they would hold the addresses it hands out (two hosts
-    answering ARP for one address: its nodes' traffic goes astray). As an operator
-    retiring a daemon would, with the driver's own NamespaceHosts.halt_all."""
+    answering ARP for one address: its nodes' traffic goes astray, and its jobs run on
+    another test's VM). As an operator retiring a daemon would, with the driver's own
+    NamespaceHosts.halt_all, by the names' prefix: the daemon's state directory may be
+    gone already (a fixture that made it was torn down first)."""
     import asyncio
-    import sqlite3
 
     from drivers.local_hosts import NamespaceHosts
 
-    db = state_dir / "spotbag.db"
-    if not (db.exists() and (state_dir / "vms" / "hosts").exists() and shutil.which("ip")):
-        return 0  # no VM host was made (records under vms/hosts), or no iproute2
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        row = conn.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()
-    if row is None:
-        return 0
+    if controller_id is None or not shutil.which("ip"):
+        return 0  # it never ran, or no iproute2 (no VM host could be made)
     hosts = NamespaceHosts(
         bridge="unused",
         subnet="10.255.255.0/24",
-        consoles=state_dir / "vms",
-        prefix=f"sb{row[0][:8]}-",  # controller/wiring.py's
+        consoles=Path(tempfile.gettempdir()),  # not used by halt_all
+        prefix=f"sb{controller_id[:8]}-",  # controller/wiring.py's
     )
     return asyncio.run(hosts.halt_all())
 

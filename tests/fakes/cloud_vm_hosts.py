@@ -109,8 +109,8 @@ class CloudVmHosts:
             except Exception as exc:  # shown by the test that uses it
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(self.interval_s)
-        with contextlib.suppress(Exception):
-            for vm_id in list(self.booted):
+        for vm_id in list(self.booted):  # each one: a host left up keeps its address
+            with contextlib.suppress(Exception):
                 await self.hosts.halt(vm_id)
 
     def console(self, vm_id: str) -> str:
