@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/cloud_drivers.py
 	$(BIN)/python bench/hopping.py
 	$(BIN)/python bench/deadlines.py
+	$(BIN)/python bench/deadlines_simulate.py
 	$(BIN)/python bench/deadline_pass.py
 	$(BIN)/python bench/deadline_inputs.py
 	$(BIN)/python bench/slurm_dispatch.py

@@ -730,6 +730,32 @@ class SimulationConfig(_Section):
     start_at: float = Field(
         1_767_225_600.0, description="spotbag simulate: epoch seconds the virtual clock starts at."
     )
+    projection_every_s: float = Field(
+        30.0,
+        gt=0,
+        description="spotbag simulate: a bag's deadline projection (P(meet), finish "
+        "quantiles, deadline_at_risk) at most once per this many simulated seconds, as the "
+        "daemon makes it at most every 30 s; it changes no decision, and is most of a long "
+        "simulation's time when frequent.",
+    )
+    price_trace: str = Field(
+        "",
+        description="spotbag simulate: a spot price trace file (the format of `spotbag data "
+        "path spot-prices`); every VM type's spot price then follows one of its series: spot "
+        "VMs launch only at or below their bid (the on-demand price), are preempted when the "
+        "price rises above it, and are billed the trace's price. Empty: the catalog's fixed "
+        "prices.",
+    )
+    trace_series: str = Field(
+        "",
+        description="spotbag simulate: the series of price_trace to follow, TYPE/ZONE "
+        "(c3.xlarge/us-east-1a); empty: the trace's first.",
+    )
+    trace_start: str = Field(
+        "",
+        description="spotbag simulate: the trace time the run starts at (ISO 8601 or epoch "
+        "seconds); empty: the first moment every series of the trace has a price.",
+    )
 
 
 class VmTypeConfig(_Section):

@@ -6,11 +6,21 @@ event to the next, but the scheduler acts at most once per `simulation.tick_s`
 (as the daemon reacts at most once per pass), so events close together are
 handled together. The run ends when every bag has finished and every VM has
 been released; the summary is read back from the store like a real run's.
+
+With `simulation.price_trace` (`--price-trace`), the spot market follows one series of
+a price trace (controller/traces/price_trace.py TraceMarket) from `trace_start`: the
+sim driver launches spot VMs only at or below their bid (the on-demand price) and
+preempts them when the price rises above it (besides the lifetime model); the deadline
+policy sees the price now and the expected outage; the price changes over the run are
+recorded as the store's price samples, so the cost figures (the bag's, reports') bill
+each spot VM ∫ price dt over its life, on-demand VMs their fixed price.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import gc
 import tempfile
 import time
@@ -34,7 +44,19 @@ from controller.ids import SequentialIds
 from controller.preemption.checkpoint_tables import TableCache, planned_notices
 from controller.scheduler import Scheduler
 from controller.store import Store
+from controller.traces.price_trace import (
+    PriceTrace,
+    TraceError,
+    TraceMarket,
+    parse_series,
+    read_trace,
+)
+from controller.traces.trace_io import parse_time
 from controller.wiring import make_driver, make_model_book
+
+
+class SimulationSetupError(SpotbagError, ValueError):
+    """The simulation's settings cannot be used (a price trace that cannot be read)."""
 
 
 class SimulationStalled(SpotbagError, RuntimeError):
@@ -59,6 +81,7 @@ async def simulate(
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix="spotbag-sim-"))
     clock = SimClock(config.simulation.start_at)
+    market = await asyncio.to_thread(trace_market, config)
     store = Store(state_dir / "spotbag.db", threaded=False, durable=False, group_commit=True)
     await store.open()
     try:
@@ -75,6 +98,7 @@ async def simulate(
             time_scale=1.0,
             book=book,
             notice_lead_s=config.simulation.notice_lead_s,
+            spot_market=market,
         )
         executor = SimExecutor(now=clock.now, call_at=clock.call_at, rng=runtime_rng)
         ids = SequentialIds()
@@ -100,7 +124,9 @@ async def simulate(
                 inline=True,
                 notices=planned_notices(config.simulation.notice_lead_s),
             ),
+            spot_feed=market,
         )
+        scheduler.deadlines.project_every_s = config.simulation.projection_every_s
         bag_row, _ = await admit(
             spec,
             store=store,
@@ -113,6 +139,13 @@ async def simulate(
         )
         with _young_collections_only():
             await run_scheduler(scheduler, clock, config.simulation.tick_s)
+        if market is not None:
+            # The prices the run's VMs paid, as the store's price samples: the cost
+            # reports bill each spot VM by them (∫ price dt), as the hopper's samples.
+            catalog = [(t.name, t.zone) for t in config.catalog()]
+            await store.add_price_samples(
+                market.samples(catalog, config.simulation.start_at, clock.now())
+            )
         bag = await store.get_bag(bag_row["id"])
         assert bag is not None  # the simulation's own bag, never deleted
         fleet = fleet_view((await compute_fleet_cost(store, clock.now()))[0])
@@ -126,6 +159,29 @@ async def simulate(
         )
     finally:
         await store.close()
+
+
+def trace_market(config: Config) -> TraceMarket | None:
+    """The market `simulation.price_trace` describes (None: the catalog's fixed prices)."""
+    settings = config.simulation
+    if not settings.price_trace:
+        return None
+    try:
+        path = Path(settings.price_trace)
+        stat = path.stat()
+        trace = _read_trace(path, stat.st_mtime_ns, stat.st_size)
+        series = parse_series(settings.trace_series) if settings.trace_series else trace.vms[0]
+        start_s = parse_time(settings.trace_start) if settings.trace_start else trace.common_start_s
+        return TraceMarket(trace, series, settings.start_at, start_s)
+    except (TraceError, OSError, ValueError) as exc:
+        raise SimulationSetupError(f"simulation.price_trace: {exc}") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _read_trace(path: Path, mtime_ns: int, size: int) -> PriceTrace:
+    """The trace file, read once per version of it (a benchmark simulates many runs
+    over one trace; a second or two each to read the shipped one)."""
+    return read_trace(path)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from controller.executors.base import Executor
 from controller.executors.job_users import ACCOUNT, JobUserError, JobUsers
 from controller.preemption.model_book import ModelBook
 from drivers import driver_class
-from drivers.base import Driver, VmType
+from drivers.base import Driver, SpotMarket, VmType
 
 if TYPE_CHECKING:  # imported where used: each pulls in a cloud SDK or Slurm's tools
     from google.auth.credentials import Credentials
@@ -51,6 +51,7 @@ def make_driver(
     controller_id: str = "",
     state_dir: Path | None = None,
     notice_lead_s: float = 0.0,
+    spot_market: SpotMarket | None = None,
 ) -> Driver:
     """The driver `name`; cloud drivers mark their VMs with `controller_id` (the store's
     own id, so that after a restart the daemon finds the VMs it owns). The local driver's
@@ -84,6 +85,7 @@ def make_driver(
             time_scale=time_scale,
             notice_lead_s=notice_lead_s,
             api_notices=config.driver.api_notices,
+            spot_market=spot_market,
             **(
                 {
                     "hosts": hosts,

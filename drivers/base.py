@@ -82,6 +82,21 @@ class PriceSample:
     at: float  # epoch seconds
 
 
+class SpotMarket(Protocol):
+    """A spot price that moves, for the local and sim drivers (`spotbag simulate
+    --price-trace`: controller/traces/price_trace.py TraceMarket): a spot VM is
+    launched only while the price is at or below its bid and preempted when the price
+    first rises above it."""
+
+    def price_at(self, vm_type: str, zone: str, at: float) -> float:
+        """The spot price (USD/h) in effect at `at`."""
+        ...
+
+    def first_above(self, vm_type: str, zone: str, bid: float, after: float) -> float:
+        """The first moment after `after` the price is above `bid` (inf: never)."""
+        ...
+
+
 class DriverError(Exception):
     """Base of the typed driver errors; `retry_after_s` is a hint, not a promise."""
 

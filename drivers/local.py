@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +40,7 @@ from drivers.base import (
     PermanentError,
     PriceSample,
     QuotaError,
+    SpotMarket,
     StatusListener,
     TransientError,
     VmState,
@@ -86,6 +88,7 @@ class LocalDriver:
         notice_lead_s: float = 0.0,
         api_notices: bool = True,
         metadata: str = "none",
+        spot_market: SpotMarket | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
@@ -114,6 +117,9 @@ class LocalDriver:
         self._by_token: dict[str, str] = {}
         self._listeners: list[StatusListener] = []
         self._launch_faults: list[DriverError] = []  # raised by the next launches
+        # A moving spot price (None: the catalog's, fixed): spot VMs are launched at or
+        # below their bid, the on-demand price, and preempted when it rises above it.
+        self._spot_market = spot_market
 
     # --- Driver protocol -------------------------------------------------
 
@@ -133,6 +139,16 @@ class LocalDriver:
         if vm_type is None:
             raise PermanentError(f"unknown VM type {req.vm_type.name!r}")
         now = self._now()
+        outbid_at = math.inf  # when the spot price first rises above the VM's bid
+        if req.spot and self._spot_market is not None:
+            bid = vm_type.on_demand_price_per_hour or math.inf
+            price = self._spot_market.price_at(vm_type.name, req.zone or vm_type.zone, now)
+            if price > bid:
+                # As EC2 answers a spot request whose maximum price is below the market's.
+                raise CapacityError(f"spot price {price:g} $/h is above the bid {bid:g} $/h")
+            outbid_at = self._spot_market.first_above(
+                vm_type.name, req.zone or vm_type.zone, bid, now
+            )
         vm_id = f"{self.id_prefix}-{LocalDriver._take_id():06d}"
         status = VmStatus(
             vm_id=vm_id,
@@ -148,9 +164,15 @@ class LocalDriver:
         self._by_token[req.token] = vm_id
         vm.timers.append(self._call_at(now + self._boot_delay_s, lambda: self._boot(vm_id)))
         lifetime_h = self._lifetime_h(vm_type) if req.spot else float("inf")
-        if lifetime_h != float("inf"):
-            vm.death_at = now + lifetime_h * 3600.0 / self._time_scale
-            self._arm_death(vm_id, vm.death_at, f"preempted: sampled lifetime {lifetime_h:.3f} h")
+        if lifetime_h != float("inf") or outbid_at != math.inf:
+            sampled_at = now + lifetime_h * 3600.0 / self._time_scale
+            vm.death_at = min(sampled_at, outbid_at)
+            reason = (
+                f"preempted: sampled lifetime {lifetime_h:.3f} h"
+                if sampled_at <= outbid_at
+                else "preempted: the spot price rose above the bid"
+            )
+            self._arm_death(vm_id, vm.death_at, reason)
             self._arm_notice(vm_id, vm.death_at)
         return status
 
@@ -183,8 +205,14 @@ class LocalDriver:
         self, types: Sequence[str], zones: Sequence[str]
     ) -> Sequence[PriceSample]:
         now = self._now()
+        market = self._spot_market
         return [
-            PriceSample(t.name, t.zone, t.spot_price_per_hour, now)
+            PriceSample(
+                t.name,
+                t.zone,
+                t.spot_price_per_hour if market is None else market.price_at(t.name, t.zone, now),
+                now,
+            )
             for t in self._types.values()
             if not types or t.name in types
         ]

@@ -34,7 +34,9 @@ can be launched (its price at or below the bid).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -96,3 +98,52 @@ def decide(state: ProgressState) -> tuple[Kind, bool]:
     if state.progress_h < line_now:
         return Kind.ON_DEMAND, False  # rule 1
     return Kind.WAIT, False
+
+
+@dataclass(frozen=True)
+class BagPlan:
+    """The rules applied to a bag's slots at once (the daemon's planner takes a count of
+    on-demand slots, not a choice per slot): `on_demand_slots` run on on-demand VMs,
+    the others on spot when `launch_spot`, else they wait; `safety_net`: it fired."""
+
+    on_demand_slots: int
+    launch_spot: bool
+    safety_net: bool
+
+
+def plan_bag(state: ProgressState, slots: int, on_demand_running: int) -> BagPlan:
+    """Each slot's rule, for the bag's K = `slots` slots, `on_demand_running` of them on
+    on-demand VMs. An idle slot (`decide` with current WAIT) says what new attempts run
+    on: on-demand (the safety net: every slot, for good; rule 1: every slot while
+    behind the line and spot cannot be had), spot (rule 2) or nothing (wait). A slot on
+    an on-demand VM stays there (rule 3) until cp(t) >= ep(t + 2d) with spot available:
+    those slots stay on-demand meanwhile; slots on spot VMs stay on spot (rule 2)."""
+    idle, net = decide(replace(state, current=Kind.WAIT))
+    if net:
+        return BagPlan(slots, False, True)
+    if idle == Kind.ON_DEMAND:
+        return BagPlan(slots, False, False)
+    stay, _ = decide(replace(state, current=Kind.ON_DEMAND))
+    keep = on_demand_running if stay == Kind.ON_DEMAND else 0
+    return BagPlan(keep, idle == Kind.SPOT, False)
+
+
+def bag_work_left_h(
+    queued_h: Sequence[float], busy_h: Sequence[float], time_left_h: float, changeover_h: float
+) -> float:
+    """C(t) for a bag: how long the rest takes on its K on-demand slots, list scheduling
+    (longest first) from now, each slot busy for `busy_h` first (a running attempt's
+    work left, an idle slot's launch). Where even Graham's bound W/K + w_max leaves more
+    than the safety margin before the deadline, the bound is returned instead (the
+    rule cannot fire either way; the bound is cheap)."""
+    busy = [float(b) for b in busy_h]
+    if not busy:
+        return 0.0
+    queued = [float(w) for w in queued_h]
+    bound = (sum(busy) + sum(queued)) / len(busy) + max([*busy, *queued])
+    if time_left_h > bound + 2.0 * changeover_h:
+        return bound
+    loads = sorted(busy)
+    for w in sorted(queued, reverse=True):
+        heapq.heapreplace(loads, loads[0] + w)
+    return max(loads)

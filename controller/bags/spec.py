@@ -163,6 +163,12 @@ class SimulationHints(_Strict):
     runtime_cv: float = Field(
         0.0, ge=0, le=10, description="Coefficient of variation of a lognormal runtime."
     )
+    runtime_param: str | None = Field(
+        None,
+        min_length=1,
+        description="Each job's runtime, seconds, is its value of this parameter (jobs of "
+        "different lengths; before runtime_cv); a job without it takes runtime_s.",
+    )
     failure_probability: float = Field(
         0.0, ge=0, le=1, description="Chance that an attempt exits non-zero."
     )
@@ -317,6 +323,12 @@ class BagSpec(_Strict):
         ge=0.5,
         le=0.9999,
         description="With a deadline: the probability with which it should be met.",
+    )
+    deadline_policy: Literal["spotbag", "uniform_progress"] = Field(
+        "spotbag",
+        description="With on_demand: when_needed, what decides when on-demand VMs are needed: "
+        "spotbag (the deadline policy, from the preemption models; docs/design.md#deadlines) or "
+        "uniform_progress (Wu et al., NSDI '24: the baseline, no model of spot lifetimes).",
     )
     notify: list[Webhook] = Field(
         default_factory=list,

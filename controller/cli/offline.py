@@ -52,9 +52,29 @@ from policies.allocation import RESOURCES, CostSplit
     type=click.Path(file_okay=False),
     help="Keep the simulated database in this directory.",
 )
+@click.option(
+    "--price-trace",
+    type=click.Path(dir_okay=False),
+    help="Spot prices follow this trace (simulation.price_trace): spot VMs launch at or below "
+    "the on-demand price, are preempted above it, and pay the trace's price.",
+)
+@click.option(
+    "--trace-series", help="The trace's series to follow, TYPE/ZONE (simulation.trace_series)."
+)
+@click.option(
+    "--trace-start",
+    help="Trace time the run starts at, ISO 8601 or epoch seconds (simulation.trace_start).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the bag and fleet views as JSON.")
 def simulate(
-    spec_file: str, config_path: str | None, seed: int | None, keep_dir: str | None, as_json: bool
+    spec_file: str,
+    config_path: str | None,
+    seed: int | None,
+    keep_dir: str | None,
+    price_trace: str | None,
+    trace_series: str | None,
+    trace_start: str | None,
+    as_json: bool,
 ) -> None:
     """Run SPEC_FILE on a virtual clock with the real scheduler and print the summary."""
     # The spec first: a file that cannot be a bag is refused before the scheduler's
@@ -66,20 +86,33 @@ def simulate(
 
     from controller.config import ConfigError, load_config
     from controller.errors import ApiError
-    from controller.simulation import SimulationStalled
+    from controller.simulation import SimulationSetupError, SimulationStalled
     from controller.simulation import simulate as run_simulation
 
     try:
         config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    market = {
+        name: value
+        for name, value in (
+            ("price_trace", price_trace),
+            ("trace_series", trace_series),
+            ("trace_start", trace_start),
+        )
+        if value is not None
+    }
+    if market:
+        config = config.model_copy(
+            update={"simulation": config.simulation.model_copy(update=market)}
+        )
     try:
         result = asyncio.run(
             run_simulation(spec, config, seed=seed, state_dir=Path(keep_dir) if keep_dir else None)
         )
     except ApiError as exc:
         fail(ClientError(exc.status, exc.code, exc.message, exc.detail))
-    except SimulationStalled as exc:
+    except (SimulationStalled, SimulationSetupError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(

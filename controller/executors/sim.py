@@ -1,6 +1,7 @@
 """The sim executor: attempts that take a declared time on the virtual clock.
 
-An attempt's runtime is the bag's `simulation.runtime_s`, else its
+An attempt's runtime is its job's parameter named by the bag's
+`simulation.runtime_param`, else the bag's `simulation.runtime_s`, else its
 `estimated_runtime_s`, else `max_runtime_s`; with `simulation.runtime_cv` > 0
 it is lognormal with that mean and coefficient of variation. An attempt fails
 with `simulation.failure_probability`. Runtimes beyond max_runtime_s time out.
@@ -69,7 +70,12 @@ class SimExecutor:
 
     def _runtime_s(self, spec: AttemptSpec) -> float:
         hints = spec.simulation
-        mean = (hints.runtime_s if hints and hints.runtime_s else None) or spec.estimated_runtime_s
+        own = spec.params.get(hints.runtime_param) if hints and hints.runtime_param else None
+        if isinstance(own, int | float) and not isinstance(own, bool) and own > 0:
+            mean: float | None = float(own)  # the job's own runtime (jobs of many lengths)
+        else:
+            mean = hints.runtime_s if hints and hints.runtime_s else None
+        mean = mean or spec.estimated_runtime_s
         mean = mean or spec.max_runtime_s
         cv = hints.runtime_cv if hints else 0.0
         if cv <= 0:

@@ -69,6 +69,7 @@ class Commands:
             failed_jobs=0,
         )
         bag.deadline_at = command.spec.deadline_at(now)
+        bag.submitted_at, bag.jobs_total = now, len(command.params_json)
         # Jobs past the account's credit wait, held: a range, not an entry per job.
         bag.held = HeldJobs(command.held_from, len(command.params_json))
         self.world.bags[bag.id] = bag

@@ -10,6 +10,10 @@ VMs; Planning passes that to the planner, which launches them (docs/design.md#de
   one bag per pass, for the API and the `deadline_at_risk` event (once per bag until
   it is no longer at risk).
 - `never` (or no book of preemption models): spot only, as without a deadline.
+- `deadline_policy: uniform_progress` (with `when_needed`): Uniform Progress
+  (policies/uniform_progress.py `plan_bag`, the baseline) decides instead, from the
+  same inputs, when and as often as the deadline policy would (it waits for the same
+  completion-time tables, which it does not use, to be built).
 
 The policy's inputs come from the World, in model hours, as the simulator
 (policies/deadline_sim.py) gives them: the queue in the order the scheduler takes it
@@ -34,7 +38,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,6 +49,8 @@ from controller.scheduler.backoff import Backoff
 from controller.scheduler.runs import BagRun
 from controller.scheduler.world import World
 from controller.store import WriteBatch
+from drivers.base import VmType
+from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import DeadlineDecision, DeadlineInputs, decide
@@ -64,6 +70,20 @@ TIMES_KEPT = 8  # completion-time tables kept (~10 MB each at 1-min steps over 2
 RETRY_BUILD_S = 60.0  # after a failed build, real seconds before the next try
 
 
+class SpotPriceFeed(Protocol):
+    """A spot price that moves, known to the scheduler beside the driver (`spotbag
+    simulate --price-trace`: controller/traces/price_trace.py TraceMarket)."""
+
+    def price_at(self, vm_type: str, zone: str, at: float) -> float:
+        """The spot price (USD/h) in effect at `at`."""
+        ...
+
+    def outage_left_s(self, vm_type: str, zone: str, bid: float, at: float) -> float:
+        """0 while the price is at or below `bid`; else how much longer it is expected
+        to stay above it (from the past only)."""
+        ...
+
+
 @dataclass
 class _BagDeadline:
     decision: DeadlineDecision | None = None
@@ -72,6 +92,7 @@ class _BagDeadline:
     projected: DeadlineDecision | None = None
     projected_at: float = -float("inf")
     at_risk_told: bool = False
+    up_safety_net: bool = False  # Uniform Progress's safety net fired: on-demand to the end
 
 
 @dataclass(frozen=True)
@@ -94,8 +115,12 @@ class Deadlines:
         tables: TableCache,
         max_vms: int,
         backoff: Backoff | None = None,
+        spot_feed: SpotPriceFeed | None = None,
     ) -> None:
         self.world = world
+        # A moving spot price (simulate's trace): the policy's price now, whether spot
+        # can be had, and for how long it cannot.
+        self.spot_feed = spot_feed
         self.backoff = backoff  # VM types backed off after failed launches: spot_available
         self.book = book
         self.tables = tables
@@ -109,6 +134,9 @@ class Deadlines:
         self._failed_at: dict[_TimesKey, float] = {}  # key -> when its build failed
         self.on_ready: Callable[[], None] | None = None  # wakes the scheduler
         self._counts: dict[str, int] | None = None  # bag -> attempts on on-demand VMs
+        # How often a bag's projection is made (real s); it changes no decision (views and
+        # `deadline_at_risk` only): a simulation may make it rarer (simulation.py).
+        self.project_every_s = PROJECT_EVERY_S
         # How long a decision stands when nothing changes (real s): the policy's lag.
         self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
 
@@ -144,7 +172,7 @@ class Deadlines:
             if bag.deadline_at is None or bag.spec.on_demand_mode == "never":
                 continue
             state = self._bags.setdefault(bag.id, _BagDeadline())
-            if now - state.projected_at >= PROJECT_EVERY_S and (
+            if now - state.projected_at >= self.project_every_s and (
                 due is None or state.projected_at < due[0]
             ):
                 due = (state.projected_at, bag, state)
@@ -207,7 +235,10 @@ class Deadlines:
         if inputs_times is None:
             return state.decision
         inputs, times = inputs_times
-        decision = decide(inputs, times, (), project=False)
+        if bag.spec.deadline_policy == "uniform_progress":
+            decision = self._uniform_progress(bag, state, inputs)
+        else:
+            decision = decide(inputs, times, (), project=False)
         if state.decision is None or decision.on_demand_slots != state.decision.on_demand_slots:
             log.info(
                 "bag %s: %d slot(s) on on-demand (deadline in %.2f model h)",
@@ -217,6 +248,70 @@ class Deadlines:
             )
         state.decision, state.decided_at, state.decided_for = decision, now, key
         return decision
+
+    def _uniform_progress(
+        self, bag: BagRun, state: _BagDeadline, inputs: DeadlineInputs
+    ) -> DeadlineDecision:
+        """Uniform Progress (policies/uniform_progress.py `plan_bag`), the baseline a bag
+        chooses with `deadline_policy: uniform_progress`, from the same inputs as the
+        deadline policy's: C, the bag's work (its jobs × the runtime estimate); cp(t), C
+        less the work left (queued, and running attempts' left); C(t), list scheduling
+        of the work left on the bag's slots all on-demand; spot available when the
+        deadline policy would say so (no back-off, the price at or below the bid)."""
+        to_h = self.world.time_scale / 3600.0
+        estimate_h = bag.runtime_estimate_s * to_h
+        launch_h = inputs.on_demand_launch_h
+        left_h = float(
+            inputs.queued_work_h.sum() + inputs.spot_work_h.sum() + inputs.on_demand_left_h.sum()
+        )
+        total_h = max(bag.jobs_total, bag.open_jobs) * estimate_h
+        running = len(inputs.spot_work_h) + len(inputs.on_demand_left_h)
+        busy_h = [
+            *inputs.on_demand_left_h.tolist(),
+            *(w + launch_h for w in inputs.spot_work_h.tolist()),
+            *[launch_h] * max(inputs.slots - running, 0),
+        ]
+        progress = up.ProgressState(
+            now_h=inputs.now_h,
+            start_h=bag.submitted_at * to_h,
+            deadline_h=inputs.deadline_h,
+            total_work_h=total_h,
+            progress_h=max(total_h - left_h, 0.0),
+            work_left_h=up.bag_work_left_h(
+                inputs.queued_work_h.tolist(), busy_h, inputs.deadline_h - inputs.now_h, launch_h
+            ),
+            changeover_h=launch_h,
+            spot_available=inputs.spot_available is not False and inputs.spot_outage_h == 0.0,
+            current=up.Kind.WAIT,
+            safety_net=state.up_safety_net,
+        )
+        plan = up.plan_bag(progress, inputs.slots, self._on_demand_running(bag.id))
+        state.up_safety_net = plan.safety_net
+        return DeadlineDecision(
+            on_demand_slots=plan.on_demand_slots,
+            launch_spot=plan.launch_spot,
+            p_meet=math.nan,
+            finish_quantiles_h=(),
+            latest_switch_h=math.nan,
+            at_risk=False,
+        )
+
+    def next_due(self, now: float) -> float | None:
+        """When a decision that keeps a bag's queued jobs waiting (no spot worth
+        launching now, no on-demand slot for them) stands no longer: nothing else may
+        happen before then (no VM alive, on a virtual clock no timer), and the wait must
+        be decided again. None: no bag waits on its decision."""
+        due = None
+        for bag_id, state in self._bags.items():
+            decision = state.decision
+            bag = self.world.bags.get(bag_id)
+            if decision is None or decision.launch_spot or bag is None or not len(bag.queue):
+                continue
+            at = state.decided_at + self.decide_every_s
+            if at <= now:  # not decided again (its tables are being built): no busy loop
+                at = now + self.decide_every_s
+            due = at if due is None else min(due, at)
+        return due
 
     def begin_pass(self) -> None:
         """A new planning pass: the attempts on on-demand VMs are counted again."""
@@ -247,7 +342,7 @@ class Deadlines:
             for t in world.catalog_view
             if (bag.allowed_types is None or t.name in bag.allowed_types)
         ]
-        spot_price = self._spot_prices_now()
+        spot_price = self._spot_prices_now(now)
         spot = cheapest_type(
             bag.shape,
             [
@@ -266,6 +361,7 @@ class Deadlines:
             return None
         spot_type, spot_slots = spot
         vm_type = world.catalog[spot_type.name]
+        outbid_s = self._outbid_s(vm_type, now)
         model = self.book.belief(vm_type, vm_type.zone).model
         estimate_h = bag.runtime_estimate_s * to_h
         # A job that cannot checkpoint restarts from scratch: a checkpoint as dear as the
@@ -302,7 +398,7 @@ class Deadlines:
             else:
                 od_left.append(left_h)
         slots = max(1, min(bag.open_jobs, self.max_vms * spot_slots))
-        outage_h = self._spot_blocked_h(bag, fitting, now) * to_h
+        outage_h = max(self._spot_blocked_h(bag, fitting, now), outbid_s) * to_h
         inputs = DeadlineInputs(
             now_h=now * to_h,
             deadline_h=bag.deadline_at * to_h,
@@ -324,16 +420,21 @@ class Deadlines:
             decision_lag_h=self.decide_every_s * to_h + self.book.launch_h,
             # Spot can be launched now unless every type that holds a job is backed off
             # after failed launches (the driver said no); unknown without the back-off.
-            spot_available=None if self.backoff is None else outage_h == 0.0,
+            spot_available=(
+                None if self.backoff is None and self.spot_feed is None else outage_h == 0.0
+            ),
             queue_ordered=True,
         )
         return inputs, times
 
-    def _spot_prices_now(self) -> dict[str, float]:
+    def _spot_prices_now(self, now: float) -> dict[str, float]:
         """Each type's spot price now (USD/h), where the hopping market knows it
         (controller/hopper.py: the prices the planner launches at); the catalog's for
         the others. A spot market moves by the hour: the policy's cost of staying on
         spot is today's, not the price written in the configuration."""
+        feed = self.spot_feed
+        if feed is not None:  # the market simulate replays: every type's price now
+            return {t.name: feed.price_at(t.name, t.zone, now) for t in self.world.catalog_view}
         market = self.world.market
         if market is None:
             return {}
@@ -342,6 +443,14 @@ class Deadlines:
             for name, price in zip(market.names, market.now_price, strict=True)
             if math.isfinite(price) and price > 0.0
         }
+
+    def _outbid_s(self, vm_type: VmType, now: float) -> float:
+        """Real seconds the spot price of `vm_type` is expected to stay above its bid
+        (its on-demand price): 0 without a price feed or while it is at or below."""
+        if self.spot_feed is None:
+            return 0.0
+        bid = vm_type.on_demand_price_per_hour or math.inf
+        return self.spot_feed.outage_left_s(vm_type.name, vm_type.zone, bid, now)
 
     def _queued_work_h(self, bag: BagRun, estimate_h: float, to_h: float) -> np.ndarray:
         """The bag's queued jobs' work left, in the order the scheduler takes them

@@ -72,7 +72,7 @@ from controller.scheduler.backoff import Backoff
 from controller.scheduler.calls import Calls
 from controller.scheduler.checkpoints import CheckpointTimer
 from controller.scheduler.commands import CANCEL_CHUNK, Commands
-from controller.scheduler.deadlines import Deadlines
+from controller.scheduler.deadlines import Deadlines, SpotPriceFeed
 from controller.scheduler.events import Events
 from controller.scheduler.inputs import (
     Clock,
@@ -123,6 +123,7 @@ class Scheduler:
         tables: TableCache | None = None,
         ledger: LedgerConfig | None = None,
         notify: NotifyConfig | None = None,
+        spot_feed: SpotPriceFeed | None = None,
     ) -> None:
         self.store = store
         self.driver = driver
@@ -203,6 +204,7 @@ class Scheduler:
             tables=tables,
             max_vms=settings.max_vms,
             backoff=self.backoff,
+            spot_feed=spot_feed,
         )
         self.deadlines.on_ready = self.inbox.wake.set  # its completion-time tables built
         self.planning = Planning(
@@ -523,7 +525,12 @@ class Scheduler:
             return now
         wanted = [
             t
-            for t in (decision.next_wake_at, self.checkpoints.next_due(), pool_wake_at)
+            for t in (
+                decision.next_wake_at,
+                self.checkpoints.next_due(),
+                pool_wake_at,
+                self.deadlines.next_due(now),
+            )
             if t is not None
         ]
         if self.backoff.starts_blocked_until > now:

@@ -156,6 +156,7 @@ class Recovery:
             )
             bag = self.world.bags[bag_row["id"]]
             bag.deadline_at = spec.deadline_at(bag_row["created_at"])  # kept: it is stored
+            bag.submitted_at, bag.jobs_total = bag_row["created_at"], sum(counts.values())
             bag.runtimes_s.extend(bag_row["runtimes_s"])
             bag.successes = len(bag_row["runtimes_s"])
             bag.refresh_estimate()

@@ -80,6 +80,8 @@ class BagRun:
     runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
     successes: int = 0
     deadline_at: float | None = None  # epoch s (docs/design.md#deadlines); None: none
+    submitted_at: float = 0.0  # epoch s: where Uniform Progress's line starts
+    jobs_total: int = 0  # every job of the bag (Uniform Progress's C counts them all)
     allowed_types: tuple[str, ...] | None = field(init=False)  # resources.vm_types
     regions: tuple[str, ...] | None = field(init=False)  # resources.regions
 

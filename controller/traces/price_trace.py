@@ -31,7 +31,7 @@ from drivers.base import PriceSample
 from policies.hopping import Fleet
 
 REQUIRED_COLUMNS = ("az", "instance_type", "timestamp_utc", "spot_price_usd_hr")
-__all__ = ["PriceTrace", "TraceError", "TraceReplay", "read_trace"]
+__all__ = ["PriceTrace", "TraceError", "TraceMarket", "TraceReplay", "read_trace"]
 
 
 @dataclass(frozen=True)
@@ -185,3 +185,107 @@ class TraceReplay:
                 if i >= 0:
                     samples.append(PriceSample(vm_type, zone, float(values[i]), now_s))
         return samples
+
+
+def parse_series(text: str) -> tuple[str, str]:
+    """A trace series named TYPE/ZONE ("c3.xlarge/us-east-1a")."""
+    vm_type, sep, zone = text.partition("/")
+    if not sep or not vm_type or not zone:
+        raise TraceError(f"a trace series is TYPE/ZONE (c3.xlarge/us-east-1a), not {text!r}")
+    return vm_type, zone
+
+
+OUTAGE_WINDOW_S = (
+    24 * 3600.0
+)  # the past over which outages are averaged (as policies/deadline_sim.py)
+
+
+class TraceMarket:
+    """A spot market that follows one series of a trace, for `spotbag simulate`
+    (controller/simulation.py): every VM type's spot price at clock time t is the
+    series' price at trace time `trace_start_s` + (t − `started_at_s`); before the
+    series' first change its first price, after its last change its last price (no
+    wrapping: a run sees one stretch of the market).
+
+    The sim driver (drivers/local.py, its `spot_market`) launches a spot VM only while
+    the price is at or below the bid (the type's on-demand price, as
+    policies/deadline_sim.py's Market) and preempts it when the price first rises
+    above it; the scheduler's deadline policies read the price now and how long an
+    outage is expected to last (`outage_left_s`); the store gets the price changes as
+    price samples (`samples`), by which the cost reports bill each spot VM ∫ price dt.
+    """
+
+    def __init__(
+        self, trace: PriceTrace, series: tuple[str, str], started_at_s: float, trace_start_s: float
+    ) -> None:
+        if series not in trace.vms:
+            known = ", ".join(f"{t}/{z}" for t, z in trace.vms)
+            raise TraceError(f"the trace has no series {series[0]}/{series[1]} (it has {known})")
+        i = trace.vms.index(series)
+        self.series = series
+        self.on_demand_price_per_hour = float(trace.on_demand[i])
+        self._offset_s = started_at_s - trace_start_s  # clock time = trace time + offset
+        self._times = (trace.times_s[i] + self._offset_s).tolist()  # clock seconds
+        self._prices = trace.prices[i].tolist()
+        self._by_bid: dict[float, tuple[list[float], list[float]]] = {}
+
+    def price_at(self, vm_type: str, zone: str, at: float) -> float:
+        """The spot price (USD/h) in effect at clock time `at` (any type and zone)."""
+        return self._prices[max(bisect.bisect_right(self._times, at) - 1, 0)]
+
+    def first_above(self, vm_type: str, zone: str, bid: float, after: float) -> float:
+        """The first moment after `after` at which the price is above `bid` (inf: never;
+        `after` itself is not looked at: a VM launched then was launched at or below it)."""
+        starts, _ = self._outages(bid)
+        k = bisect.bisect_right(starts, after)
+        # An outage already under way at `after` counts from its next rise, which is
+        # the next outage's start (prices at or below the bid separate outages).
+        return starts[k] if k < len(starts) else math.inf
+
+    def outage_left_s(
+        self, vm_type: str, zone: str, bid: float, at: float, window_s: float = OUTAGE_WINDOW_S
+    ) -> float:
+        """0 while the price is at or below `bid`; else how much longer it is expected to
+        stay above: the mean length of the outages that ended in the past `window_s`, at
+        least as long again as this one has lasted so far (policies/deadline_sim.py's
+        `outage_left_h`; from the past only, as a scheduler knows it)."""
+        starts, ends = self._outages(bid)
+        k = bisect.bisect_right(starts, at) - 1
+        if k < 0 or ends[k] <= at:
+            return 0.0
+        so_far = at - starts[k]
+        first = bisect.bisect_left(ends, at - window_s, 0, k)
+        lengths = [ends[j] - starts[j] for j in range(first, k)]
+        mean = sum(lengths) / len(lengths) if lengths else so_far
+        return max(mean - so_far, so_far)
+
+    def _outages(self, bid: float) -> tuple[list[float], list[float]]:
+        """The stretches of clock time [start, end) the price is above `bid` (the last
+        one's end inf if the series ends above it), computed once per bid."""
+        known = self._by_bid.get(bid)
+        if known is not None:
+            return known
+        starts: list[float] = []
+        ends: list[float] = []
+        above = False
+        for at, price in zip(self._times, self._prices, strict=True):
+            if price > bid and not above:
+                starts.append(at)
+            elif price <= bid and above:
+                ends.append(at)
+            above = price > bid
+        if above:
+            ends.append(math.inf)
+        self._by_bid[bid] = (starts, ends)
+        return starts, ends
+
+    def samples(self, vm_types: Sequence[tuple[str, str]], since: float, until: float):
+        """(vm_type, zone, at, price) rows for the store's price samples: the price in
+        effect at `since` and every change after it up to `until`, for each (type,
+        zone) of the catalog."""
+        lo = max(bisect.bisect_right(self._times, since) - 1, 0)
+        hi = bisect.bisect_right(self._times, until)
+        points = [(since, self._prices[lo])] + [
+            (self._times[k], self._prices[k]) for k in range(lo + 1, hi)
+        ]
+        return [(t, z, at, price) for t, z in vm_types for at, price in points]

@@ -357,6 +357,30 @@ def test_uniform_progress_rules() -> None:
     assert up.decide(state(safety_net=True)) == (up.Kind.ON_DEMAND, True)
 
 
+def test_uniform_progress_for_a_bag_of_ten_slots() -> None:
+    plan = up.plan_bag
+    # Rule 2: spot available, new attempts on spot; slots on on-demand VMs leave them
+    # once ahead of ep(t + 2d) = 5.1 (rule 3), and keep them while behind it.
+    assert plan(state(progress_h=5.1), 10, 3) == up.BagPlan(0, True, False)
+    assert plan(state(progress_h=5.05), 10, 3) == up.BagPlan(3, True, False)
+    # Rule 1: behind the line, no spot: every slot on-demand.
+    assert plan(state(progress_h=4.9, spot_available=False), 10, 3) == up.BagPlan(10, False, False)
+    # Ahead, no spot: the new attempts wait; on-demand slots stay (no spot to go to).
+    assert plan(state(progress_h=6.0, spot_available=False), 10, 3) == up.BagPlan(3, False, False)
+    # Rule 4: every slot on-demand, for good.
+    assert plan(state(work_left_h=89.9), 10, 0) == up.BagPlan(10, False, True)
+    assert plan(state(safety_net=True, progress_h=40.0), 10, 0) == up.BagPlan(10, False, True)
+
+
+def test_a_bags_work_left_is_list_scheduling_near_the_deadline() -> None:
+    # Jobs of 3, 2, 2, 1 h on two slots free at 0.5 h and 0 h, longest first:
+    # 0 + 3 = 3 | 0.5 + 2 = 2.5, + 2 = 4.5 (at 2.5) ... loads 3 → 3 + 1 = 4, 4.5: 4.5 h.
+    works, busy = [2.0, 1.0, 3.0, 2.0], [0.5, 0.0]
+    assert up.bag_work_left_h(works, busy, time_left_h=5.0, changeover_h=0.1) == 4.5
+    # Far from the deadline, Graham's bound W/K + w_max = 8.5/2 + 3 = 7.25 (cheaper).
+    assert up.bag_work_left_h(works, busy, time_left_h=100.0, changeover_h=0.1) == 7.25
+
+
 # --- the simulator ------------------------------------------------------------------------
 
 
