@@ -887,7 +887,10 @@ def test_the_bags_page_pages_through_every_bag(page, daemon):
 
 # A minus zero in any of its spellings (-0, -0.00, −0 %, -$0.00), and scientific notation.
 MINUS_ZERO = r"(?<![\w.,])[-−]\$?0(?:\.0+)?(?![\d.,]*[1-9])(?!\d)"
-EXPONENT = r"(?<![\w.])\d+(?:\.\d+)?e[-+]?\d+(?!\w)"  # 6.521e-06, not in an id (ba72f0a2c72)
+# 6.521e-06, 1e+21: how Python and JavaScript print a float they leave in scientific
+# notation (one digit before the point, an exponent of at most 3 digits); not a hex id
+# that happens to be digits, an "e" and digits (ba72f0a2c72, vm-21319e858988).
+EXPONENT = r"(?<![\w.])\d(?:\.\d+)?e[-+]?\d{1,3}(?!\w)"
 
 
 def page_text(browser: Any) -> str:
