@@ -186,6 +186,7 @@ def deadline_bag(policy: str, on_demand: str) -> dict:
     }
 
 
+@pytest.mark.slow  # a whole bag through the scheduler, seconds each: in `make test`
 @pytest.mark.parametrize("policy", ["uniform_progress", "spotbag"])
 async def test_a_deadline_policy_escalates_while_spot_is_outbid_and_meets_it(tmp_path, policy):
     # Spot is above the bid for the first hour: on spot alone the bag's 2 h of rounds
