@@ -126,7 +126,7 @@ class Budgets:
         room = self.room_usd(bag.id, bag.spec.account, now)
         if cheapest <= 0:
             return wanted
-        fits = math.floor(room / cheapest + TOLERANCE) if room > 0 else 0
+        fits = _fits(room, cheapest, wanted)
         if fits <= 0:
             refusal = self.book.refusal(bag.id, bag.spec.account, cheapest, self.month)
             why = (
@@ -136,7 +136,7 @@ class Budgets:
             )
             self._hold(bag, why or "its budget has no room for another attempt")
             return 0
-        return min(wanted, fits)
+        return fits
 
     def launchable_with_on_demand(
         self, bag: BagRun, wanted: int, on_demand: int, catalog: Sequence[CatalogType], now: float

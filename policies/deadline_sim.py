@@ -41,6 +41,7 @@ from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes
 from policies.deadline import list_schedule_h
 from policies.preemption import LifetimeModel
+from policies.spot_outage import expected_outage_left
 
 STRATEGIES = ("all_spot", "all_on_demand", "uniform_progress", "spotbag")
 _LIFETIME_BATCH = 4096
@@ -171,7 +172,7 @@ class _MarketView:
         i = self.market.index(t_h)
         if self.usable[i]:
             return 0.0
-        steps = max(float(self.mean_outage_steps[i]) - self.outage_run[i], self.outage_run[i])
+        steps = expected_outage_left(float(self.mean_outage_steps[i]), float(self.outage_run[i]))
         return steps * self.market.step_h
 
 

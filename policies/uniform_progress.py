@@ -34,8 +34,6 @@ can be launched (its price at or below the bid).
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -126,24 +124,3 @@ def plan_bag(state: ProgressState, slots: int, on_demand_running: int) -> BagPla
     stay, _ = decide(replace(state, current=Kind.ON_DEMAND))
     keep = on_demand_running if stay == Kind.ON_DEMAND else 0
     return BagPlan(keep, idle == Kind.SPOT, False)
-
-
-def bag_work_left_h(
-    queued_h: Sequence[float], busy_h: Sequence[float], time_left_h: float, changeover_h: float
-) -> float:
-    """C(t) for a bag: how long the rest takes on its K on-demand slots, list scheduling
-    (longest first) from now, each slot busy for `busy_h` first (a running attempt's
-    work left, an idle slot's launch). Where even Graham's bound W/K + w_max leaves more
-    than the safety margin before the deadline, the bound is returned instead (the
-    rule cannot fire either way; the bound is cheap)."""
-    busy = [float(b) for b in busy_h]
-    if not busy:
-        return 0.0
-    queued = [float(w) for w in queued_h]
-    bound = (sum(busy) + sum(queued)) / len(busy) + max([*busy, *queued])
-    if time_left_h > bound + 2.0 * changeover_h:
-        return bound
-    loads = sorted(busy)
-    for w in sorted(queued, reverse=True):
-        heapq.heapreplace(loads, loads[0] + w)
-    return max(loads)

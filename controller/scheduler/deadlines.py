@@ -53,7 +53,7 @@ from drivers.base import VmType
 from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes, build_completion_times
-from policies.deadline import DeadlineDecision, DeadlineInputs, decide
+from policies.deadline import DeadlineDecision, DeadlineInputs, decide, list_schedule_h
 from policies.packing import PricedType, cheapest_type, copies_that_fit, zone_allowed
 from policies.preemption import LifetimeModel
 
@@ -277,9 +277,7 @@ class Deadlines:
             deadline_h=inputs.deadline_h,
             total_work_h=total_h,
             progress_h=max(total_h - left_h, 0.0),
-            work_left_h=up.bag_work_left_h(
-                inputs.queued_work_h.tolist(), busy_h, inputs.deadline_h - inputs.now_h, launch_h
-            ),
+            work_left_h=list_schedule_h(inputs.queued_work_h, busy_h),
             changeover_h=launch_h,
             spot_available=inputs.spot_available is not False and inputs.spot_outage_h == 0.0,
             current=up.Kind.WAIT,
@@ -428,10 +426,11 @@ class Deadlines:
         return inputs, times
 
     def _spot_prices_now(self, now: float) -> dict[str, float]:
-        """Each type's spot price now (USD/h), where the hopping market knows it
-        (controller/hopper.py: the prices the planner launches at); the catalog's for
-        the others. A spot market moves by the hour: the policy's cost of staying on
-        spot is today's, not the price written in the configuration."""
+        """Each type's spot price now (USD/h): the price feed's (simulate's trace) when
+        there is one, else the hopping market's where it knows one (controller/hopper.py:
+        the prices the planner launches at); the catalog's for the others. A spot market
+        moves by the hour: the policy's cost of staying on spot is today's, not the price
+        written in the configuration."""
         feed = self.spot_feed
         if feed is not None:  # the market simulate replays: every type's price now
             return {t.name: feed.price_at(t.name, t.zone, now) for t in self.world.catalog_view}

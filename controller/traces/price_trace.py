@@ -29,6 +29,7 @@ from controller.traces.trace_io import TraceError, parse_time
 from controller.traces.vm_size import VmSize, bundled_sizes, sizes_of
 from drivers.base import PriceSample
 from policies.hopping import Fleet
+from policies.spot_outage import expected_outage_left
 
 REQUIRED_COLUMNS = ("az", "instance_type", "timestamp_utc", "spot_price_usd_hr")
 __all__ = ["PriceTrace", "TraceError", "TraceMarket", "TraceReplay", "read_trace"]
@@ -195,9 +196,8 @@ def parse_series(text: str) -> tuple[str, str]:
     return vm_type, zone
 
 
-OUTAGE_WINDOW_S = (
-    24 * 3600.0
-)  # the past over which outages are averaged (as policies/deadline_sim.py)
+# The past over which outages are averaged (as policies/deadline_sim.py).
+OUTAGE_WINDOW_S = 24 * 3600.0
 
 
 class TraceMarket:
@@ -257,7 +257,7 @@ class TraceMarket:
         first = bisect.bisect_left(ends, at - window_s, 0, k)
         lengths = [ends[j] - starts[j] for j in range(first, k)]
         mean = sum(lengths) / len(lengths) if lengths else so_far
-        return max(mean - so_far, so_far)
+        return expected_outage_left(mean, so_far)
 
     def _outages(self, bid: float) -> tuple[list[float], list[float]]:
         """The stretches of clock time [start, end) the price is above `bid` (the last

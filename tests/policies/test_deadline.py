@@ -372,13 +372,11 @@ def test_uniform_progress_for_a_bag_of_ten_slots() -> None:
     assert plan(state(safety_net=True, progress_h=40.0), 10, 0) == up.BagPlan(10, False, True)
 
 
-def test_a_bags_work_left_is_list_scheduling_near_the_deadline() -> None:
-    # Jobs of 3, 2, 2, 1 h on two slots free at 0.5 h and 0 h, longest first:
-    # 0 + 3 = 3 | 0.5 + 2 = 2.5, + 2 = 4.5 (at 2.5) ... loads 3 → 3 + 1 = 4, 4.5: 4.5 h.
-    works, busy = [2.0, 1.0, 3.0, 2.0], [0.5, 0.0]
-    assert up.bag_work_left_h(works, busy, time_left_h=5.0, changeover_h=0.1) == 4.5
-    # Far from the deadline, Graham's bound W/K + w_max = 8.5/2 + 3 = 7.25 (cheaper).
-    assert up.bag_work_left_h(works, busy, time_left_h=100.0, changeover_h=0.1) == 7.25
+def test_a_bags_work_left_for_uniform_progress_is_list_scheduling() -> None:
+    # C(t) in the daemon (Deadlines._uniform_progress): jobs of 3, 2, 2, 1 h on two
+    # slots free at 0.5 h and 0 h, longest first: 0 + 3 = 3 | 0.5 + 2 = 2.5, + 2 = 4.5;
+    # 3 + 1 = 4: 4.5 h.
+    assert list_schedule_h([2.0, 1.0, 3.0, 2.0], [0.5, 0.0]) == 4.5
 
 
 # --- the simulator ------------------------------------------------------------------------
