@@ -16,6 +16,7 @@ burst of submissions does not launch twice.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -47,6 +48,10 @@ class DemandGroup(NamedTuple):
     on_demand_slots: int = 0
     on_demand_running: int = 0
     use_spot: bool = True
+    # With on-demand slots: how many more of its attempts may run on spot VMs (its slots
+    # left to spot less those running there; None: no cap). A slot turned on-demand
+    # waits for its on-demand VM rather than take a spot VM that frees.
+    spot_slots_left: int | None = None
 
 
 class VmView(NamedTuple):
@@ -140,6 +145,25 @@ class Plan(NamedTuple):
     next_wake_at: float | None  # when the plan may change with nothing else happening
 
 
+@dataclass
+class MarketShare:
+    """One pass's split of a bag with on-demand slots between the markets: the
+    on-demand slots still to fill (launched for when no VM has room) and how many more
+    of its attempts spot VMs may take (its slots left to spot less those running and
+    placed there)."""
+
+    on_demand_wanted: int
+    spot_left: int
+
+    @classmethod
+    def of(cls, group: DemandGroup) -> MarketShare:
+        spot_left = group.spot_slots_left
+        return cls(
+            max(0, group.on_demand_slots - group.on_demand_running),
+            sys.maxsize if spot_left is None else spot_left,
+        )
+
+
 def _market_ok(group: DemandGroup, vm: VmView) -> bool:
     """Whether the group's jobs may run on the VM's market: spot VMs when the group
     uses spot, on-demand VMs when it wants on-demand slots."""
@@ -227,22 +251,22 @@ def plan(snapshot: Snapshot) -> Plan:
 
     places: list[Place] = []
     refused: dict[str, str] = {}
-    on_demand_wanted: dict[str, int] = {}  # per bag: on-demand slots still to fill
+    shares: dict[str, MarketShare] = {}  # per bag with on-demand slots: what each market takes
     leftover = _place_queued(
-        snapshot.demand, free, running, pending, gpu_demand, places, refused, on_demand_wanted
+        snapshot.demand, free, running, pending, gpu_demand, places, refused, shares
     )
     kept = (
         _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
         if any(g.expected > 0 for g in snapshot.demand)
         else set()
     )
-    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, on_demand_wanted)
+    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, shares)
     _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places)
 
     used = {p.vm_id for p in places} | kept
     terminations: list[Terminate] = []
     wake: list[float] = [backoff_wake] if backoff_wake is not None else []
-    _end_idle(snapshot, running, used, refused if short else {}, terminations, wake)
+    _end_idle(snapshot, running, used, refused, short, terminations, wake)
     terminations += [
         Terminate(vm.vm_id, f"drained: {vm.draining}") for vm in drained if not vm.running_attempts
     ]
@@ -258,17 +282,18 @@ def _place_queued(
     gpu_demand: bool,
     places: list[Place],
     refused: dict[str, str],
-    on_demand_wanted: dict[str, int],
+    shares: dict[str, MarketShare],
 ) -> dict[str, int]:
     """Queued jobs onto running VMs (Place actions), then counted against pending VMs'
     room; returns per bag how many are left. A bag that wants on-demand slots fills
     on-demand VMs first, and leaves on spot VMs the jobs its missing on-demand slots
-    are for (`on_demand_wanted`, which they are launched for)."""
+    are for (`shares`: they are launched for), and puts on spot VMs at most the slots
+    it leaves to spot."""
     leftover: dict[str, int] = {}
     for group in demand:
         if group.queued > 0:
             leftover[group.bag_id] = _pack_by_market(
-                group, group.queued, free, running, gpu_demand, places, refused, on_demand_wanted
+                group, group.queued, free, running, gpu_demand, places, refused, shares
             )
     for group in demand:
         if leftover.get(group.bag_id):
@@ -280,7 +305,7 @@ def _place_queued(
                 gpu_demand,
                 None,
                 None,
-                on_demand_wanted,
+                shares,
             )
     return leftover
 
@@ -293,25 +318,26 @@ def _pack_by_market(
     gpu_demand: bool,
     places: list[Place] | None,
     refused: dict[str, str] | None,
-    on_demand_wanted: dict[str, int],
+    shares: dict[str, MarketShare],
 ) -> int:
     """`_pack` for a group with on-demand slots: on-demand VMs first (each job there
     fills one of the slots still wanted), then spot VMs for what the slots still
-    wanted leave. Returns how many are left."""
+    wanted leave, at most the spot slots left. Returns how many are left."""
     if group.on_demand_slots <= 0:
         return _pack(group, remaining, free, vms, gpu_demand, places, refused)
-    wanted = on_demand_wanted.setdefault(
-        group.bag_id, max(0, group.on_demand_slots - group.on_demand_running)
-    )
+    share = shares.get(group.bag_id)
+    if share is None:
+        share = shares[group.bag_id] = MarketShare.of(group)
     on_demand = [vm for vm in vms if not vm.spot]
     left = _pack(group, remaining, free, on_demand, gpu_demand, places, refused)
-    wanted = max(0, wanted - (remaining - left))
-    on_demand_wanted[group.bag_id] = wanted
-    spot_share = max(0, left - wanted)
+    share.on_demand_wanted = max(0, share.on_demand_wanted - (remaining - left))
+    spot_share = min(max(0, left - share.on_demand_wanted), share.spot_left)
     if spot_share == 0 or not group.use_spot:
         return left
     spot = [vm for vm in vms if vm.spot]
-    return left - spot_share + _pack(group, spot_share, free, spot, gpu_demand, places, refused)
+    unplaced = _pack(group, spot_share, free, spot, gpu_demand, places, refused)
+    share.spot_left -= spot_share - unplaced
+    return left - spot_share + unplaced
 
 
 def _queue_ahead(
@@ -339,18 +365,26 @@ def _end_idle(
     running: Sequence[VmView],
     used: set[str],
     refused: dict[str, str],
+    short: bool,
     terminations: list[Terminate],
     wake: list[float],
 ) -> None:
     """Idle running VMs past their idle timeout (longer for a hot spare: a VM past its
-    risky start is worth keeping a while for the next jobs) are ended; so is an idle VM
-    the reuse policy refused while max_vms leaves jobs waiting (`refused`)."""
+    risky start is worth keeping a while for the next jobs) are ended. While max_vms
+    leaves jobs waiting (`short`), so is every idle VM this pass gave nothing: none of
+    the waiting jobs may use it (the reuse policy refused it, `refused`; it is on a
+    market their bag does not use now, e.g. spot for slots turned on-demand; or of a
+    type they may not take), and the VM they wait for needs its room."""
     now = snapshot.now
     for vm in running:
         if vm.running_attempts or vm.vm_id in used or vm.idle_since is None:
             continue
-        if vm.vm_id in refused:
-            terminations.append(Terminate(vm.vm_id, refused[vm.vm_id]))
+        if short:
+            reason = refused.get(vm.vm_id) or (
+                "released: jobs wait for a VM that max_vms leaves no room for, "
+                "and none of them may use this one"
+            )
+            terminations.append(Terminate(vm.vm_id, reason))
             continue
         spare = vm.table is not None and vm.table.is_stable(vm.age_h)
         timeout = (
@@ -405,8 +439,19 @@ def _keep_for_noticed(
     return kept
 
 
+def _launch_split(group: DemandGroup, remaining: int, share: MarketShare | None) -> tuple[int, int]:
+    """Of a bag's `remaining` jobs with no room: (to launch on-demand VMs for, to launch
+    spot VMs for). The on-demand slots it still wants first; the rest on spot while it
+    uses spot, within the slots it leaves to spot (less those placed this pass)."""
+    on_demand = min(remaining, share.on_demand_wanted) if share else 0
+    spot = remaining - on_demand if group.use_spot else 0
+    if share is not None:
+        spot = min(spot, share.spot_left)
+    return on_demand, spot
+
+
 def _launches(
-    snapshot: Snapshot, leftover: dict[str, int], on_demand_wanted: dict[str, int]
+    snapshot: Snapshot, leftover: dict[str, int], shares: dict[str, MarketShare]
 ) -> tuple[list[Launch], list[Unplaceable], float | None, bool]:
     """Launches for the demand left over, cheapest slot first, within max_vms: on-demand
     VMs for the on-demand slots a bag still wants, spot VMs for the rest (none when the
@@ -430,10 +475,12 @@ def _launches(
             assert problem is not None  # no allowed type holds a job: it says why
             unplaceable.append(Unplaceable(group.bag_id, problem))
             continue
+        on_demand_jobs, spot_jobs = _launch_split(group, remaining, shares.get(group.bag_id))
+        if not on_demand_jobs and not spot_jobs:  # they wait (e.g. for spot's price)
+            continue
         if budget <= 0:  # max_vms reached: no type to rank (every pass of a full fleet)
             short = True
             continue
-        on_demand_jobs = min(remaining, on_demand_wanted.get(group.bag_id, 0))
         if on_demand_jobs:
             priced = _fitting(group, snapshot.catalog, on_demand=True)
             picked = _cheapest_for(
@@ -449,7 +496,7 @@ def _launches(
                 if count:
                     budget -= count
                     launches.append(Launch(od_type.name, count, group.bag_id, spot=False))
-        remaining = remaining - on_demand_jobs if group.use_spot else 0
+        remaining = spot_jobs
         if remaining == 0:
             continue
         if budget <= 0:

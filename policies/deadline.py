@@ -111,7 +111,7 @@ def _array(values) -> np.ndarray:
     return np.asarray(values, dtype=float).reshape(-1)
 
 
-def _slot_count(inputs: DeadlineInputs) -> int:
+def slot_count(inputs: DeadlineInputs) -> int:
     """K: the bag's slots, at least one and at least as many as its attempts running
     (a scheduler may run more than the slots it was counted for: attempts queued ahead
     on an executor, jobs on other VM types)."""
@@ -208,7 +208,7 @@ def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
         running_var_h2=float(r_var.sum()),
         last_work_h=float(queued.min()) if len(queued) else 0.0,
         last_round_work_h=(
-            float(np.median(np.sort(queued)[: _slot_count(inputs)])) if len(queued) else 0.0
+            float(np.median(np.sort(queued)[: slot_count(inputs)])) if len(queued) else 0.0
         ),
         queued_jobs=len(queued),
         on_demand_left_sorted_h=np.sort(_array(inputs.on_demand_left_h)),
@@ -216,7 +216,7 @@ def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
             np.concatenate(
                 [
                     np.zeros(
-                        max(0, _slot_count(inputs) - len(r_mean) - len(inputs.on_demand_left_h))
+                        max(0, slot_count(inputs) - len(r_mean) - len(inputs.on_demand_left_h))
                     ),
                     r_mean + ndtri(inputs.confidence) * np.sqrt(r_var),
                 ]
@@ -246,7 +246,7 @@ def meet_probabilities(
 def _probabilities(
     inputs: DeadlineInputs, times: CompletionTimes, loads: _Loads, horizon_h: float | None
 ) -> np.ndarray:
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     H = inputs.deadline_h - inputs.now_h if horizon_h is None else horizon_h
     m = np.arange(K + 1)
     if H <= 0:
@@ -341,7 +341,7 @@ def latest_switch_h(inputs: DeadlineInputs) -> float:
     )
     if not len(work):
         return inputs.deadline_h
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     makespan = float(work.sum()) / K + (1.0 - 1.0 / K) * float(work.max())
     return inputs.deadline_h - makespan - inputs.on_demand_launch_h
 
@@ -367,7 +367,7 @@ def decide(
     slots that keep the on-demand fallback (module docstring) within the deadline;
     with `project`, the projected chance of meeting it and the finish at `quantiles`
     (each a bisection of ~20 projections)."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     loads = _loads(inputs, times)
     nothing_left = (
         loads.queued_work_h <= 0
@@ -427,7 +427,7 @@ def fallback_on_demand(
     may be at the confidence (`_margin_h`; in the last round, `_last_round_fits`
     instead), also when the spot attempt with the most unsaved work loses its VM
     now."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
     launch = inputs.on_demand_launch_h
     queued = _dispatch_order(inputs)
@@ -529,7 +529,7 @@ def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h
     left, spot ones their expected time left μ_j(age)), and the queue is list
     scheduled on the slots as they free, each job taking its expected time on a fresh
     spot VM, μ_j(0)."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     launch = inputs.on_demand_launch_h
     queued = _dispatch_order(inputs)
     spot_work = _array(inputs.spot_work_h)
@@ -553,7 +553,7 @@ def spot_line_on_demand(inputs: DeadlineInputs, times: CompletionTimes) -> int:
     role of Uniform Progress's rule 1, with spot's own expected pace as the line)."""
     H = inputs.deadline_h - inputs.now_h
     wait = max(inputs.spot_outage_h, inputs.decision_lag_h)
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     free = max(0, K - len(_array(inputs.spot_work_h)) - len(_array(inputs.on_demand_left_h)))
     free = min(free, len(_array(inputs.queued_work_h)))
     if spot_finish_h(inputs, times, 0, wait) <= H:
@@ -575,7 +575,7 @@ def _margin_h(inputs: DeadlineInputs, var_h2: float) -> float:
     while the fallback has at least a round of jobs to share out (K or more queued
     beyond the next): a late attempt only leaves its slot less of them, so the delay
     is the spread of their sum over K slots, z_c·sqrt(Σσ²)/K."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
 
 

@@ -53,7 +53,13 @@ from drivers.base import VmType
 from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes, build_completion_times
-from policies.deadline import DeadlineDecision, DeadlineInputs, decide, list_schedule_h
+from policies.deadline import (
+    DeadlineDecision,
+    DeadlineInputs,
+    decide,
+    list_schedule_h,
+    slot_count,
+)
 from policies.packing import PricedType, cheapest_type, copies_that_fit, zone_allowed
 from policies.preemption import LifetimeModel
 
@@ -93,6 +99,7 @@ class _BagDeadline:
     projected_at: float = -float("inf")
     at_risk_told: bool = False
     up_safety_net: bool = False  # Uniform Progress's safety net fired: on-demand to the end
+    slots: int = 0  # K, the bag's slots the decision was made for
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,12 @@ class OnDemandPlan:
     slots: int
     running: int
     use_spot: bool
+    # Of the bag's slots, those left to spot VMs (K − m) and its attempts on them now:
+    # its spot attempts stay within them, so that a slot the policy turned on-demand
+    # waits for an on-demand VM instead of taking the next spot VM that frees (None:
+    # no cap, `always`).
+    spot_slots: int | None = None
+    spot_running: int = 0
 
 
 class Deadlines:
@@ -133,7 +146,8 @@ class Deadlines:
         self._building: dict[_TimesKey, asyncio.Task[None]] = {}
         self._failed_at: dict[_TimesKey, float] = {}  # key -> when its build failed
         self.on_ready: Callable[[], None] | None = None  # wakes the scheduler
-        self._counts: dict[str, int] | None = None  # bag -> attempts on on-demand VMs
+        # bag -> its attempts on (on-demand, spot) VMs, counted once a pass
+        self._counts: dict[str, tuple[int, int]] | None = None
         # How often a bag's projection is made (real s); it changes no decision (views and
         # `deadline_at_risk` only): a simulation may make it rarer (simulation.py).
         self.project_every_s = PROJECT_EVERY_S
@@ -153,13 +167,20 @@ class Deadlines:
         mode = bag.spec.on_demand_mode
         if mode == "never":
             return None
-        running = self._on_demand_running(bag.id)
+        running, spot_running = self._running_by_market(bag.id)
         if mode == "always":
             return OnDemandPlan(ALL_SLOTS, running, False)
         decision = self._decision(bag, now)
         if decision is None:
             return None
-        return OnDemandPlan(decision.on_demand_slots, running, decision.launch_spot)
+        state = self._bags[bag.id]
+        return OnDemandPlan(
+            decision.on_demand_slots,
+            running,
+            decision.launch_spot,
+            max(0, state.slots - decision.on_demand_slots),
+            spot_running,
+        )
 
     def project(self, batch: WriteBatch, now: float) -> None:
         """The projection of one bag with a deadline per pass (tens of ms each, on the
@@ -247,6 +268,7 @@ class Deadlines:
                 inputs.deadline_h - inputs.now_h,
             )
         state.decision, state.decided_at, state.decided_for = decision, now, key
+        state.slots = slot_count(inputs)
         return decision
 
     def _uniform_progress(
@@ -283,7 +305,7 @@ class Deadlines:
             current=up.Kind.WAIT,
             safety_net=state.up_safety_net,
         )
-        plan = up.plan_bag(progress, inputs.slots, self._on_demand_running(bag.id))
+        plan = up.plan_bag(progress, inputs.slots, self._running_by_market(bag.id)[0])
         state.up_safety_net = plan.safety_net
         return DeadlineDecision(
             on_demand_slots=plan.on_demand_slots,
@@ -315,18 +337,18 @@ class Deadlines:
         """A new planning pass: the attempts on on-demand VMs are counted again."""
         self._counts = None
 
-    def _on_demand_running(self, bag_id: str) -> int:
-        """The bag's attempts on on-demand VMs: counted for every bag in one sweep of the
-        attempts per pass, not one per bag."""
+    def _running_by_market(self, bag_id: str) -> tuple[int, int]:
+        """The bag's attempts on (on-demand, spot) VMs: counted for every bag in one
+        sweep of the attempts per pass, not one per bag."""
         if self._counts is None:
             world = self.world
-            counts: dict[str, int] = {}
+            counts: dict[str, list[int]] = {}
             for attempt in world.attempts.values():
                 vm = world.vms.get(attempt.vm_id)
-                if vm is not None and not vm.spot and not attempt.cancelling:
-                    counts[attempt.bag_id] = counts.get(attempt.bag_id, 0) + 1
-            self._counts = counts
-        return self._counts.get(bag_id, 0)
+                if vm is not None and not attempt.cancelling:
+                    counts.setdefault(attempt.bag_id, [0, 0])[1 if vm.spot else 0] += 1
+            self._counts = {bag: (od, spot) for bag, (od, spot) in counts.items()}
+        return self._counts.get(bag_id, (0, 0))
 
     def _inputs(self, bag: BagRun, now: float) -> tuple[DeadlineInputs, CompletionTimes] | None:
         """The policy's inputs for the bag now, in model hours; None while its

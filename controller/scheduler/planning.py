@@ -173,19 +173,24 @@ class Planning:
         wanted = self.deadlines.plan_for(bag, now)
         if wanted is None:
             return group
-        queued, slots = group.queued, wanted.slots
+        queued, slots, spot_slots = group.queued, wanted.slots, wanted.spot_slots
         if bag.spec.on_demand_mode == "when_needed" and slots > wanted.running:
             # Budgets priced every attempt at spot (`launchable`); those placed on
             # on-demand VMs cost more: as many as the budgets pay for, the rest on spot.
             queued, on_demand = self.world.budgets.launchable_with_on_demand(
                 bag, queued, slots - wanted.running, self.world.catalog_view, now
             )
+            if spot_slots is not None:  # the slots left to spot get those it cannot pay for
+                spot_slots += max(0, slots - wanted.running - on_demand)
             slots = min(slots, wanted.running + on_demand)
         return group._replace(
             queued=queued,
             on_demand_slots=slots,
             on_demand_running=wanted.running,
             use_spot=wanted.use_spot,
+            spot_slots_left=None
+            if spot_slots is None
+            else max(0, spot_slots - wanted.spot_running),
         )
 
     def _noticed_vms(self) -> int:
