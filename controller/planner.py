@@ -97,7 +97,10 @@ class Snapshot:
     idle_timeout_s: float
     boot_timeout_s: float = float("inf")
     hot_spare_s: float = 0.0  # idle VMs past their risky start are kept this long
-    blocked_until: Mapping[str, float] = field(default_factory=dict)  # type -> launch back-off end
+    # type -> when spot launches may be tried again (back-off after failed launches, a
+    # spot price above the bid), and the same for on-demand launches.
+    blocked_until: Mapping[str, float] = field(default_factory=dict)
+    on_demand_blocked_until: Mapping[str, float] = field(default_factory=dict)
     # Live prices and the hopping policy (controller/hopper.py); None: the catalog's prices.
     market: TypeMarket | None = None
 
@@ -485,7 +488,7 @@ def _launches(
             priced = _fitting(group, snapshot.catalog, on_demand=True)
             picked = _cheapest_for(
                 group.shape,
-                [t for t in priced if snapshot.blocked_until.get(t.name, 0.0) <= now],
+                [t for t in priced if snapshot.on_demand_blocked_until.get(t.name, 0.0) <= now],
                 on_demand_jobs,
             )
             if picked is not None:

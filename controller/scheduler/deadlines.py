@@ -74,6 +74,7 @@ ALL_SLOTS = 1 << 30  # `always`: more on-demand slots than any bag has
 _TimesKey = tuple[LifetimeModel, int]  # (model, id of its checkpoint table)
 TIMES_KEPT = 8  # completion-time tables kept (~10 MB each at 1-min steps over 24 h)
 RETRY_BUILD_S = 60.0  # after a failed build, real seconds before the next try
+MIN_OUTBID_S = 60.0  # the least a spot price above the bid is expected to stay there
 
 
 class SpotPriceFeed(Protocol):
@@ -88,6 +89,15 @@ class SpotPriceFeed(Protocol):
         """0 while the price is at or below `bid`; else how much longer it is expected
         to stay above it (from the past only)."""
         ...
+
+
+def outbid_s(feed: SpotPriceFeed, vm_type: str, zone: str, bid: float, now: float) -> float:
+    """Real seconds the spot price of the type is expected to stay above `bid`: 0 while
+    it is at or below; else the feed's expectation, at least `MIN_OUTBID_S` (an outage
+    just begun, with none before it, is expected to last as long again as so far: 0)."""
+    if feed.price_at(vm_type, zone, now) <= bid:
+        return 0.0
+    return max(MIN_OUTBID_S, feed.outage_left_s(vm_type, zone, bid, now))
 
 
 @dataclass
@@ -471,7 +481,7 @@ class Deadlines:
         if self.spot_feed is None:
             return 0.0
         bid = vm_type.on_demand_price_per_hour or math.inf
-        return self.spot_feed.outage_left_s(vm_type.name, vm_type.zone, bid, now)
+        return outbid_s(self.spot_feed, vm_type.name, vm_type.zone, bid, now)
 
     def _queued_work_h(self, bag: BagRun, estimate_h: float, to_h: float) -> np.ndarray:
         """The bag's queued jobs' work left, in the order the scheduler takes them

@@ -216,6 +216,7 @@ class Scheduler:
             ids=ids,
             time_scale=time_scale,
             deadlines=self.deadlines,
+            spot_feed=spot_feed,
         )
         self.actions = Actions(
             world=self.world,

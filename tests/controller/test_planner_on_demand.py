@@ -4,6 +4,8 @@ a bag does not use it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from controller.planner import CatalogType, DemandGroup, Launch, Place, VmView, plan
 from drivers.base import VmState
 from policies.packing import Shape
@@ -128,3 +130,18 @@ def test_an_idle_vm_is_kept_while_the_jobs_waiting_launch_nothing():
         )
     )
     assert decision.terminations == [] and decision.launches == []
+
+
+def test_a_spot_back_off_leaves_on_demand_launches_of_the_type_alone():
+    """Spot launches of `small` failed (no spot capacity, or its price above the bid):
+    the bag's on-demand slots still get small on-demand VMs; only spot waits."""
+    group = DemandGroup("b1", ONE, 4, on_demand_slots=2)
+    snapshot = snap([group], catalog=(SMALL,))
+    snapshot = dataclasses.replace(snapshot, blocked_until={"small": 2000.0})
+    decision = plan(snapshot)
+    assert decision.launches == [Launch("small", 1, "b1", spot=False)]
+    assert decision.next_wake_at == 2000.0  # spot is tried again then
+    snapshot = dataclasses.replace(
+        snapshot, blocked_until={}, on_demand_blocked_until={"small": 2000.0}
+    )
+    assert plan(snapshot).launches == [Launch("small", 1, "b1")]
