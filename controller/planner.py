@@ -389,7 +389,10 @@ def _end_idle(
             )
             terminations.append(Terminate(vm.vm_id, reason))
             continue
-        spare = vm.table is not None and vm.table.is_stable(vm.age_h)
+        # A spot VM past its risky start is worth keeping for the next jobs; an
+        # on-demand VM is never preempted, so none is better than a fresh one: idle,
+        # it is only billed (a deadline's slots turned back to spot leave them idle).
+        spare = vm.spot and vm.table is not None and vm.table.is_stable(vm.age_h)
         timeout = (
             max(snapshot.idle_timeout_s, snapshot.hot_spare_s) if spare else snapshot.idle_timeout_s
         )

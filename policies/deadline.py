@@ -97,7 +97,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -383,12 +383,18 @@ def decide(
     if not launch_spot and loads.queued_jobs:
         # Waiting for spot spends slack: only while spot could still finish after it.
         keep_line = spot_line_on_demand(inputs, times)
-        if keep_line and inputs.spot_available is True and not last_round:
+        if (
+            inputs.spot_available is True
+            and not last_round
+            and (keep_line or not spot_after_wait_fits(inputs, times))
+        ):
             # Spot is there but dear: it beats idling (billed at the market price,
             # which may fall) and, unlike on-demand, commits to no price.
             launch_spot, keep_line = True, 0
     new_on_demand = fallback_on_demand(inputs, times, launch_spot)
     at_risk = new_on_demand is None
+    if at_risk:
+        new_on_demand = _best_reachable_on_demand(inputs, times, launch_spot)
     if new_on_demand is not None:
         new_on_demand = max(new_on_demand, keep_line)
     m = K if new_on_demand is None else len(loads.on_demand_left_sorted_h) + new_on_demand
@@ -409,6 +415,24 @@ def decide(
         latest_switch_h=float(latest_switch_h(inputs)),
         at_risk=at_risk,
     )
+
+
+def _best_reachable_on_demand(
+    inputs: DeadlineInputs, times: CompletionTimes, launch_spot: bool
+) -> int | None:
+    """At risk (no number of on-demand slots keeps the fallback at the confidence): the
+    fewest that keep it at the highest confidence some number still reaches, down to
+    even odds; None (every slot on-demand) when not even that. Buying every slot
+    on-demand when what fails is the running spot attempts' tail (which on-demand
+    slots for the next jobs do not change) costs much and buys little."""
+    risk = 1.0 - inputs.confidence
+    for lower in (1.0 - 2.0 * risk, 1.0 - 5.0 * risk, 0.9, 0.75, 0.5):
+        if lower >= inputs.confidence or lower <= 0.0:
+            continue
+        n = fallback_on_demand(replace(inputs, confidence=lower), times, launch_spot)
+        if n is not None:
+            return n
+    return None
 
 
 def fallback_on_demand(
@@ -520,6 +544,17 @@ def fallback_on_demand(
         else:
             low = mid
     return high
+
+
+def spot_after_wait_fits(inputs: DeadlineInputs, times: CompletionTimes) -> bool:
+    """Whether the bag may wait one more look (`decision_lag_h`) for a spot price worth
+    paying: after it, spot alone (no slot on-demand) would still finish by the deadline
+    at the confidence (the projection's P(0), `meet_probabilities`). Waiting until spot
+    would only just finish in expectation (`spot_line_on_demand`) leaves nothing for
+    spot's own spread: the slots then turn on-demand, dearer than the spot that was
+    there."""
+    later = replace(inputs, now_h=inputs.now_h + inputs.decision_lag_h)
+    return float(meet_probabilities(later, times)[0]) >= inputs.confidence
 
 
 def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h: float) -> float:

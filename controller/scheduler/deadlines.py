@@ -33,6 +33,7 @@ bag stays on spot until they are ready).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -149,6 +150,8 @@ class Deadlines:
         self.tables = tables
         self.max_vms = max_vms
         self._bags: dict[str, _BagDeadline] = {}
+        # bag -> its jobs' own estimated runtimes (s, by index), read once (`_own_estimates_h`)
+        self._own_s: dict[str, np.ndarray] = {}
         # Keyed by the table's id, kept with the table: an id is only unique while its
         # object lives, so an entry is used only while its own table is the one asked
         # for (a table the cache dropped may leave its id to another). Oldest first.
@@ -168,6 +171,7 @@ class Deadlines:
         """Drop every bag's decision and projection (after a recovery: they are made
         again from the rebuilt world; a bag still at risk is told so again)."""
         self._bags.clear()
+        self._own_s.clear()
         self._counts = None
 
     # --- what Planning asks ---------------------------------------------------------
@@ -296,7 +300,10 @@ class Deadlines:
         left_h = float(
             inputs.queued_work_h.sum() + inputs.spot_work_h.sum() + inputs.on_demand_left_h.sum()
         )
-        total_h = max(bag.jobs_total, bag.open_jobs) * estimate_h
+        own_h = self._own_estimates_h(bag, estimate_h)
+        total_h = (
+            max(bag.jobs_total, bag.open_jobs) * estimate_h if own_h is None else float(own_h.sum())
+        )
         running = len(inputs.spot_work_h) + len(inputs.on_demand_left_h)
         busy_h = [
             *inputs.on_demand_left_h.tolist(),
@@ -344,8 +351,12 @@ class Deadlines:
         return due
 
     def begin_pass(self) -> None:
-        """A new planning pass: the attempts on on-demand VMs are counted again."""
+        """A new planning pass: the attempts on on-demand VMs are counted again; the
+        jobs' own estimates of bags that ended are dropped."""
         self._counts = None
+        if self._own_s:
+            for bag_id in [b for b in self._own_s if b not in self.world.bags]:
+                del self._own_s[bag_id]
 
     def _running_by_market(self, bag_id: str) -> tuple[int, int]:
         """The bag's attempts on (on-demand, spot) VMs: counted for every bag in one
@@ -394,12 +405,14 @@ class Deadlines:
         outbid_s = self._outbid_s(vm_type, now)
         model = self.book.belief(vm_type, vm_type.zone).model
         estimate_h = bag.runtime_estimate_s * to_h
+        own_h = self._own_estimates_h(bag, estimate_h)  # per job (None: one for all)
+        longest_h = estimate_h if own_h is None else max(estimate_h, float(own_h.max(initial=0)))
         # A job that cannot checkpoint restarts from scratch: a checkpoint as dear as the
         # job itself, which the DP never takes.
         delta_h = (
-            bag.spec.checkpoint_cost_s * to_h if bag.spec.checkpointable else max(estimate_h, 1e-3)
+            bag.spec.checkpoint_cost_s * to_h if bag.spec.checkpointable else max(longest_h, 1e-3)
         )
-        times = self._completion_times(model, delta_h, estimate_h)
+        times = self._completion_times(model, delta_h, longest_h)
         if times is None:
             return None
         # One sweep over the attempts (as before) gives the running ones; the work is the
@@ -417,14 +430,15 @@ class Deadlines:
             since_mark_h = 0.0
             if attempt.ran_at is not None:
                 since_mark_h = max(0.0, now - attempt.mark_at) * to_h
-            left_h = max(estimate_h - saved_h - since_mark_h, 0.01 * estimate_h)
+            job_h = estimate_h if own_h is None else float(own_h[attempt.idx])
+            left_h = max(job_h - saved_h - since_mark_h, 0.01 * job_h)
             if vm.spot:
                 spot_work.append(left_h)
                 spot_age.append(max(0.0, now - vm.requested_at) * to_h)
                 # What a preemption now loses (World.finish_attempt's `work_lost`): the
                 # work since its last checkpoint, at most the job's estimate left (as
                 # the simulator's min(done, work) − saved).
-                spot_unsaved.append(max(0.0, min(since_mark_h, estimate_h - saved_h)))
+                spot_unsaved.append(max(0.0, min(since_mark_h, job_h - saved_h)))
             else:
                 od_left.append(left_h)
         slots = max(1, min(bag.open_jobs, self.max_vms * spot_slots))
@@ -434,7 +448,7 @@ class Deadlines:
             deadline_h=bag.deadline_at * to_h,
             slots=slots,
             # In the order the scheduler takes the queue, retries first: queue_ordered.
-            queued_work_h=self._queued_work_h(bag, estimate_h, to_h),
+            queued_work_h=self._queued_work_h(bag, estimate_h, own_h, to_h),
             spot_work_h=np.asarray(spot_work, dtype=float),
             spot_age_h=np.asarray(spot_age, dtype=float),
             spot_unsaved_h=np.asarray(spot_unsaved, dtype=float),
@@ -483,23 +497,63 @@ class Deadlines:
         bid = vm_type.on_demand_price_per_hour or math.inf
         return outbid_s(self.spot_feed, vm_type.name, vm_type.zone, bid, now)
 
-    def _queued_work_h(self, bag: BagRun, estimate_h: float, to_h: float) -> np.ndarray:
+    def _queued_work_h(
+        self, bag: BagRun, estimate_h: float, own_h: np.ndarray | None, to_h: float
+    ) -> np.ndarray:
         """The bag's queued jobs' work left, in the order the scheduler takes them
-        (`JobQueue`: retries first, then the jobs never run): the estimate less what
-        the job's checkpoints saved (a retry resumes there, planning's
-        `resume_work_s`). Only the retries put first are looked up, not the whole
-        queue: the rest are the admitted jobs, which never ran, and the ones a restart
-        queued again behind them (taken at the whole estimate: what they saved is not
-        counted, on the safe side)."""
-        work = np.full(len(bag.queue), estimate_h)
+        (`JobQueue`: retries first, then the jobs never run): the estimate (the job's own,
+        `own_h`, when the bag has them) less what the job's checkpoints saved (a retry
+        resumes there, planning's `resume_work_s`). Only the retries put first are
+        looked up, not the whole queue: the rest are the admitted jobs, which never ran,
+        and the ones a restart queued again behind them (taken at the whole estimate:
+        what they saved is not counted, on the safe side)."""
+        if own_h is None:
+            work = np.full(len(bag.queue), estimate_h)
+        else:
+            work = own_h[np.fromiter(bag.queue, dtype=np.intp, count=len(bag.queue))]
         if not bag.spec.checkpointable:
             return work  # a retry starts from scratch
         jobs = self.world.jobs
         for i, idx in enumerate(bag.queue.first):
             job = jobs.get((bag.id, idx))
             if job is not None and job.work_saved_s > 0:
-                work[i] = max(estimate_h - job.work_saved_s * to_h, 0.01 * estimate_h)
+                work[i] = max(work[i] - job.work_saved_s * to_h, 0.01 * work[i])
         return work
+
+    def _own_estimates_h(self, bag: BagRun, estimate_h: float) -> np.ndarray | None:
+        """Each job's estimated work (model hours, by job index) when the bag names an
+        `estimated_runtime_param`: its own estimate × the bag's `estimate_scale` (what
+        its finished jobs took against theirs), the bag's estimate for a job without
+        one. The estimates are read from the jobs' parameters once per bag. None: the
+        bag has no such parameter."""
+        if not bag.spec.estimated_runtime_param:
+            return None
+        own_s = self._own_s.get(bag.id)
+        if own_s is None:
+            own_s = self._own_s[bag.id] = self._read_own_estimates_s(bag)
+        to_h = self.world.time_scale / 3600.0
+        scaled = own_s * (bag.estimate_scale() * to_h)
+        return np.where(np.isnan(scaled), estimate_h, scaled)
+
+    def _read_own_estimates_s(self, bag: BagRun) -> np.ndarray:
+        """The jobs' own estimated runtimes (s; NaN: none, or the job has ended) from the
+        parameters of the jobs still open: a JobRun's, else the waiting job's packed
+        ones."""
+        jobs = self.world.jobs
+        own = np.full(max(bag.jobs_total, 1), np.nan)
+        for idx in range(bag.jobs_total):
+            job = jobs.get((bag.id, idx))
+            if job is not None:
+                params = job.params
+            else:
+                packed = bag.fresh.get(idx)
+                if packed is None:
+                    continue
+                params = json.loads(packed)
+            estimate = bag.job_estimate_s(params)
+            if estimate is not None:
+                own[idx] = estimate
+        return own
 
     def _reusable_spot_ages_h(
         self, bag: BagRun, now: float, runtime_h: float, slots: int

@@ -23,6 +23,7 @@ from policies.deadline import (
     decide,
     list_schedule_h,
     meet_probabilities,
+    spot_line_on_demand,
 )
 from policies.deadline_sim import (
     STRATEGIES,
@@ -229,6 +230,25 @@ def test_dear_spot_is_launched_rather_than_idling_when_slack_is_short() -> None:
     assert tight.launch_spot
     loose = decide(inputs_for(works, 20, 3 * spot_mean, **dear), times, project=False)
     assert not loose.launch_spot and loose.on_demand_slots == 0
+
+
+def test_dear_spot_is_launched_while_waiting_would_leave_spot_no_room_for_its_spread():
+    """Spot at the bid (no outage, not worth its price): the bag may wait one more look
+    only if spot alone would then still finish at the confidence, not merely in
+    expectation: at 1.05 × spot's expected pace the expectation line says wait, but
+    after waiting spot's spread could not be met without on-demand, dearer."""
+    _, times = plan()
+    works = bag(13, 200)
+    spot_mean = float(times.fresh_moments(works)[0].sum()) / 20
+    at_bid = dict(spot_price_per_hour=0.99, spot_available=True)
+    for factor in (1.02, 1.05, 1.1):
+        inputs = inputs_for(works, 20, factor * spot_mean, **at_bid)
+        assert spot_line_on_demand(inputs, times) == 0  # spot would finish in expectation
+        decision = decide(inputs, times, project=False)
+        assert decision.launch_spot and decision.on_demand_slots == 0
+    for factor in (1.2, 1.5):
+        decision = decide(inputs_for(works, 20, factor * spot_mean, **at_bid), times)
+        assert not decision.launch_spot and decision.on_demand_slots == 0
 
 
 def test_spot_too_dear_is_not_launched() -> None:
