@@ -50,14 +50,17 @@ m = (running on-demand attempts) + n slots on on-demand. Recomputed whenever a s
 frees: spot keeps every slot while the fallback fits (escalate late: at the latest
 safe moment, not on a fixed line); slots turn on-demand one by one as the slack goes;
 an on-demand slot that frees when the fallback fits without it goes back to spot (the
-slack returned). When not even n = all free slots fits, the bag is *at risk* and
-every slot goes on-demand.
+slack returned). When not even n = all free slots fits, the bag is *at risk*: the
+fewest free slots that fit at the highest confidence still reachable go on-demand
+(`_best_reachable_on_demand`), every slot only when not even even odds are.
 
 **Idling costs slack** (`spot_line_on_demand`): when spot cannot be had or is not
 worth its price, a free slot waits only while spot, once back (after the expected
 outage), would still finish the bag in expectation (the queue at μ_j(0) each, list
 scheduled); else the fewest free slots that restore that go on-demand, or, when spot
-can be had at a price not worth paying (`spot_available`), spot is launched anyway.
+can be had at a price not worth paying (`spot_available`), spot is launched anyway,
+as it is as soon as waiting one more look would leave spot alone short of the
+confidence (`spot_after_wait_fits`).
 
 **The projection** (`meet_probabilities`, `decide(project=True)`), for the status
 pages and the `deadline_at_risk` notification: with m of the K slots on on-demand and
