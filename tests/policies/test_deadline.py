@@ -20,6 +20,7 @@ from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import (
     DeadlineInputs,
     _at_least,
+    _last_round_fits,
     decide,
     list_schedule_h,
     meet_probabilities,
@@ -249,6 +250,24 @@ def test_dear_spot_is_launched_while_waiting_would_leave_spot_no_room_for_its_sp
     for factor in (1.2, 1.5):
         decision = decide(inputs_for(works, 20, factor * spot_mean, **at_bid), times)
         assert not decision.launch_spot and decision.on_demand_slots == 0
+
+
+def test_the_last_round_lets_a_late_spot_attempt_use_its_slots_slack() -> None:
+    """The last round's check (b): two jobs left (1 h and 6 min) for three slots, one an
+    on-demand VM busy past the moment the 1-h job must start, two spot attempts (3 min
+    and 48 min left). Counting slots free by limit − w_max, one a job, needs both spot
+    attempts done by then, and the 48-min one cannot be: at risk. List scheduled, the
+    short job goes on the slot the 48-min attempt frees, with 35 min to spare for it."""
+    _, times = plan()
+    inputs = inputs_for(np.zeros(0), 3, 1.6, confidence=0.95)
+    free_at = np.array([1.05, 0.0, 0.0])  # on-demand, then the two spot slots
+    spot_slot = np.array([False, True, True])
+    work = np.array([0.05, 0.8])
+    spot = (work, np.array([6.0, 6.0]), np.zeros(2))  # work, VM age, launch before
+    left = np.array([1.0, 0.1])
+    assert _last_round_fits(inputs, times, free_at, spot_slot, spot, left, 1.6)
+    # With no slack for it (the limit 0.35 h sooner), it does not fit.
+    assert not _last_round_fits(inputs, times, free_at, spot_slot, spot, left, 1.25)
 
 
 def test_spot_too_dear_is_not_launched() -> None:
