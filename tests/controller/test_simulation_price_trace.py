@@ -116,6 +116,18 @@ async def test_a_price_above_the_bid_preempts_and_stops_launches_until_it_falls(
     assert result.bag["usage"]["spot_cost_usd"] == pytest.approx(by_hand, rel=1e-9)
 
 
+async def test_a_budget_reserves_at_the_traces_price_not_the_catalogs(tmp_path):
+    # An attempt reserves its worst case, max_runtime_s (10 h) at the spot price: $1.00
+    # at the trace's 0.10 $/h, within a $1.50 budget; at the catalog's 0.50 $/h it would
+    # be $5.00, and the bag would be held for good.
+    trace = write_trace(tmp_path / "trace.csv", [(0, 0.10)])
+    result = await simulate(
+        {**bag(1.0), "budget_usd": 1.5}, config_for(trace), seed=1, state_dir=tmp_path
+    )
+    assert result.bag["counts"]["succeeded"] == 1
+    assert result.bag["usage"]["spot_cost_usd"] == pytest.approx(0.10, rel=0.01)
+
+
 def test_the_expected_outage_is_the_past_windows_mean_at_least_as_long_again():
     import numpy as np
 
