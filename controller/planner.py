@@ -264,7 +264,7 @@ def plan(snapshot: Snapshot) -> Plan:
         else set()
     )
     launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, shares)
-    _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places)
+    _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places, shares)
 
     used = {p.vm_id for p in places} | kept
     terminations: list[Terminate] = []
@@ -349,18 +349,33 @@ def _queue_ahead(
     gpu_demand: bool,
     leftover: dict[str, int],
     places: list[Place],
+    shares: dict[str, MarketShare],
 ) -> None:
     """What still waits may queue on running VMs, in the executor's queue, up to their
-    room for it (after launches are decided: queued work does not replace new VMs)."""
+    room for it (after launches are decided: queued work does not replace new VMs); a
+    bag with on-demand slots queues on spot VMs only within the slots it leaves to
+    spot."""
     ahead = {vm.vm_id: vm.ahead for vm in running if vm.ahead is not None}
     if not ahead:
         return
     queue_on = [vm for vm in running if vm.vm_id in ahead]
     for group in demand:
-        if leftover.get(group.bag_id):
-            leftover[group.bag_id] = _pack(
-                group, leftover[group.bag_id], ahead, queue_on, gpu_demand, places
-            )
+        left = leftover.get(group.bag_id)
+        if not left:
+            continue
+        share = shares.get(group.bag_id)
+        if share is None:
+            leftover[group.bag_id] = _pack(group, left, ahead, queue_on, gpu_demand, places)
+            continue
+        on_demand = [vm for vm in queue_on if not vm.spot]
+        rest = _pack(group, left, ahead, on_demand, gpu_demand, places)
+        on_spot = min(rest, share.spot_left)
+        if on_spot and group.use_spot:
+            spot = [vm for vm in queue_on if vm.spot]
+            unplaced = _pack(group, on_spot, ahead, spot, gpu_demand, places)
+            share.spot_left -= on_spot - unplaced
+            rest -= on_spot - unplaced
+        leftover[group.bag_id] = rest
 
 
 def _end_idle(
@@ -530,7 +545,15 @@ def _launches(
             continue
         budget -= count
         launches.append(Launch(vm_type.name, count, group.bag_id))
+        _spot_launched(shares.get(group.bag_id), min(remaining, count * slots))
     return launches, unplaceable, blocked_wake, short
+
+
+def _spot_launched(share: MarketShare | None, jobs: int) -> None:
+    """Spot VMs were launched for `jobs` of a bag with on-demand slots: its slots left to
+    spot are theirs (what still waits does not also queue ahead on spot VMs for them)."""
+    if share is not None:
+        share.spot_left -= jobs
 
 
 def _cheapest_for(

@@ -145,3 +145,36 @@ def test_a_spot_back_off_leaves_on_demand_launches_of_the_type_alone():
         snapshot, blocked_until={}, on_demand_blocked_until={"small": 2000.0}
     )
     assert plan(snapshot).launches == [Launch("small", 1, "b1")]
+
+
+def test_jobs_queue_ahead_on_spot_vms_only_within_the_slots_left_to_spot():
+    """An executor that queues attempts ahead (Slurm, local): full spot VMs with room in
+    their queues take at most the slots the bag leaves to spot (here one, which the spot
+    VM launched for it takes); the others wait for the on-demand VMs launched for them."""
+    full = [
+        VmView(
+            f"vm-spot-{i}",
+            "small",
+            "z1",
+            VmState.RUNNING,
+            SMALL.capacity,
+            Shape(0, 0, 0.0),
+            2,
+            None,
+            ahead=SMALL.capacity,
+            spot=True,
+        )
+        for i in range(3)
+    ]
+    group = DemandGroup("b1", ONE, 6, on_demand_slots=4, spot_slots_left=1)
+    decision = plan(snap([group], full, catalog=(SMALL, BIG), max_vms=10))
+    assert decision.places == []  # without the cap: 6 queued on the spot VMs
+    assert decision.launches == [
+        Launch("small", 2, "b1", spot=False),
+        Launch("small", 1, "b1"),
+    ]
+    # max_vms leaves no room for a spot VM: the two slots left to spot queue on them.
+    group = group._replace(spot_slots_left=2)
+    decision = plan(snap([group], full, catalog=(SMALL, BIG), max_vms=5))
+    assert decision.launches == [Launch("small", 2, "b1", spot=False)]
+    assert sum(p.count for p in decision.places) == 2
