@@ -32,12 +32,12 @@ the attempt's time, so the rule is checked with the free slots already busy:
 - δ_c is how late the spot attempts may be at confidence c: while a round of queued
   jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
   the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less (the last round), δ_c = 0 and
-  instead, each at half the risk: (a) every spot attempt ends in time to hand its
-  slot over, Π_j F'_j(τ_j) >= 1 − (1 − c)/2, where F'_j(τ) = 1 from the longest the
-  attempt can take with an on-demand retry on (`CompletionTimes.worst_h`: a failed
-  attempt's retry may go on-demand), and (b) enough slots free by D − λ − max w_left
-  for the jobs left (on on-demand in the fallback): a Poisson-binomial tail
-  >= 1 − (1 − c)/2;
+  instead: (a) with no job left, every spot attempt ends in time to hand its slot
+  over, Π_j F'_j(τ_j) >= c, where F'_j(τ) = 1 from the longest the attempt can take
+  with an on-demand retry on (`CompletionTimes.worst_h`: a failed attempt's retry may
+  go on-demand); (b) with jobs left, those list scheduled on the slots as they free
+  without preemptions end in time, each spot attempt late by at most its slot's
+  slack: Π_j F'_j(w_j + slack_j) >= c (which implies (a));
 - a free slot holding a live spot VM reuses it (`free_spot_age_h`): its next attempt
   is planned at that age, without a launch;
 - the queue is taken in the scheduler's order when it says so (`queue_ordered`);
@@ -626,23 +626,22 @@ def _last_round_fits(
     left: np.ndarray,
     limit: float,
 ) -> bool:
-    """The last round (module docstring), each at half the risk: (a) every spot
-    attempt (work, VM age, launch before it) ends in time for its slot to switch, and
-    (b) the jobs left, on on-demand in the fallback, still end by the limit: list
-    scheduled on the slots as they would free if no spot VM died (a spot attempt's
-    slot at its work + launches), each slot's jobs then end at e_i; a spot attempt may
-    be late by the slack limit − e_i of its slot, its jobs only shifting, so the
-    fallback holds when Π_j F'_j(w_j + limit − e_j) >= 1 − risk/2 (F' as in (a)). A
-    slot may take two short jobs in turn, which counting slots free by limit − w_max,
-    one a job (an earlier rule), did not see: it bought on-demand VMs a bag at 1.1×
-    did not need."""
+    """The last round (module docstring): (a) every spot attempt (work, VM age, launch
+    before it) ends in time for its slot to switch, and (b) the jobs left, on on-demand
+    in the fallback, still end by the limit: list scheduled on the slots as they would
+    free if no spot VM died (a spot attempt's slot at its work + launches), each slot's
+    jobs then end at e_i; a spot attempt may be late by the slack limit − e_i of its
+    slot, its jobs only shifting, so the fallback holds when
+    Π_j F'_j(w_j + limit − e_j) >= c (F' as in (a)). (b)'s times are never later than
+    (a)'s (e_j >= w_j + launches), so (b) implies (a) and takes the whole risk 1 − c;
+    (a) alone when no job is left. A slot may take two short jobs in turn, which
+    counting slots free by limit − w_max, one a job (an earlier (b)), did not see: it
+    bought on-demand VMs a bag at 1.1× did not need."""
     work, age, before = spot
     launch = inputs.on_demand_launch_h
-    risk = (1.0 - inputs.confidence) / 2.0
-    if not _attempts_end_in_time(times, work, age, limit - before - launch, risk):
-        return False
+    risk = 1.0 - inputs.confidence
     if not len(left):
-        return True
+        return _attempts_end_in_time(times, work, age, limit - before - launch, risk)
     slots = np.flatnonzero(spot_slot)  # in the order of the spot attempts
     soonest = free_at.copy()
     soonest[slots] = work + before + launch
