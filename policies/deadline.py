@@ -667,21 +667,6 @@ def _attempts_end_in_time(
     return float(np.prod(in_time)) >= 1.0 - risk
 
 
-def _at_least(p: np.ndarray, k: int) -> float:
-    """P(at least k of independent events with probabilities p happen): the
-    Poisson-binomial tail, by convolution."""
-    if k <= 0:
-        return 1.0
-    if k > len(p):
-        return 0.0
-    dist = np.zeros(len(p) + 1)
-    dist[0] = 1.0
-    for i, q in enumerate(np.clip(p, 0.0, 1.0)):
-        dist[1 : i + 2] = dist[1 : i + 2] * (1.0 - q) + dist[: i + 1] * q
-        dist[0] *= 1.0 - q
-    return float(dist[k:].sum())
-
-
 def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:
     """The queue in the order slots will take it: as given when `queue_ordered`,
     else longest first."""

@@ -19,9 +19,9 @@ from policies.checkpoint import CheckpointTable, build_table, simulate_makespan
 from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import (
     DeadlineInputs,
-    _at_least,
     _last_round_fits,
     decide,
+    list_schedule_ends_h,
     list_schedule_h,
     meet_probabilities,
     spot_line_on_demand,
@@ -301,18 +301,13 @@ def test_the_last_round_holds_the_confidence_for_all_its_attempts_together() -> 
     assert decide(inputs_for(works, 20, retry), times, project=False).on_demand_slots == 0
 
 
-def test_at_least_is_the_poisson_binomial_tail() -> None:
-    from scipy.stats import binom
-
-    assert _at_least(np.full(30, 0.3), 10) == pytest.approx(binom.sf(9, 30, 0.3))
-    assert _at_least(np.array([0.5, 0.2]), 2) == pytest.approx(0.1)
-    assert _at_least(np.array([0.5]), 0) == 1.0 and _at_least(np.array([0.5]), 2) == 0.0
-
-
 def test_list_schedule() -> None:
     assert list_schedule_h([3, 3, 2, 2, 2], [0, 0]) == 7  # 3 + 2 + 2 and 3 + 2
     assert list_schedule_h([], [1.0, 2.0]) == 2.0
     assert list_schedule_h([1.0], [5.0, 0.0]) == 5.0
+    # Each slot's end, in the slots' order: the job goes to the slot free first.
+    assert list(list_schedule_ends_h([1.0], [5.0, 0.0])) == [5.0, 1.0]
+    assert list(list_schedule_ends_h([3, 3, 2, 2, 2], [0, 0])) == [7.0, 5.0]
     # In the queue's own order (short ones first) the long job comes last: 1 + 3.
     assert list_schedule_h([1, 1, 1, 3], [0, 0], ordered=True) == 4
     assert list_schedule_h([1, 1, 1, 3], [0, 0]) == 3
