@@ -81,8 +81,12 @@ class CatalogType:
     on_demand_price_per_hour: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Snapshot:
+    """What a pass's plan sees. Not frozen (the planner never changes it): a frozen
+    dataclass's __init__ sets each field through object.__setattr__, 5.4 µs against
+    0.9 µs, and one is made every pass (88,000 in the 100,000-job simulation)."""
+
     now: float
     demand: Sequence[DemandGroup]  # oldest bag first
     vms: Sequence[VmView]  # pending VMs, and running VMs with free capacity
@@ -223,7 +227,13 @@ def plan(snapshot: Snapshot) -> Plan:
             running.append(vm)
         elif vm.state is VmState.PENDING:
             pending.append(vm)
-    gpu_demand = any(g.shape.gpus > 0 and g.queued > 0 for g in snapshot.demand)
+    gpu_demand = False  # (loops, not any() over a generator: this runs every pass)
+    noticed = False
+    for g in snapshot.demand:
+        if g.shape.gpus > 0 and g.queued > 0:
+            gpu_demand = True
+        if g.expected > 0:
+            noticed = True
 
     places: list[Place] = []
     refused: dict[str, str] = {}
@@ -233,7 +243,7 @@ def plan(snapshot: Snapshot) -> Plan:
     )
     kept = (
         _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
-        if any(g.expected > 0 for g in snapshot.demand)
+        if noticed
         else set()
     )
     launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, on_demand_wanted)
