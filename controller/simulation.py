@@ -130,36 +130,36 @@ async def simulate(
             spot_feed=market,
         )
         scheduler.deadlines.project_every_s = config.simulation.projection_every_s
-        bag_row, _ = await admit(
-            spec,
-            store=store,
-            scheduler=scheduler,
-            catalog=config.catalog(),
-            bag_id=ids.new_bag_id(),
-            now=clock.now(),
-            max_jobs=config.api.max_jobs_per_bag,
-            offload=False,
-        )
         with _no_cycle_collection():
-            await run_scheduler(scheduler, clock, config.simulation.tick_s)
-        if market is not None:
-            # The prices the run's VMs paid, as the store's price samples: the cost
-            # reports bill each spot VM by them (∫ price dt), as the hopper's samples.
-            catalog = [(t.name, t.zone) for t in config.catalog()]
-            await store.add_price_samples(
-                market.samples(catalog, config.simulation.start_at, clock.now())
+            bag_row, _ = await admit(
+                spec,
+                store=store,
+                scheduler=scheduler,
+                catalog=config.catalog(),
+                bag_id=ids.new_bag_id(),
+                now=clock.now(),
+                max_jobs=config.api.max_jobs_per_bag,
+                offload=False,
             )
-        bag = await store.get_bag(bag_row["id"])
-        assert bag is not None  # the simulation's own bag, never deleted
-        fleet = fleet_view((await compute_fleet_cost(store, clock.now()))[0])
-        costs = await compute_bag_costs(store, [bag["id"]], clock.now(), CostRule.of(config))
-        return SimulationResult(
-            bag_view(bag, clock.now(), costs[bag["id"]]),
-            fleet,
-            scheduler.ticks,
-            time.perf_counter() - wall_start,
-            state_dir,
-        )
+            await run_scheduler(scheduler, clock, config.simulation.tick_s)
+            if market is not None:
+                # The prices the run's VMs paid, as the store's price samples: the cost
+                # reports bill each spot VM by them (∫ price dt), as the hopper's samples.
+                catalog = [(t.name, t.zone) for t in config.catalog()]
+                await store.add_price_samples(
+                    market.samples(catalog, config.simulation.start_at, clock.now())
+                )
+            bag = await store.get_bag(bag_row["id"])
+            assert bag is not None  # the simulation's own bag, never deleted
+            fleet = fleet_view((await compute_fleet_cost(store, clock.now()))[0])
+            costs = await compute_bag_costs(store, [bag["id"]], clock.now(), CostRule.of(config))
+            return SimulationResult(
+                bag_view(bag, clock.now(), costs[bag["id"]]),
+                fleet,
+                scheduler.ticks,
+                time.perf_counter() - wall_start,
+                state_dir,
+            )
     finally:
         await store.close()
 
@@ -189,13 +189,15 @@ def _read_trace(path: Path, mtime_ns: int, size: int) -> PriceTrace:
 
 @contextlib.contextmanager
 def _no_cycle_collection() -> Iterator[None]:
-    """No cyclic garbage collection while the scheduler runs; one collection after.
+    """No cyclic garbage collection while the bag is admitted, the scheduler runs and
+    the costs are read back; one collection after.
 
     A large simulation keeps hundreds of thousands of objects alive (jobs, attempts,
     VMs, their rows waiting for group commit), and each collection traverses the live
     objects made since the last one: with the thresholds of before (100,000, 50,
     1,000,000) 0.7-0.8 s of a 20 s run of the 100,000-job bench, where Python's
-    defaults took 1.2 s of 13 s for 50,000 jobs. A run makes no garbage in reference
+    defaults took 1.2 s of 13 s for 50,000 jobs; the admission's and the cost report's
+    collections another 0.3 s. A simulation makes no garbage in reference
     cycles (everything it drops is freed by reference counting: the collection after
     the bench's run finds none, and tests/controller/test_simulation_outcome.py checks
     it), so nothing waits for a collection; what exists before the run is frozen out
