@@ -144,12 +144,6 @@ class Plan(NamedTuple):
     next_wake_at: float | None  # when the plan may change with nothing else happening
 
 
-def _market_ok(group: DemandGroup, vm: VmView) -> bool:
-    """Whether the group's jobs may run on the VM's market: spot VMs when the group
-    uses spot, on-demand VMs when it wants on-demand slots."""
-    return group.use_spot if vm.spot else group.on_demand_slots > 0
-
-
 def _eligible(group: DemandGroup, vm_type: str, zone: str) -> bool:
     if group.vm_types is not None and vm_type not in group.vm_types:
         return False
@@ -176,8 +170,13 @@ def _pack(
     restricted = group.vm_types is not None or bool(group.regions)
     # Keep GPU VMs for GPU jobs while any are waiting.
     spare_gpus = gpu_demand and group.shape.gpus == 0
+    # The group's jobs run on spot VMs when it uses spot, on on-demand VMs when it wants
+    # on-demand slots.
+    use_spot, use_on_demand = group.use_spot, group.on_demand_slots > 0
     for vm in vms:
-        if (restricted and not _eligible(group, vm.vm_type, vm.zone)) or not _market_ok(group, vm):
+        if restricted and not _eligible(group, vm.vm_type, vm.zone):
+            continue
+        if not (use_spot if vm.spot else use_on_demand):
             continue
         if spare_gpus and vm.capacity.gpus > 0:
             continue
@@ -253,10 +252,14 @@ def plan(snapshot: Snapshot) -> Plan:
     terminations: list[Terminate] = []
     wake: list[float] = [backoff_wake] if backoff_wake is not None else []
     _end_idle(snapshot, running, used, refused if short else {}, terminations, wake)
-    terminations += [
-        Terminate(vm.vm_id, f"drained: {vm.draining}") for vm in drained if not vm.running_attempts
-    ]
-    _end_unbooted(snapshot, pending, terminations, wake)
+    if drained:
+        terminations += [
+            Terminate(vm.vm_id, f"drained: {vm.draining}")
+            for vm in drained
+            if not vm.running_attempts
+        ]
+    if pending:
+        _end_unbooted(snapshot, pending, terminations, wake)
     return Plan(places, launches, terminations, unplaceable, min(wake) if wake else None)
 
 
@@ -280,7 +283,7 @@ def _place_queued(
             leftover[group.bag_id] = _pack_by_market(
                 group, group.queued, free, running, gpu_demand, places, refused, on_demand_wanted
             )
-    for group in demand:
+    for group in demand if pending else ():
         if leftover.get(group.bag_id):
             leftover[group.bag_id] = _pack_by_market(
                 group,
