@@ -18,6 +18,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 _PACK_CHUNK = 4096  # points encoded per join while packing (bounds the temporary list)
+# The C scanner json.loads ends in, without json.loads's two Python-level frames and its
+# whitespace matching around the document: 0.5 against 1.9 µs for a job's {"i":123}.
+_scan_json = json.JSONDecoder().scan_once
+
+
+def decode_params(text: str) -> dict[str, Any]:
+    """A job's parameters from their compact JSON (as `PackedParams.encode` wrote them)."""
+    try:
+        params, end = _scan_json(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text) or not isinstance(params, dict):
+        raise ValueError(f"not a job's parameters: {text[:80]!r}")
+    return params
 
 
 class JobQueue:
