@@ -474,6 +474,8 @@ class WriteBatch:
 
     def budget_entries(self, at: float, entries: Iterable[Any]) -> None:
         """Dollar ledger entries (policies.budget_rules.Entry) caused by this batch's changes."""
+        if not entries:  # (most attempts: no bag or account of theirs has a budget)
+            return
         # A release writes nothing (the row keeps what was reserved and what was charged).
         self.budget.extend(
             BudgetRow(at, e.account, e.bag_id, e.kind, e.usd, e.key, e.month, e.new_month)
