@@ -55,7 +55,8 @@ class JobQueue:
         return len(self._front) + (self._stop - self._next) + len(self._back)
 
     def __bool__(self) -> bool:
-        return len(self) > 0
+        # Asked every pass of every bag: without `__len__`'s sum.
+        return bool(self._front) or self._next < self._stop or bool(self._back)
 
     def __iter__(self) -> Iterator[int]:
         return itertools.chain(self._front, range(self._next, self._stop), self._back)
