@@ -14,7 +14,7 @@ import itertools
 import json
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 _PACK_CHUNK = 4096  # points encoded per join while packing (bounds the temporary list)
@@ -23,7 +23,8 @@ _PACK_CHUNK = 4096  # points encoded per join while packing (bounds the temporar
 _encode_compact = json.JSONEncoder(separators=(",", ":")).encode
 # The C scanner json.loads ends in, without json.loads's two Python-level frames and its
 # whitespace matching around the document: 0.5 against 1.9 µs for a job's {"i":123}.
-_scan_json = json.JSONDecoder().scan_once
+# (An attribute each JSONDecoder sets on itself, which typeshed does not declare.)
+_scan_json: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
 
 
 def decode_params(text: str) -> dict[str, Any]:
