@@ -11,8 +11,10 @@ drawn from the shipped bathtub fits of Google's preemptions.
 
 Each seed (the same draws as bench/deadlines.py's): a bag of 1,000 jobs × 1–4 h
 (uniform, whole minutes; each job's runtime its parameter `runtime_s`, listed longest
-first, the order the scheduler takes them in; the bag's estimate their mean, ~2.5 h:
-the daemon knows no job's own length), checkpointable
+first, the order the scheduler takes them in; the bag's estimate their mean, ~2.5 h;
+each job's own estimate its `runtime_s` (`estimated_runtime_param`: exact, as the pure
+simulator's; with `--bag-estimate` none, and the policies plan every job at the bag's
+one estimate, the 90th percentile of the runtimes finished so far), checkpointable
 (1 minute, by the DP plan), on 100 one-job VMs (`max_vms`), 3-minute launches; one of
 the trace's 15 (type, zone) series from a random moment; one of four GCE model keys.
 Deadlines at 1.1×, 1.5× and 3× the bag's all-on-demand makespan (list scheduling,
@@ -83,7 +85,9 @@ class Run:
     wall_s: float
 
 
-def bag_spec(works_h: np.ndarray, deadline_s: int, strategy: str) -> dict:
+def bag_spec(
+    works_h: np.ndarray, deadline_s: int, strategy: str, own_estimates: bool = True
+) -> dict:
     on_demand, policy = STRATEGIES[strategy]
     return {
         "account": "bench",
@@ -98,6 +102,9 @@ def bag_spec(works_h: np.ndarray, deadline_s: int, strategy: str) -> dict:
         "resources": {"cpus": 1, "memory_gb": 1},
         "max_runtime_s": 5 * 3600,
         "estimated_runtime_s": float(works_h.mean() * 3600.0),
+        # Each job's own estimate (exact here, as the pure simulator's): the policies
+        # plan each job at it, scaled by what the finished jobs took against theirs.
+        **({"estimated_runtime_param": "runtime_s"} if own_estimates else {}),
         "checkpointable": True,
         "checkpoint_cost_s": 60,
         "max_attempts": 100,
@@ -173,6 +180,12 @@ def main() -> None:
     )
     parser.add_argument("--factors", default=",".join(f"{f:g}" for f in FACTORS))
     parser.add_argument("--output", default="deadlines_simulate.txt")
+    parser.add_argument(
+        "--bag-estimate",
+        action="store_true",
+        help="no job's own estimate (no estimated_runtime_param): every job planned at "
+        "the bag's one estimate, the 90th percentile of the runtimes finished so far",
+    )
     args = parser.parse_args()
     strategies = [s for s in args.strategies.split(",") if s]
     factors = [float(f) for f in args.factors.split(",") if f]
@@ -186,7 +199,8 @@ def main() -> None:
         f"spotbag simulate (controller/simulation.py): bags of {JOBS} jobs x 1-4 h on {SLOTS} "
         f"one-job VMs, {args.seeds} seeds ({seeds[0]}-{seeds[-1]}), deadlines at "
         f"{', '.join(f'{f:g}x' for f in factors)} the all-on-demand makespan; 2015 EC2 spot "
-        f"trace, shipped GCE fits, 3-minute launches, 1-minute checkpoints",
+        f"trace, shipped GCE fits, 3-minute launches, 1-minute checkpoints; "
+        f"{'the bag' if args.bag_estimate else 'each job its own'} estimate",
         file=out,
     )
     results: dict[tuple[str, float], list[Run]] = {(s, f): [] for s in strategies for f in factors}
@@ -203,7 +217,10 @@ def main() -> None:
             for strategy in strategies:
                 run = asyncio.run(
                     one_run(
-                        bag_spec(works, deadline_s, strategy), config, 10_000 + seed, deadline_s
+                        bag_spec(works, deadline_s, strategy, not args.bag_estimate),
+                        config,
+                        10_000 + seed,
+                        deadline_s,
                     )
                 )
                 results[(strategy, factor)].append(run)

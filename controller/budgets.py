@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,9 @@ class Budgets:
     month_from: float = 0.0
     month_until: float = 0.0
     _worst_case: dict[tuple[str, str, float], float] = field(default_factory=dict)  # attempt_usd
+    # The spot price (USD/h) of (type, zone) at an instant when the market is followed
+    # (`spotbag simulate --price-trace`: the trace's); None: the catalog's price.
+    spot_price: Callable[[str, str, float], float] | None = None
 
     # --- caps -------------------------------------------------------------------------
 
@@ -122,7 +125,7 @@ class Budgets:
         hold = self.held.get(bag.id)
         if hold is not None and hold.generation == self.generation:
             return 0  # refused, and nothing changed since
-        cheapest = self._cheapest_attempt_usd(bag, catalog)
+        cheapest = self._cheapest_attempt_usd(bag, catalog, now)
         room = self.room_usd(bag.id, bag.spec.account, now)
         if cheapest <= 0:
             return wanted
@@ -151,8 +154,8 @@ class Budgets:
         if not wanted or not on_demand or not self.limited(bag):
             return wanted, on_demand
         room = self.room_usd(bag.id, bag.spec.account, now)
-        od_usd = self._cheapest_attempt_usd(bag, catalog, on_demand=True)
-        spot_usd = self._cheapest_attempt_usd(bag, catalog, on_demand=False)
+        od_usd = self._cheapest_attempt_usd(bag, catalog, now, on_demand=True)
+        spot_usd = self._cheapest_attempt_usd(bag, catalog, now, on_demand=False)
         od_fit = on_demand if od_usd <= 0 else _fits(room, od_usd, on_demand)
         room -= od_fit * od_usd
         spot_fit = wanted - od_fit if spot_usd <= 0 else _fits(room, spot_usd, wanted - od_fit)
@@ -173,7 +176,11 @@ class Budgets:
         return room
 
     def _cheapest_attempt_usd(
-        self, bag: BagRun, catalog: Sequence[CatalogType], on_demand: bool | None = None
+        self,
+        bag: BagRun,
+        catalog: Sequence[CatalogType],
+        now: float,
+        on_demand: bool | None = None,
     ) -> float:
         # A bag that runs on on-demand VMs only pays their price.
         always = bag.spec.on_demand_mode == "always" if on_demand is None else on_demand
@@ -181,7 +188,7 @@ class Budgets:
             (
                 t.on_demand_price_per_hour or t.spot_price_per_hour
                 if always
-                else t.spot_price_per_hour
+                else self._spot_price(t.name, t.zone, t.spot_price_per_hour, now)
             )
             * share_of(bag.shape, t.capacity)
             for t in catalog
@@ -192,14 +199,18 @@ class Budgets:
         per_h = min(prices) if prices else 0.0
         return cost_usd(per_h, 1.0, bag.spec.max_runtime_s, self.time_scale)
 
+    def _spot_price(self, vm_type: str, zone: str, catalog_usd: float, now: float) -> float:
+        return catalog_usd if self.spot_price is None else self.spot_price(vm_type, zone, now)
+
     # --- attempts ---------------------------------------------------------------------
 
-    def attempt_usd(self, bag: BagRun, vm: VmRun) -> float:
-        """An attempt's worst case in dollars on this VM (kept per bag and VM type: one a
-        start, in the scheduler's pass); an on-demand VM at its on-demand price."""
+    def attempt_usd(self, bag: BagRun, vm: VmRun, now: float) -> float:
+        """An attempt's worst case in dollars on this VM (kept per bag, VM type and price:
+        one a start, in the scheduler's pass); a spot VM at the spot price now (the
+        market's, when followed), an on-demand VM at its on-demand price."""
         vm_type = vm.vm_type
         price = (
-            vm_type.spot_price_per_hour
+            self._spot_price(vm_type.name, vm.zone, vm_type.spot_price_per_hour, now)
             if vm.spot
             else vm_type.on_demand_price_per_hour or vm_type.spot_price_per_hour
         )
@@ -220,7 +231,7 @@ class Budgets:
         if not self.limited(bag):
             return []
         self._roll_month(now)
-        usd = self.attempt_usd(bag, vm)
+        usd = self.attempt_usd(bag, vm, now)
         account = bag.spec.account
         refusal = self.book.refusal(bag.id, account, usd, self.month)
         if refusal is not None:

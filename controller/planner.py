@@ -16,6 +16,7 @@ burst of submissions does not launch twice.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -47,6 +48,10 @@ class DemandGroup(NamedTuple):
     on_demand_slots: int = 0
     on_demand_running: int = 0
     use_spot: bool = True
+    # With on-demand slots: how many more of its attempts may run on spot VMs (its slots
+    # left to spot less those running there; None: no cap). A slot turned on-demand
+    # waits for its on-demand VM rather than take a spot VM that frees.
+    spot_slots_left: int | None = None
 
 
 class VmView(NamedTuple):
@@ -96,7 +101,10 @@ class Snapshot:
     idle_timeout_s: float
     boot_timeout_s: float = float("inf")
     hot_spare_s: float = 0.0  # idle VMs past their risky start are kept this long
-    blocked_until: Mapping[str, float] = field(default_factory=dict)  # type -> launch back-off end
+    # type -> when spot launches may be tried again (back-off after failed launches, a
+    # spot price above the bid), and the same for on-demand launches.
+    blocked_until: Mapping[str, float] = field(default_factory=dict)
+    on_demand_blocked_until: Mapping[str, float] = field(default_factory=dict)
     # Live prices and the hopping policy (controller/hopper.py); None: the catalog's prices.
     market: TypeMarket | None = None
 
@@ -142,6 +150,25 @@ class Plan(NamedTuple):
     terminations: list[Terminate]
     unplaceable: list[Unplaceable]
     next_wake_at: float | None  # when the plan may change with nothing else happening
+
+
+@dataclass
+class MarketShare:
+    """One pass's split of a bag with on-demand slots between the markets: the
+    on-demand slots still to fill (launched for when no VM has room) and how many more
+    of its attempts spot VMs may take (its slots left to spot less those running and
+    placed there)."""
+
+    on_demand_wanted: int
+    spot_left: int
+
+    @classmethod
+    def of(cls, group: DemandGroup) -> MarketShare:
+        spot_left = group.spot_slots_left
+        return cls(
+            max(0, group.on_demand_slots - group.on_demand_running),
+            sys.maxsize if spot_left is None else spot_left,
+        )
 
 
 def _eligible(group: DemandGroup, vm_type: str, zone: str) -> bool:
@@ -236,22 +263,22 @@ def plan(snapshot: Snapshot) -> Plan:
 
     places: list[Place] = []
     refused: dict[str, str] = {}
-    on_demand_wanted: dict[str, int] = {}  # per bag: on-demand slots still to fill
+    shares: dict[str, MarketShare] = {}  # per bag with on-demand slots: what each market takes
     leftover = _place_queued(
-        snapshot.demand, free, running, pending, gpu_demand, places, refused, on_demand_wanted
+        snapshot.demand, free, running, pending, gpu_demand, places, refused, shares
     )
     kept = (
         _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
         if noticed
         else set()
     )
-    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, on_demand_wanted)
-    _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places)
+    launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, shares)
+    _queue_ahead(snapshot.demand, running, gpu_demand, leftover, places, shares)
 
     used = {p.vm_id for p in places} | kept
     terminations: list[Terminate] = []
     wake: list[float] = [backoff_wake] if backoff_wake is not None else []
-    _end_idle(snapshot, running, used, refused if short else {}, terminations, wake)
+    _end_idle(snapshot, running, used, refused, short, terminations, wake)
     if drained:
         terminations += [
             Terminate(vm.vm_id, f"drained: {vm.draining}")
@@ -271,17 +298,18 @@ def _place_queued(
     gpu_demand: bool,
     places: list[Place],
     refused: dict[str, str],
-    on_demand_wanted: dict[str, int],
+    shares: dict[str, MarketShare],
 ) -> dict[str, int]:
     """Queued jobs onto running VMs (Place actions), then counted against pending VMs'
     room; returns per bag how many are left. A bag that wants on-demand slots fills
     on-demand VMs first, and leaves on spot VMs the jobs its missing on-demand slots
-    are for (`on_demand_wanted`, which they are launched for)."""
+    are for (`shares`: they are launched for), and puts on spot VMs at most the slots
+    it leaves to spot."""
     leftover: dict[str, int] = {}
     for group in demand:
         if group.queued > 0:
             leftover[group.bag_id] = _pack_by_market(
-                group, group.queued, free, running, gpu_demand, places, refused, on_demand_wanted
+                group, group.queued, free, running, gpu_demand, places, refused, shares
             )
     for group in demand if pending else ():
         if leftover.get(group.bag_id):
@@ -293,7 +321,7 @@ def _place_queued(
                 gpu_demand,
                 None,
                 None,
-                on_demand_wanted,
+                shares,
             )
     return leftover
 
@@ -306,25 +334,26 @@ def _pack_by_market(
     gpu_demand: bool,
     places: list[Place] | None,
     refused: dict[str, str] | None,
-    on_demand_wanted: dict[str, int],
+    shares: dict[str, MarketShare],
 ) -> int:
     """`_pack` for a group with on-demand slots: on-demand VMs first (each job there
     fills one of the slots still wanted), then spot VMs for what the slots still
-    wanted leave. Returns how many are left."""
+    wanted leave, at most the spot slots left. Returns how many are left."""
     if group.on_demand_slots <= 0:
         return _pack(group, remaining, free, vms, gpu_demand, places, refused)
-    wanted = on_demand_wanted.setdefault(
-        group.bag_id, max(0, group.on_demand_slots - group.on_demand_running)
-    )
+    share = shares.get(group.bag_id)
+    if share is None:
+        share = shares[group.bag_id] = MarketShare.of(group)
     on_demand = [vm for vm in vms if not vm.spot]
     left = _pack(group, remaining, free, on_demand, gpu_demand, places, refused)
-    wanted = max(0, wanted - (remaining - left))
-    on_demand_wanted[group.bag_id] = wanted
-    spot_share = max(0, left - wanted)
+    share.on_demand_wanted = max(0, share.on_demand_wanted - (remaining - left))
+    spot_share = min(max(0, left - share.on_demand_wanted), share.spot_left)
     if spot_share == 0 or not group.use_spot:
         return left
     spot = [vm for vm in vms if vm.spot]
-    return left - spot_share + _pack(group, spot_share, free, spot, gpu_demand, places, refused)
+    unplaced = _pack(group, spot_share, free, spot, gpu_demand, places, refused)
+    share.spot_left -= spot_share - unplaced
+    return left - spot_share + unplaced
 
 
 def _queue_ahead(
@@ -333,18 +362,33 @@ def _queue_ahead(
     gpu_demand: bool,
     leftover: dict[str, int],
     places: list[Place],
+    shares: dict[str, MarketShare],
 ) -> None:
     """What still waits may queue on running VMs, in the executor's queue, up to their
-    room for it (after launches are decided: queued work does not replace new VMs)."""
+    room for it (after launches are decided: queued work does not replace new VMs); a
+    bag with on-demand slots queues on spot VMs only within the slots it leaves to
+    spot."""
     ahead = {vm.vm_id: vm.ahead for vm in running if vm.ahead is not None}
     if not ahead:
         return
     queue_on = [vm for vm in running if vm.vm_id in ahead]
     for group in demand:
-        if leftover.get(group.bag_id):
-            leftover[group.bag_id] = _pack(
-                group, leftover[group.bag_id], ahead, queue_on, gpu_demand, places
-            )
+        left = leftover.get(group.bag_id)
+        if not left:
+            continue
+        share = shares.get(group.bag_id)
+        if share is None:
+            leftover[group.bag_id] = _pack(group, left, ahead, queue_on, gpu_demand, places)
+            continue
+        on_demand = [vm for vm in queue_on if not vm.spot]
+        rest = _pack(group, left, ahead, on_demand, gpu_demand, places)
+        on_spot = min(rest, share.spot_left)
+        if on_spot and group.use_spot:
+            spot = [vm for vm in queue_on if vm.spot]
+            unplaced = _pack(group, on_spot, ahead, spot, gpu_demand, places)
+            share.spot_left -= on_spot - unplaced
+            rest -= on_spot - unplaced
+        leftover[group.bag_id] = rest
 
 
 def _end_idle(
@@ -352,20 +396,31 @@ def _end_idle(
     running: Sequence[VmView],
     used: set[str],
     refused: dict[str, str],
+    short: bool,
     terminations: list[Terminate],
     wake: list[float],
 ) -> None:
     """Idle running VMs past their idle timeout (longer for a hot spare: a VM past its
-    risky start is worth keeping a while for the next jobs) are ended; so is an idle VM
-    the reuse policy refused while max_vms leaves jobs waiting (`refused`)."""
+    risky start is worth keeping a while for the next jobs) are ended. While max_vms
+    leaves jobs waiting (`short`), so is every idle VM this pass gave nothing: none of
+    the waiting jobs may use it (the reuse policy refused it, `refused`; it is on a
+    market their bag does not use now, e.g. spot for slots turned on-demand; or of a
+    type they may not take), and the VM they wait for needs its room."""
     now = snapshot.now
     for vm in running:
         if vm.running_attempts or vm.vm_id in used or vm.idle_since is None:
             continue
-        if vm.vm_id in refused:
-            terminations.append(Terminate(vm.vm_id, refused[vm.vm_id]))
+        if short:
+            reason = refused.get(vm.vm_id) or (
+                "released: jobs wait for a VM that max_vms leaves no room for, "
+                "and none of them may use this one"
+            )
+            terminations.append(Terminate(vm.vm_id, reason))
             continue
-        spare = vm.table is not None and vm.table.is_stable(vm.age_h)
+        # A spot VM past its risky start is worth keeping for the next jobs; an
+        # on-demand VM is never preempted, so none is better than a fresh one: idle,
+        # it is only billed (a deadline's slots turned back to spot leave them idle).
+        spare = vm.spot and vm.table is not None and vm.table.is_stable(vm.age_h)
         timeout = (
             max(snapshot.idle_timeout_s, snapshot.hot_spare_s) if spare else snapshot.idle_timeout_s
         )
@@ -418,8 +473,19 @@ def _keep_for_noticed(
     return kept
 
 
+def _launch_split(group: DemandGroup, remaining: int, share: MarketShare | None) -> tuple[int, int]:
+    """Of a bag's `remaining` jobs with no room: (to launch on-demand VMs for, to launch
+    spot VMs for). The on-demand slots it still wants first; the rest on spot while it
+    uses spot, within the slots it leaves to spot (less those placed this pass)."""
+    on_demand = min(remaining, share.on_demand_wanted) if share else 0
+    spot = remaining - on_demand if group.use_spot else 0
+    if share is not None:
+        spot = min(spot, share.spot_left)
+    return on_demand, spot
+
+
 def _launches(
-    snapshot: Snapshot, leftover: dict[str, int], on_demand_wanted: dict[str, int]
+    snapshot: Snapshot, leftover: dict[str, int], shares: dict[str, MarketShare]
 ) -> tuple[list[Launch], list[Unplaceable], float | None, bool]:
     """Launches for the demand left over, cheapest slot first, within max_vms: on-demand
     VMs for the on-demand slots a bag still wants, spot VMs for the rest (none when the
@@ -443,15 +509,17 @@ def _launches(
             assert problem is not None  # no allowed type holds a job: it says why
             unplaceable.append(Unplaceable(group.bag_id, problem))
             continue
+        on_demand_jobs, spot_jobs = _launch_split(group, remaining, shares.get(group.bag_id))
+        if not on_demand_jobs and not spot_jobs:  # they wait (e.g. for spot's price)
+            continue
         if budget <= 0:  # max_vms reached: no type to rank (every pass of a full fleet)
             short = True
             continue
-        on_demand_jobs = min(remaining, on_demand_wanted.get(group.bag_id, 0))
         if on_demand_jobs:
             priced = _fitting(group, snapshot.catalog, on_demand=True)
             picked = _cheapest_for(
                 group.shape,
-                [t for t in priced if snapshot.blocked_until.get(t.name, 0.0) <= now],
+                [t for t in priced if snapshot.on_demand_blocked_until.get(t.name, 0.0) <= now],
                 on_demand_jobs,
             )
             if picked is not None:
@@ -462,7 +530,7 @@ def _launches(
                 if count:
                     budget -= count
                     launches.append(Launch(od_type.name, count, group.bag_id, spot=False))
-        remaining = remaining - on_demand_jobs if group.use_spot else 0
+        remaining = spot_jobs
         if remaining == 0:
             continue
         if budget <= 0:
@@ -490,7 +558,15 @@ def _launches(
             continue
         budget -= count
         launches.append(Launch(vm_type.name, count, group.bag_id))
+        _spot_launched(shares.get(group.bag_id), min(remaining, count * slots))
     return launches, unplaceable, blocked_wake, short
+
+
+def _spot_launched(share: MarketShare | None, jobs: int) -> None:
+    """Spot VMs were launched for `jobs` of a bag with on-demand slots: its slots left to
+    spot are theirs (what still waits does not also queue ahead on spot VMs for them)."""
+    if share is not None:
+        share.spot_left -= jobs
 
 
 def _cheapest_for(

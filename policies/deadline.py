@@ -32,12 +32,12 @@ the attempt's time, so the rule is checked with the free slots already busy:
 - δ_c is how late the spot attempts may be at confidence c: while a round of queued
   jobs remains to be shared out, a late attempt only leaves its slot fewer of them, so
   the sum's spread counts, z_c·sqrt(Σσ_j²)/K; with less (the last round), δ_c = 0 and
-  instead, each at half the risk: (a) every spot attempt ends in time to hand its
-  slot over, Π_j F'_j(τ_j) >= 1 − (1 − c)/2, where F'_j(τ) = 1 from the longest the
-  attempt can take with an on-demand retry on (`CompletionTimes.worst_h`: a failed
-  attempt's retry may go on-demand), and (b) enough slots free by D − λ − max w_left
-  for the jobs left (on on-demand in the fallback): a Poisson-binomial tail
-  >= 1 − (1 − c)/2;
+  instead: (a) with no job left, every spot attempt ends in time to hand its slot
+  over, Π_j F'_j(τ_j) >= c, where F'_j(τ) = 1 from the longest the attempt can take
+  with an on-demand retry on (`CompletionTimes.worst_h`: a failed attempt's retry may
+  go on-demand); (b) with jobs left, those list scheduled on the slots as they free
+  without preemptions end in time, each spot attempt late by at most its slot's
+  slack: Π_j F'_j(w_j + slack_j) >= c (which implies (a));
 - a free slot holding a live spot VM reuses it (`free_spot_age_h`): its next attempt
   is planned at that age, without a launch;
 - the queue is taken in the scheduler's order when it says so (`queue_ordered`);
@@ -50,14 +50,17 @@ m = (running on-demand attempts) + n slots on on-demand. Recomputed whenever a s
 frees: spot keeps every slot while the fallback fits (escalate late: at the latest
 safe moment, not on a fixed line); slots turn on-demand one by one as the slack goes;
 an on-demand slot that frees when the fallback fits without it goes back to spot (the
-slack returned). When not even n = all free slots fits, the bag is *at risk* and
-every slot goes on-demand.
+slack returned). When not even n = all free slots fits, the bag is *at risk*: the
+fewest free slots that fit at the highest confidence still reachable go on-demand
+(`_best_reachable_on_demand`), every slot only when not even even odds are.
 
 **Idling costs slack** (`spot_line_on_demand`): when spot cannot be had or is not
 worth its price, a free slot waits only while spot, once back (after the expected
 outage), would still finish the bag in expectation (the queue at μ_j(0) each, list
 scheduled); else the fewest free slots that restore that go on-demand, or, when spot
-can be had at a price not worth paying (`spot_available`), spot is launched anyway.
+can be had at a price not worth paying (`spot_available`), spot is launched anyway,
+as it is as soon as waiting one more look would leave spot alone short of the
+confidence (`spot_after_wait_fits`).
 
 **The projection** (`meet_probabilities`, `decide(project=True)`), for the status
 pages and the `deadline_at_risk` notification: with m of the K slots on on-demand and
@@ -97,7 +100,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.special import ndtr, ndtri
@@ -111,7 +114,7 @@ def _array(values) -> np.ndarray:
     return np.asarray(values, dtype=float).reshape(-1)
 
 
-def _slot_count(inputs: DeadlineInputs) -> int:
+def slot_count(inputs: DeadlineInputs) -> int:
     """K: the bag's slots, at least one and at least as many as its attempts running
     (a scheduler may run more than the slots it was counted for: attempts queued ahead
     on an executor, jobs on other VM types)."""
@@ -208,7 +211,7 @@ def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
         running_var_h2=float(r_var.sum()),
         last_work_h=float(queued.min()) if len(queued) else 0.0,
         last_round_work_h=(
-            float(np.median(np.sort(queued)[: _slot_count(inputs)])) if len(queued) else 0.0
+            float(np.median(np.sort(queued)[: slot_count(inputs)])) if len(queued) else 0.0
         ),
         queued_jobs=len(queued),
         on_demand_left_sorted_h=np.sort(_array(inputs.on_demand_left_h)),
@@ -216,7 +219,7 @@ def _loads(inputs: DeadlineInputs, times: CompletionTimes) -> _Loads:
             np.concatenate(
                 [
                     np.zeros(
-                        max(0, _slot_count(inputs) - len(r_mean) - len(inputs.on_demand_left_h))
+                        max(0, slot_count(inputs) - len(r_mean) - len(inputs.on_demand_left_h))
                     ),
                     r_mean + ndtri(inputs.confidence) * np.sqrt(r_var),
                 ]
@@ -246,7 +249,7 @@ def meet_probabilities(
 def _probabilities(
     inputs: DeadlineInputs, times: CompletionTimes, loads: _Loads, horizon_h: float | None
 ) -> np.ndarray:
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     H = inputs.deadline_h - inputs.now_h if horizon_h is None else horizon_h
     m = np.arange(K + 1)
     if H <= 0:
@@ -341,7 +344,7 @@ def latest_switch_h(inputs: DeadlineInputs) -> float:
     )
     if not len(work):
         return inputs.deadline_h
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     makespan = float(work.sum()) / K + (1.0 - 1.0 / K) * float(work.max())
     return inputs.deadline_h - makespan - inputs.on_demand_launch_h
 
@@ -367,7 +370,7 @@ def decide(
     slots that keep the on-demand fallback (module docstring) within the deadline;
     with `project`, the projected chance of meeting it and the finish at `quantiles`
     (each a bisection of ~20 projections)."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     loads = _loads(inputs, times)
     nothing_left = (
         loads.queued_work_h <= 0
@@ -383,12 +386,22 @@ def decide(
     if not launch_spot and loads.queued_jobs:
         # Waiting for spot spends slack: only while spot could still finish after it.
         keep_line = spot_line_on_demand(inputs, times)
-        if keep_line and inputs.spot_available is True and not last_round:
+        if (
+            inputs.spot_available is True
+            and not last_round
+            and (keep_line or not spot_after_wait_fits(inputs, times))
+        ):
             # Spot is there but dear: it beats idling (billed at the market price,
             # which may fall) and, unlike on-demand, commits to no price.
             launch_spot, keep_line = True, 0
+        elif not launch_spot:
+            # No spot: wait only while spot, once back, still meets the deadline at the
+            # confidence; else as many slots on-demand now as that needs.
+            keep_line = max(keep_line, outage_on_demand(inputs, times, loads))
     new_on_demand = fallback_on_demand(inputs, times, launch_spot)
     at_risk = new_on_demand is None
+    if at_risk:
+        new_on_demand = _best_reachable_on_demand(inputs, times, launch_spot)
     if new_on_demand is not None:
         new_on_demand = max(new_on_demand, keep_line)
     m = K if new_on_demand is None else len(loads.on_demand_left_sorted_h) + new_on_demand
@@ -411,6 +424,24 @@ def decide(
     )
 
 
+def _best_reachable_on_demand(
+    inputs: DeadlineInputs, times: CompletionTimes, launch_spot: bool
+) -> int | None:
+    """At risk (no number of on-demand slots keeps the fallback at the confidence): the
+    fewest that keep it at the highest confidence some number still reaches, down to
+    even odds; None (every slot on-demand) when not even that. Buying every slot
+    on-demand when what fails is the running spot attempts' tail (which on-demand
+    slots for the next jobs do not change) costs much and buys little."""
+    risk = 1.0 - inputs.confidence
+    for lower in (1.0 - 2.0 * risk, 1.0 - 5.0 * risk, 0.9, 0.75, 0.5):
+        if lower >= inputs.confidence or lower <= 0.0:
+            continue
+        n = fallback_on_demand(replace(inputs, confidence=lower), times, launch_spot)
+        if n is not None:
+            return n
+    return None
+
+
 def fallback_on_demand(
     inputs: DeadlineInputs, times: CompletionTimes, launch_spot: bool
 ) -> int | None:
@@ -427,7 +458,7 @@ def fallback_on_demand(
     may be at the confidence (`_margin_h`; in the last round, `_last_round_fits`
     instead), also when the spot attempt with the most unsaved work loses its VM
     now."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     H = inputs.deadline_h - inputs.now_h - inputs.decision_lag_h
     launch = inputs.on_demand_launch_h
     queued = _dispatch_order(inputs)
@@ -522,6 +553,40 @@ def fallback_on_demand(
     return high
 
 
+def outage_on_demand(inputs: DeadlineInputs, times: CompletionTimes, loads: _Loads) -> int:
+    """While spot cannot be had (or is not worth its price and cannot be launched): the
+    fewest free slots whose next jobs must go on-demand now so that the projection with
+    the expected outage (`spot_outage_h`, at least the lag) still meets the deadline at
+    the confidence, P(m) >= c with m the on-demand slots then; every free slot when no
+    m reaches it. Waiting up to the expectation line (`spot_line_on_demand`) idles the
+    slack spot's spread needs, and buys more on-demand hours later than this buys now
+    (seed 15 of bench/deadlines_simulate.py at 1.5×: 1,801 against Uniform Progress's
+    1,369)."""
+    K = slot_count(inputs)
+    running = len(loads.on_demand_left_sorted_h)
+    free = max(0, K - len(_array(inputs.spot_work_h)) - running)
+    free = min(free, loads.queued_jobs)
+    if not free:
+        return 0
+    waiting = replace(inputs, spot_outage_h=max(inputs.spot_outage_h, inputs.decision_lag_h))
+    p = _probabilities(waiting, times, loads, None)
+    for n in range(free + 1):
+        if p[min(running + n, K)] >= inputs.confidence:
+            return n
+    return free
+
+
+def spot_after_wait_fits(inputs: DeadlineInputs, times: CompletionTimes) -> bool:
+    """Whether the bag may wait one more look (`decision_lag_h`) for a spot price worth
+    paying: after it, spot alone (no slot on-demand) would still finish by the deadline
+    at the confidence (the projection's P(0), `meet_probabilities`). Waiting until spot
+    would only just finish in expectation (`spot_line_on_demand`) leaves nothing for
+    spot's own spread: the slots then turn on-demand, dearer than the spot that was
+    there."""
+    later = replace(inputs, now_h=inputs.now_h + inputs.decision_lag_h)
+    return float(meet_probabilities(later, times)[0]) >= inputs.confidence
+
+
 def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h: float) -> float:
     """The expected finish (hours from now) when n of the free slots' next jobs (the
     longest) run on on-demand and every other slot runs spot once it can be had again
@@ -529,7 +594,7 @@ def spot_finish_h(inputs: DeadlineInputs, times: CompletionTimes, n: int, wait_h
     left, spot ones their expected time left μ_j(age)), and the queue is list
     scheduled on the slots as they free, each job taking its expected time on a fresh
     spot VM, μ_j(0)."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     launch = inputs.on_demand_launch_h
     queued = _dispatch_order(inputs)
     spot_work = _array(inputs.spot_work_h)
@@ -553,7 +618,7 @@ def spot_line_on_demand(inputs: DeadlineInputs, times: CompletionTimes) -> int:
     role of Uniform Progress's rule 1, with spot's own expected pace as the line)."""
     H = inputs.deadline_h - inputs.now_h
     wait = max(inputs.spot_outage_h, inputs.decision_lag_h)
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     free = max(0, K - len(_array(inputs.spot_work_h)) - len(_array(inputs.on_demand_left_h)))
     free = min(free, len(_array(inputs.queued_work_h)))
     if spot_finish_h(inputs, times, 0, wait) <= H:
@@ -575,7 +640,7 @@ def _margin_h(inputs: DeadlineInputs, var_h2: float) -> float:
     while the fallback has at least a round of jobs to share out (K or more queued
     beyond the next): a late attempt only leaves its slot less of them, so the delay
     is the spread of their sum over K slots, z_c·sqrt(Σσ²)/K."""
-    K = _slot_count(inputs)
+    K = slot_count(inputs)
     return float(ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
 
 
@@ -588,22 +653,30 @@ def _last_round_fits(
     left: np.ndarray,
     limit: float,
 ) -> bool:
-    """The last round (module docstring), each at half the risk: (a) every spot
-    attempt (work, VM age, launch before it) ends in time for its slot to switch, and
-    (b) enough slots free early enough for the jobs left, on on-demand in the
-    fallback: P(#slots free by limit − w_max ≥ #left) (on-demand and idle slots
-    surely, spot ones with F_j)."""
+    """The last round (module docstring): (a) every spot attempt (work, VM age, launch
+    before it) ends in time for its slot to switch, and (b) the jobs left, on on-demand
+    in the fallback, still end by the limit: list scheduled on the slots as they would
+    free if no spot VM died (a spot attempt's slot at its work + launches), each slot's
+    jobs then end at e_i; a spot attempt may be late by the slack limit − e_i of its
+    slot, its jobs only shifting, so the fallback holds when
+    Π_j F'_j(w_j + limit − e_j) >= c (F' as in (a)). (b)'s times are never later than
+    (a)'s (e_j >= w_j + launches), so (b) implies (a) and takes the whole risk 1 − c;
+    (a) alone when no job is left. A slot may take two short jobs in turn, which
+    counting slots free by limit − w_max, one a job (an earlier (b)), did not see: it
+    bought on-demand VMs a bag at 1.1× did not need."""
     work, age, before = spot
     launch = inputs.on_demand_launch_h
-    risk = (1.0 - inputs.confidence) / 2.0
-    if not _attempts_end_in_time(times, work, age, limit - before - launch, risk):
-        return False
+    risk = 1.0 - inputs.confidence
     if not len(left):
-        return True
-    start_by = limit - float(left.max())  # the longest job left still fits
-    sure = int(np.sum((free_at <= start_by) & ~spot_slot))
-    p_free = times.aged_cdf_at(work, age, start_by - before - launch)
-    return _at_least(p_free, len(left) - sure) >= 1.0 - risk
+        return _attempts_end_in_time(times, work, age, limit - before - launch, risk)
+    slots = np.flatnonzero(spot_slot)  # in the order of the spot attempts
+    soonest = free_at.copy()
+    soonest[slots] = work + before + launch
+    ends = list_schedule_ends_h(left, soonest, inputs.queue_ordered)
+    if float(ends.max()) > limit:
+        return False
+    late_by = limit - ends[slots]
+    return _attempts_end_in_time(times, work, age, work + late_by, risk)
 
 
 def _attempts_end_in_time(
@@ -619,21 +692,6 @@ def _attempts_end_in_time(
     in_time = times.aged_cdf_at(work, age, by_h)
     in_time = np.where(by_h >= times.worst_h(work, age), 1.0, in_time)
     return float(np.prod(in_time)) >= 1.0 - risk
-
-
-def _at_least(p: np.ndarray, k: int) -> float:
-    """P(at least k of independent events with probabilities p happen): the
-    Poisson-binomial tail, by convolution."""
-    if k <= 0:
-        return 1.0
-    if k > len(p):
-        return 0.0
-    dist = np.zeros(len(p) + 1)
-    dist[0] = 1.0
-    for i, q in enumerate(np.clip(p, 0.0, 1.0)):
-        dist[1 : i + 2] = dist[1 : i + 2] * (1.0 - q) + dist[: i + 1] * q
-        dist[0] *= 1.0 - q
-    return float(dist[k:].sum())
 
 
 def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:
@@ -654,6 +712,22 @@ def list_schedule_h(works_h, free_at_h, ordered: bool = False) -> float:
     for w in works if ordered else sorted(works, reverse=True):
         heapq.heapreplace(loads, loads[0] + w)
     return max(loads)
+
+
+def list_schedule_ends_h(works_h, free_at_h, ordered: bool = False) -> np.ndarray:
+    """List scheduling as `list_schedule_h`, giving each slot's end (the end of the last
+    job it takes, or when it frees if it takes none), in the slots' order."""
+    heap = [(float(b), i) for i, b in enumerate(free_at_h)]
+    heapq.heapify(heap)
+    works = [float(w) for w in works_h]
+    if heap:
+        for w in works if ordered else sorted(works, reverse=True):
+            at, i = heap[0]
+            heapq.heapreplace(heap, (at + w, i))
+    ends = np.zeros(len(heap))
+    for at, i in heap:
+        ends[i] = at
+    return ends
 
 
 def _finish_within(

@@ -263,6 +263,13 @@ class BagSpec(_Strict):
         le=MAX_RUNTIME_S,
         description="Expected runtime of a job, seconds, if known.",
     )
+    estimated_runtime_param: str | None = Field(
+        None,
+        min_length=1,
+        description="The parameter whose value is each job's estimated runtime, seconds (jobs "
+        "of different lengths); a deadline plans each job at it, scaled by what the finished "
+        "jobs took against theirs.",
+    )
     checkpointable: bool = Field(
         False,
         description="Jobs checkpoint on SIGUSR1 into $SPOTBAG_CHECKPOINT_DIR and resume from it; "
@@ -451,6 +458,7 @@ def _check_semantics(
     if isinstance(spec.command, str):
         _check_command(spec.command, names, problems)
     _check_env(spec, names, problems)
+    _check_runtime_param(spec, names, axes, problems)
     if not problems:
         _check_sizes(spec, axes, problems)
     _check_limits(spec, problems)
@@ -781,6 +789,45 @@ def _check_env(spec: BagSpec, names: list[str], problems: list[FieldProblem]) ->
             problems.append(FieldProblem(f"env.{key}", "not a valid environment variable name"))
         elif key.startswith("SPOTBAG_"):
             problems.append(FieldProblem(f"env.{key}", "SPOTBAG_* variables are set by spotbag"))
+
+
+def _check_runtime_param(
+    spec: BagSpec,
+    names: list[str],
+    axes: dict[str, list] | None,
+    problems: list[FieldProblem],
+) -> None:
+    """`estimated_runtime_param` names a parameter whose every value is a runtime in
+    seconds: a number from MIN_RUNTIME_S to max_runtime_s."""
+    name = spec.estimated_runtime_param
+    if not isinstance(name, str):
+        return
+    if name not in names:
+        known = ", ".join(names) if names else "none"
+        problems.append(
+            FieldProblem(
+                "estimated_runtime_param", f"{name!r} is not a parameter (they are: {known})"
+            )
+        )
+        return
+    if axes is not None:
+        values = [(f"parameters.{name}", v) for v in axes[name]]
+    elif isinstance(spec.points, list):
+        values = [(f"points[{i}].{name}", p.get(name)) for i, p in enumerate(spec.points)]
+    else:
+        return
+    top = spec.max_runtime_s if isinstance(spec.max_runtime_s, (int, float)) else MAX_RUNTIME_S
+    for field, value in values:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not MIN_RUNTIME_S <= value <= top:
+            problems.append(
+                FieldProblem(
+                    field,
+                    f"is {value!r}: estimated_runtime_param needs a runtime in seconds, "
+                    f"{MIN_RUNTIME_S:g} to max_runtime_s ({top:g})",
+                )
+            )
+            return
 
 
 def _check_limits(spec: BagSpec, problems: list[FieldProblem]) -> None:

@@ -151,6 +151,14 @@ class FreshParams:
     def __setitem__(self, idx: int, params: str) -> None:
         self._more[idx] = params
 
+    def get(self, idx: int) -> str | None:
+        """A job's parameters, not taken (None if taken or never there)."""
+        if idx in self._more:
+            return self._more[idx]
+        if 0 <= idx < len(self._taken) and not self._taken[idx]:
+            return self._base[idx]
+        return None
+
     def pop(self, idx: int) -> str:
         """A job's parameters, once (KeyError if taken or never there)."""
         if idx in self._more:

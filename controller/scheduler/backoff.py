@@ -28,15 +28,21 @@ class Backoff:
     def __init__(self, settings: SchedulerConfig, executor_name: str) -> None:
         self.settings = settings
         self.executor_name = executor_name
-        self.types: dict[str, tuple[float, float]] = {}  # type -> (blocked until, last delay)
+        # Per VM type, after failed launches (blocked until, last delay): spot and
+        # on-demand apart (no spot capacity, or a spot price above the bid, says nothing
+        # of on-demand capacity: a deadline's on-demand VMs are launched meanwhile).
+        self.types: dict[str, tuple[float, float]] = {}  # spot launches
+        self.on_demand_types: dict[str, tuple[float, float]] = {}
         # The executor could not take attempts: no new ones until then.
         self.starts_blocked_until = 0.0
         self.starts_backoff_s = 0.0
         self.starts_failing = False  # since the first pass it could not, until one it could
 
-    def blocked_types(self) -> dict[str, float]:
-        """Until when each backed-off VM type may not be launched (for the planner)."""
-        return {t: until for t, (until, _) in self.types.items()}
+    def blocked_types(self, spot: bool = True) -> dict[str, float]:
+        """Until when each backed-off VM type may not be launched on the market (for the
+        planner)."""
+        types = self.types if spot else self.on_demand_types
+        return {t: until for t, (until, _) in types.items()}
 
     def after_starts(self, error: ExecutorUnavailable | None, now: float, started: bool) -> None:
         """After the executor could not take attempts, start none for a while (from
@@ -77,23 +83,30 @@ class Backoff:
         """
         if not launched:
             return
-        errors: dict[str, Exception] = {}
-        succeeded: set[str] = set()
+        errors: dict[tuple[str, bool], Exception] = {}
+        succeeded: set[tuple[str, bool]] = set()
         for vm, _, error in launched:
             if error is None:
-                succeeded.add(vm.vm_type.name)
+                succeeded.add((vm.vm_type.name, vm.spot))
             else:
-                errors[vm.vm_type.name] = error
+                errors[(vm.vm_type.name, vm.spot)] = error
         base, most = self.settings.launch_backoff_s, self.settings.launch_backoff_max_s
-        for name, error in errors.items():
-            until, last = self.types.get(name, (0.0, 0.0))
+        for (name, spot), error in errors.items():
+            types = self.types if spot else self.on_demand_types
+            until, last = types.get(name, (0.0, 0.0))
             again_soon = last > 0 and now - until <= last
             delay = (
                 most
                 if isinstance(error, PermanentError)
                 else (min(most, 2 * last) if again_soon else base)
             )
-            self.types[name] = (now + delay, delay)
-            log.warning("VM type %s backed off for %.0f s after: %s", name, delay, error)
-        for name in succeeded - errors.keys():
-            self.types.pop(name, None)
+            types[name] = (now + delay, delay)
+            log.warning(
+                "VM type %s backed off for %s launches for %.0f s after: %s",
+                name,
+                "spot" if spot else "on-demand",
+                delay,
+                error,
+            )
+        for name, spot in succeeded - errors.keys():
+            (self.types if spot else self.on_demand_types).pop(name, None)

@@ -33,6 +33,7 @@ bag stays on spot until they are ready).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -53,7 +54,13 @@ from drivers.base import VmType
 from policies import uniform_progress as up
 from policies.checkpoint import CheckpointTable
 from policies.completion_times import CompletionTimes, build_completion_times
-from policies.deadline import DeadlineDecision, DeadlineInputs, decide, list_schedule_h
+from policies.deadline import (
+    DeadlineDecision,
+    DeadlineInputs,
+    decide,
+    list_schedule_h,
+    slot_count,
+)
 from policies.packing import PricedType, cheapest_type, copies_that_fit, zone_allowed
 from policies.preemption import LifetimeModel
 
@@ -68,6 +75,7 @@ ALL_SLOTS = 1 << 30  # `always`: more on-demand slots than any bag has
 _TimesKey = tuple[LifetimeModel, int]  # (model, id of its checkpoint table)
 TIMES_KEPT = 8  # completion-time tables kept (~10 MB each at 1-min steps over 24 h)
 RETRY_BUILD_S = 60.0  # after a failed build, real seconds before the next try
+MIN_OUTBID_S = 60.0  # the least a spot price above the bid is expected to stay there
 
 
 class SpotPriceFeed(Protocol):
@@ -84,6 +92,15 @@ class SpotPriceFeed(Protocol):
         ...
 
 
+def outbid_s(feed: SpotPriceFeed, vm_type: str, zone: str, bid: float, now: float) -> float:
+    """Real seconds the spot price of the type is expected to stay above `bid`: 0 while
+    it is at or below; else the feed's expectation, at least `MIN_OUTBID_S` (an outage
+    just begun, with none before it, is expected to last as long again as so far: 0)."""
+    if feed.price_at(vm_type, zone, now) <= bid:
+        return 0.0
+    return max(MIN_OUTBID_S, feed.outage_left_s(vm_type, zone, bid, now))
+
+
 @dataclass
 class _BagDeadline:
     decision: DeadlineDecision | None = None
@@ -93,6 +110,7 @@ class _BagDeadline:
     projected_at: float = -float("inf")
     at_risk_told: bool = False
     up_safety_net: bool = False  # Uniform Progress's safety net fired: on-demand to the end
+    slots: int = 0  # K, the bag's slots the decision was made for
 
 
 @dataclass(frozen=True)
@@ -102,6 +120,12 @@ class OnDemandPlan:
     slots: int
     running: int
     use_spot: bool
+    # Of the bag's slots, those left to spot VMs (K − m) and its attempts on them now:
+    # its spot attempts stay within them, so that a slot the policy turned on-demand
+    # waits for an on-demand VM instead of taking the next spot VM that frees (None:
+    # no cap, `always`).
+    spot_slots: int | None = None
+    spot_running: int = 0
 
 
 class Deadlines:
@@ -126,6 +150,8 @@ class Deadlines:
         self.tables = tables
         self.max_vms = max_vms
         self._bags: dict[str, _BagDeadline] = {}
+        # bag -> its jobs' own estimated runtimes (s, by index), read once (`_own_estimates_h`)
+        self._own_s: dict[str, np.ndarray] = {}
         # Keyed by the table's id, kept with the table: an id is only unique while its
         # object lives, so an entry is used only while its own table is the one asked
         # for (a table the cache dropped may leave its id to another). Oldest first.
@@ -133,7 +159,8 @@ class Deadlines:
         self._building: dict[_TimesKey, asyncio.Task[None]] = {}
         self._failed_at: dict[_TimesKey, float] = {}  # key -> when its build failed
         self.on_ready: Callable[[], None] | None = None  # wakes the scheduler
-        self._counts: dict[str, int] | None = None  # bag -> attempts on on-demand VMs
+        # bag -> its attempts on (on-demand, spot) VMs, counted once a pass
+        self._counts: dict[str, tuple[int, int]] | None = None
         # How often a bag's projection is made (real s); it changes no decision (views and
         # `deadline_at_risk` only): a simulation may make it rarer (simulation.py).
         self.project_every_s = PROJECT_EVERY_S
@@ -144,6 +171,7 @@ class Deadlines:
         """Drop every bag's decision and projection (after a recovery: they are made
         again from the rebuilt world; a bag still at risk is told so again)."""
         self._bags.clear()
+        self._own_s.clear()
         self._counts = None
 
     # --- what Planning asks ---------------------------------------------------------
@@ -153,13 +181,20 @@ class Deadlines:
         mode = bag.spec.on_demand_mode
         if mode == "never":
             return None
-        running = self._on_demand_running(bag.id)
+        running, spot_running = self._running_by_market(bag.id)
         if mode == "always":
             return OnDemandPlan(ALL_SLOTS, running, False)
         decision = self._decision(bag, now)
         if decision is None:
             return None
-        return OnDemandPlan(decision.on_demand_slots, running, decision.launch_spot)
+        state = self._bags[bag.id]
+        return OnDemandPlan(
+            decision.on_demand_slots,
+            running,
+            decision.launch_spot,
+            max(0, state.slots - decision.on_demand_slots),
+            spot_running,
+        )
 
     def project(self, batch: WriteBatch, now: float) -> None:
         """The projection of one bag with a deadline per pass (tens of ms each, on the
@@ -247,6 +282,7 @@ class Deadlines:
                 inputs.deadline_h - inputs.now_h,
             )
         state.decision, state.decided_at, state.decided_for = decision, now, key
+        state.slots = slot_count(inputs)
         return decision
 
     def _uniform_progress(
@@ -264,7 +300,10 @@ class Deadlines:
         left_h = float(
             inputs.queued_work_h.sum() + inputs.spot_work_h.sum() + inputs.on_demand_left_h.sum()
         )
-        total_h = max(bag.jobs_total, bag.open_jobs) * estimate_h
+        own_h = self._own_estimates_h(bag, estimate_h)
+        total_h = (
+            max(bag.jobs_total, bag.open_jobs) * estimate_h if own_h is None else float(own_h.sum())
+        )
         running = len(inputs.spot_work_h) + len(inputs.on_demand_left_h)
         busy_h = [
             *inputs.on_demand_left_h.tolist(),
@@ -283,7 +322,7 @@ class Deadlines:
             current=up.Kind.WAIT,
             safety_net=state.up_safety_net,
         )
-        plan = up.plan_bag(progress, inputs.slots, self._on_demand_running(bag.id))
+        plan = up.plan_bag(progress, inputs.slots, self._running_by_market(bag.id)[0])
         state.up_safety_net = plan.safety_net
         return DeadlineDecision(
             on_demand_slots=plan.on_demand_slots,
@@ -312,21 +351,25 @@ class Deadlines:
         return due
 
     def begin_pass(self) -> None:
-        """A new planning pass: the attempts on on-demand VMs are counted again."""
+        """A new planning pass: the attempts on on-demand VMs are counted again; the
+        jobs' own estimates of bags that ended are dropped."""
         self._counts = None
+        if self._own_s:
+            for bag_id in [b for b in self._own_s if b not in self.world.bags]:
+                del self._own_s[bag_id]
 
-    def _on_demand_running(self, bag_id: str) -> int:
-        """The bag's attempts on on-demand VMs: counted for every bag in one sweep of the
-        attempts per pass, not one per bag."""
+    def _running_by_market(self, bag_id: str) -> tuple[int, int]:
+        """The bag's attempts on (on-demand, spot) VMs: counted for every bag in one
+        sweep of the attempts per pass, not one per bag."""
         if self._counts is None:
             world = self.world
-            counts: dict[str, int] = {}
+            counts: dict[str, list[int]] = {}
             for attempt in world.attempts.values():
                 vm = world.vms.get(attempt.vm_id)
-                if vm is not None and not vm.spot and not attempt.cancelling:
-                    counts[attempt.bag_id] = counts.get(attempt.bag_id, 0) + 1
-            self._counts = counts
-        return self._counts.get(bag_id, 0)
+                if vm is not None and not attempt.cancelling:
+                    counts.setdefault(attempt.bag_id, [0, 0])[1 if vm.spot else 0] += 1
+            self._counts = {bag: (od, spot) for bag, (od, spot) in counts.items()}
+        return self._counts.get(bag_id, (0, 0))
 
     def _inputs(self, bag: BagRun, now: float) -> tuple[DeadlineInputs, CompletionTimes] | None:
         """The policy's inputs for the bag now, in model hours; None while its
@@ -362,12 +405,14 @@ class Deadlines:
         outbid_s = self._outbid_s(vm_type, now)
         model = self.book.belief(vm_type, vm_type.zone).model
         estimate_h = bag.runtime_estimate_s * to_h
+        own_h = self._own_estimates_h(bag, estimate_h)  # per job (None: one for all)
+        longest_h = estimate_h if own_h is None else max(estimate_h, float(own_h.max(initial=0)))
         # A job that cannot checkpoint restarts from scratch: a checkpoint as dear as the
         # job itself, which the DP never takes.
         delta_h = (
-            bag.spec.checkpoint_cost_s * to_h if bag.spec.checkpointable else max(estimate_h, 1e-3)
+            bag.spec.checkpoint_cost_s * to_h if bag.spec.checkpointable else max(longest_h, 1e-3)
         )
-        times = self._completion_times(model, delta_h, estimate_h)
+        times = self._completion_times(model, delta_h, longest_h)
         if times is None:
             return None
         # One sweep over the attempts (as before) gives the running ones; the work is the
@@ -385,14 +430,15 @@ class Deadlines:
             since_mark_h = 0.0
             if attempt.ran_at is not None:
                 since_mark_h = max(0.0, now - attempt.mark_at) * to_h
-            left_h = max(estimate_h - saved_h - since_mark_h, 0.01 * estimate_h)
+            job_h = estimate_h if own_h is None else float(own_h[attempt.idx])
+            left_h = max(job_h - saved_h - since_mark_h, 0.01 * job_h)
             if vm.spot:
                 spot_work.append(left_h)
                 spot_age.append(max(0.0, now - vm.requested_at) * to_h)
                 # What a preemption now loses (World.finish_attempt's `work_lost`): the
                 # work since its last checkpoint, at most the job's estimate left (as
                 # the simulator's min(done, work) − saved).
-                spot_unsaved.append(max(0.0, min(since_mark_h, estimate_h - saved_h)))
+                spot_unsaved.append(max(0.0, min(since_mark_h, job_h - saved_h)))
             else:
                 od_left.append(left_h)
         slots = max(1, min(bag.open_jobs, self.max_vms * spot_slots))
@@ -402,7 +448,7 @@ class Deadlines:
             deadline_h=bag.deadline_at * to_h,
             slots=slots,
             # In the order the scheduler takes the queue, retries first: queue_ordered.
-            queued_work_h=self._queued_work_h(bag, estimate_h, to_h),
+            queued_work_h=self._queued_work_h(bag, estimate_h, own_h, to_h),
             spot_work_h=np.asarray(spot_work, dtype=float),
             spot_age_h=np.asarray(spot_age, dtype=float),
             spot_unsaved_h=np.asarray(spot_unsaved, dtype=float),
@@ -449,25 +495,65 @@ class Deadlines:
         if self.spot_feed is None:
             return 0.0
         bid = vm_type.on_demand_price_per_hour or math.inf
-        return self.spot_feed.outage_left_s(vm_type.name, vm_type.zone, bid, now)
+        return outbid_s(self.spot_feed, vm_type.name, vm_type.zone, bid, now)
 
-    def _queued_work_h(self, bag: BagRun, estimate_h: float, to_h: float) -> np.ndarray:
+    def _queued_work_h(
+        self, bag: BagRun, estimate_h: float, own_h: np.ndarray | None, to_h: float
+    ) -> np.ndarray:
         """The bag's queued jobs' work left, in the order the scheduler takes them
-        (`JobQueue`: retries first, then the jobs never run): the estimate less what
-        the job's checkpoints saved (a retry resumes there, planning's
-        `resume_work_s`). Only the retries put first are looked up, not the whole
-        queue: the rest are the admitted jobs, which never ran, and the ones a restart
-        queued again behind them (taken at the whole estimate: what they saved is not
-        counted, on the safe side)."""
-        work = np.full(len(bag.queue), estimate_h)
+        (`JobQueue`: retries first, then the jobs never run): the estimate (the job's own,
+        `own_h`, when the bag has them) less what the job's checkpoints saved (a retry
+        resumes there, planning's `resume_work_s`). Only the retries put first are
+        looked up, not the whole queue: the rest are the admitted jobs, which never ran,
+        and the ones a restart queued again behind them (taken at the whole estimate:
+        what they saved is not counted, on the safe side)."""
+        if own_h is None:
+            work = np.full(len(bag.queue), estimate_h)
+        else:
+            work = own_h[np.fromiter(bag.queue, dtype=np.intp, count=len(bag.queue))]
         if not bag.spec.checkpointable:
             return work  # a retry starts from scratch
         jobs = self.world.jobs
         for i, idx in enumerate(bag.queue.first):
             job = jobs.get((bag.id, idx))
             if job is not None and job.work_saved_s > 0:
-                work[i] = max(estimate_h - job.work_saved_s * to_h, 0.01 * estimate_h)
+                work[i] = max(work[i] - job.work_saved_s * to_h, 0.01 * work[i])
         return work
+
+    def _own_estimates_h(self, bag: BagRun, estimate_h: float) -> np.ndarray | None:
+        """Each job's estimated work (model hours, by job index) when the bag names an
+        `estimated_runtime_param`: its own estimate × the bag's `estimate_scale` (what
+        its finished jobs took against theirs), the bag's estimate for a job without
+        one. The estimates are read from the jobs' parameters once per bag. None: the
+        bag has no such parameter."""
+        if not bag.spec.estimated_runtime_param:
+            return None
+        own_s = self._own_s.get(bag.id)
+        if own_s is None:
+            own_s = self._own_s[bag.id] = self._read_own_estimates_s(bag)
+        to_h = self.world.time_scale / 3600.0
+        scaled = own_s * (bag.estimate_scale() * to_h)
+        return np.where(np.isnan(scaled), estimate_h, scaled)
+
+    def _read_own_estimates_s(self, bag: BagRun) -> np.ndarray:
+        """The jobs' own estimated runtimes (s; NaN: none, or the job has ended) from the
+        parameters of the jobs still open: a JobRun's, else the waiting job's packed
+        ones."""
+        jobs = self.world.jobs
+        own = np.full(max(bag.jobs_total, 1), np.nan)
+        for idx in range(bag.jobs_total):
+            job = jobs.get((bag.id, idx))
+            if job is not None:
+                params = job.params
+            else:
+                packed = bag.fresh.get(idx)
+                if packed is None:
+                    continue
+                params = json.loads(packed)
+            estimate = bag.job_estimate_s(params)
+            if estimate is not None:
+                own[idx] = estimate
+        return own
 
     def _reusable_spot_ages_h(
         self, bag: BagRun, now: float, runtime_h: float, slots: int

@@ -139,7 +139,11 @@ class Scheduler:
         # Dollar budgets (controller/budgets.py) and events (controller/notify/emit.py),
         # kept by the world with the accounts; the daemon wakes its webhook deliveries
         # through `notices.wake`.
-        self.budgets = Budgets(time_scale=time_scale)
+        self.budgets = Budgets(
+            time_scale=time_scale,
+            # Followed market (simulate's trace): an attempt reserves at the price now.
+            spot_price=spot_feed.price_at if spot_feed is not None else None,
+        )
         self.notices = Notices(notify)
         self.world = World(
             catalog=catalog,
@@ -216,6 +220,7 @@ class Scheduler:
             ids=ids,
             time_scale=time_scale,
             deadlines=self.deadlines,
+            spot_feed=spot_feed,
         )
         self.actions = Actions(
             world=self.world,

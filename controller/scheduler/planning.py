@@ -23,6 +23,7 @@ source for new VMs. It owns no state of its own.
 from __future__ import annotations
 
 import logging
+import math
 
 from controller.bags.job_command import render_command
 from controller.bags.waiting_jobs import JobQueue
@@ -31,7 +32,7 @@ from controller.executors.base import AttemptSpec, Executor
 from controller.planner import DemandGroup, Plan, Snapshot, VmView
 from controller.preemption.model_book import ModelBook
 from controller.scheduler.backoff import Backoff
-from controller.scheduler.deadlines import Deadlines
+from controller.scheduler.deadlines import Deadlines, SpotPriceFeed, outbid_s
 from controller.scheduler.inputs import IdSource
 from controller.scheduler.runs import AttemptRun, BagRun, VmRun, capacity_of
 from controller.scheduler.world import World
@@ -39,6 +40,10 @@ from controller.states import AttemptState, JobState
 from controller.store import WriteBatch
 from drivers.base import VmState
 from policies.packing import Shape
+
+# With a spot price feed, a type outbid now is looked at again this often (real s), as a
+# scheduler polling the market would (the feed knows no future).
+OUTBID_RECHECK_S = 300.0
 
 log = logging.getLogger("spotbag.scheduler")
 
@@ -68,6 +73,7 @@ class Planning:
         ids: IdSource,
         time_scale: float,
         deadlines: Deadlines | None = None,
+        spot_feed: SpotPriceFeed | None = None,
     ) -> None:
         self.world = world
         self.executor = executor
@@ -77,6 +83,7 @@ class Planning:
         self.ids = ids
         self.time_scale = time_scale
         self.deadlines = deadlines  # on-demand slots per bag (docs/design.md#deadlines)
+        self.spot_feed = spot_feed  # the spot price simulate replays (None: no feed)
 
     def snapshot(self, now: float) -> Snapshot:
         world = self.world
@@ -165,9 +172,28 @@ class Planning:
             hot_spare_s=self.book.settings.hot_spare_h * 3600.0 / self.time_scale
             if self.book
             else 0.0,
-            blocked_until=self.backoff.blocked_types() if self.backoff.types else {},
+            blocked_until=self._spot_blocked_until(now),
+            on_demand_blocked_until=self.backoff.blocked_types(spot=False)
+            if self.backoff.on_demand_types
+            else {},
             market=world.market,
         )
+
+    def _spot_blocked_until(self, now: float) -> dict[str, float]:
+        """Until when each VM type's spot launches wait: its back-off after failed
+        launches and, with a price feed, while its spot price is above its bid (the
+        on-demand price: the launch would be refused) until the price is looked at again
+        (`OUTBID_RECHECK_S`, or sooner if the outage is expected to end sooner)."""
+        blocked = self.backoff.blocked_types() if self.backoff.types else {}
+        feed = self.spot_feed
+        if feed is None:
+            return blocked
+        for t in self.world.catalog_view:
+            left_s = outbid_s(feed, t.name, t.zone, t.on_demand_price_per_hour or math.inf, now)
+            if left_s > 0:
+                until = now + min(left_s, OUTBID_RECHECK_S)
+                blocked[t.name] = max(blocked.get(t.name, 0.0), until)
+        return blocked
 
     def _on_demand(self, group: DemandGroup, bag: BagRun, now: float) -> DemandGroup:
         """The group with its on-demand slots (`on_demand: always`, or the deadline
@@ -177,19 +203,24 @@ class Planning:
         wanted = self.deadlines.plan_for(bag, now)
         if wanted is None:
             return group
-        queued, slots = group.queued, wanted.slots
+        queued, slots, spot_slots = group.queued, wanted.slots, wanted.spot_slots
         if bag.spec.on_demand_mode == "when_needed" and slots > wanted.running:
             # Budgets priced every attempt at spot (`launchable`); those placed on
             # on-demand VMs cost more: as many as the budgets pay for, the rest on spot.
             queued, on_demand = self.world.budgets.launchable_with_on_demand(
                 bag, queued, slots - wanted.running, self.world.catalog_view, now
             )
+            if spot_slots is not None:  # the slots left to spot get those it cannot pay for
+                spot_slots += max(0, slots - wanted.running - on_demand)
             slots = min(slots, wanted.running + on_demand)
         return group._replace(
             queued=queued,
             on_demand_slots=slots,
             on_demand_running=wanted.running,
             use_spot=wanted.use_spot,
+            spot_slots_left=None
+            if spot_slots is None
+            else max(0, spot_slots - wanted.spot_running),
         )
 
     def _noticed_vms(self) -> int:

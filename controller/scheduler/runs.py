@@ -23,6 +23,7 @@ from policies.runtime_estimate import runtime_estimate_s
 
 RECENT_ENDS = 200  # job ends a bag's pace is measured over
 RECENT_RUNTIMES = 1000  # successful jobs' runtimes a bag's runtime estimate is taken from
+MIN_SCALED_JOBS = 5  # successes with their own estimates before those are scaled
 
 
 def shape_of(spec: BagSpec) -> Shape:
@@ -79,6 +80,12 @@ class BagRun:
     recent_ends: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_ENDS))
     runtime_estimate_s: float = 0.0  # see policies.runtime_estimate
     successes: int = 0
+    # With `estimated_runtime_param`: the runtimes of the jobs that succeeded since the
+    # daemon started and their estimates, summed: each job's estimate is scaled by
+    # their ratio (`estimate_scale`).
+    estimated_jobs: int = 0
+    estimated_runtime_sum_s: float = 0.0
+    estimated_estimate_sum_s: float = 0.0
     deadline_at: float | None = None  # epoch s (docs/design.md#deadlines); None: none
     submitted_at: float = 0.0  # epoch s: where Uniform Progress's line starts
     jobs_total: int = 0  # every job of the bag (Uniform Progress's C counts them all)
@@ -99,12 +106,33 @@ class BagRun:
             ascending=True,
         )
 
-    def job_succeeded(self, runtime_s: float) -> None:
+    def job_succeeded(self, runtime_s: float, params: dict[str, Any] | None = None) -> None:
         """Learn from a finished job (re-estimating now and then, not after every job)."""
         self.runtimes_s.append(runtime_s)
         self.successes += 1
         if self.successes <= 20 or self.successes % 50 == 0:
             self.refresh_estimate()
+        estimate_s = self.job_estimate_s(params) if params is not None else None
+        if estimate_s is not None:
+            self.estimated_jobs += 1
+            self.estimated_runtime_sum_s += runtime_s
+            self.estimated_estimate_sum_s += estimate_s
+
+    def job_estimate_s(self, params: dict[str, Any]) -> float | None:
+        """The job's own estimated runtime (its `estimated_runtime_param`), unscaled;
+        None: the bag has none (or the job lacks it)."""
+        name = self.spec.estimated_runtime_param
+        value = params.get(name) if name else None
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    def estimate_scale(self) -> float:
+        """What the jobs' own estimates are multiplied by: Σ runtime / Σ estimate of the
+        jobs that succeeded with one (a ratio estimator: right when the estimates are
+        right up to a factor, whatever order the jobs run in), once MIN_SCALED_JOBS have;
+        1 before (the estimates as given)."""
+        if self.estimated_jobs < MIN_SCALED_JOBS or self.estimated_estimate_sum_s <= 0:
+            return 1.0
+        return self.estimated_runtime_sum_s / self.estimated_estimate_sum_s
 
     @property
     def done(self) -> bool:

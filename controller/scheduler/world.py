@@ -323,7 +323,7 @@ class World:
             runtime_s,
         )
         if state is JobState.SUCCEEDED and runtime_s is not None:
-            bag.job_succeeded(runtime_s)
+            bag.job_succeeded(runtime_s, job.params)
         if state is JobState.QUEUED:
             bag.queue.appendleft(job.idx)  # retries go first: the bag's tail finishes sooner
         elif terminal:

@@ -121,6 +121,21 @@ def test_environment_of_a_job():
         (spec(env={"SPOTBAG_JOB_ID": "x"}), "env.SPOTBAG_JOB_ID", "set by spotbag"),
         (spec(estimated_runtime_s=100), "estimated_runtime_s", "exceeds max_runtime_s"),
         (spec(retryable_exit_codes=[0]), "retryable_exit_codes[0]", "1..255"),
+        (
+            spec(parameters={"a": [1]}, estimated_runtime_param="t"),
+            "estimated_runtime_param",
+            "'t' is not a parameter (they are: a)",
+        ),
+        (
+            spec(points=[{"t": 30}, {"t": "long"}], estimated_runtime_param="t"),
+            "points[1].t",
+            "needs a runtime in seconds, 1 to max_runtime_s (60)",
+        ),
+        (
+            spec(parameters={"t": {"range": [10, 100, 10]}}, estimated_runtime_param="t"),
+            "parameters.t",
+            "is 70: estimated_runtime_param needs a runtime",
+        ),
     ],
 )
 def test_errors_name_the_field(data, field, words):
@@ -128,6 +143,11 @@ def test_errors_name_the_field(data, field, words):
     assert error.problems[0].field == field
     assert words in error.problems[0].message
     assert str(error).startswith(f"{field}: ")
+
+
+def test_each_job_may_carry_its_own_estimated_runtime():
+    bag = parse_bag(spec(points=[{"t": 30}, {"t": 60.0}], estimated_runtime_param="t"))
+    assert bag.spec.estimated_runtime_param == "t" and bag.job_count == 2
 
 
 def test_the_job_limit_is_checked_before_expanding():

@@ -218,3 +218,37 @@ async def test_spot_is_priced_at_the_hopping_markets_price_now(tmp_path):
     scheduler.world.market = market(float("nan"))  # no price known: the catalog's
     inputs, _ = scheduler.deadlines._inputs(run, NOW)
     assert inputs.spot_price_per_hour == pytest.approx(0.01)
+
+
+@pytest.mark.slow  # builds completion-time tables for 3-h work: ~1 s
+async def test_jobs_own_estimates_are_planned_scaled_by_what_finished_jobs_took(tmp_path):
+    """`estimated_runtime_param`: each queued and running job is planned at its own
+    estimate (not the bag's one figure for all), and once five jobs with one have
+    succeeded, at it × Σ runtime / Σ estimate of those: right whatever order the jobs
+    run in (the first to finish may be the longest)."""
+    own_h = [2.0, 1.5, 1.0, 0.5, 0.25, 0.25, 0.25, 0.25, 0.25, 0.125]
+    scheduler = await scheduler_with_bag(
+        tmp_path,
+        parameters=None,
+        points=[{"i": i, "est": h * HOUR} for i, h in enumerate(own_h)],
+        estimated_runtime_param="est",
+        max_runtime_s=4 * HOUR,
+    )
+    world, batch = scheduler.world, WriteBatch()
+    run = world.bags[BAG]
+    vm = running_vm(scheduler, "vm-1", "small", START)
+    place(scheduler, vm, START, batch)  # job 0, 2 h, running since the start
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    assert inputs.queued_work_h == pytest.approx(own_h[1:])
+    assert inputs.spot_work_h == pytest.approx([2.0 - 0.9])
+    # Five jobs succeeded, each taking 1.5 × its estimate: the rest are planned at 1.5 ×.
+    for i in range(1, 6):
+        run.job_succeeded(1.5 * own_h[i] * HOUR, {"i": i, "est": own_h[i] * HOUR})
+    assert run.estimate_scale() == pytest.approx(1.5)
+    inputs, _ = scheduler.deadlines._inputs(run, NOW)
+    assert inputs.queued_work_h == pytest.approx([1.5 * h for h in own_h[1:]])
+    assert inputs.spot_work_h == pytest.approx([1.5 * 2.0 - 0.9])
+    # Without the parameter, the bag's one estimate (1 h) is every job's.
+    plain = await scheduler_with_bag(tmp_path / "plain")
+    inputs, _ = plain.deadlines._inputs(plain.world.bags[BAG], NOW)
+    assert inputs.queued_work_h == pytest.approx([1.0] * 8)

@@ -30,7 +30,7 @@ def value_of(text: str) -> Decimal:
     return Decimal(text.replace(",", "").replace("$", ""))
 
 
-@settings(max_examples=2000)
+@settings(max_examples=2000, deadline=None)
 @given(finite)
 def test_a_quantity_is_plain_digits_never_minus_zero_and_never_zero_unless_it_is(x):
     text = number(x)
@@ -43,7 +43,7 @@ def test_a_quantity_is_plain_digits_never_minus_zero_and_never_zero_unless_it_is
         assert (shown < 0) == (x < 0), (x, text)  # the sign survives
 
 
-@settings(max_examples=2000)
+@settings(max_examples=2000, deadline=None)
 @given(finite.filter(lambda x: abs(x) >= NOISE))
 def test_a_quantity_keeps_three_significant_digits_and_two_decimals(x):
     text = number(x)
@@ -55,7 +55,7 @@ def test_a_quantity_keeps_three_significant_digits_and_two_decimals(x):
     assert len(text.partition(".")[2]) >= 2
 
 
-@settings(max_examples=1000)
+@settings(max_examples=1000, deadline=None)
 @given(finite)
 def test_money_puts_the_sign_before_the_dollar(x):
     text = usd(x)
@@ -63,7 +63,7 @@ def test_money_puts_the_sign_before_the_dollar(x):
     assert text.replace("$", "") == number(x)
 
 
-@settings(max_examples=1000)
+@settings(max_examples=1000, deadline=None)
 @given(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False))
 def test_a_percentage_is_never_minus_zero_and_keeps_its_sign(fraction):
     text = percent(fraction)
@@ -75,7 +75,7 @@ def test_a_percentage_is_never_minus_zero_and_keeps_its_sign(fraction):
         assert signed[0] == ("-" if fraction < 0 else "+"), (fraction, signed)
 
 
-@settings(max_examples=2000)
+@settings(max_examples=2000, deadline=None)
 @given(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False))
 def test_a_duration_picks_its_unit_and_is_never_zero_unless_it_is(seconds):
     text = duration(seconds)

@@ -180,3 +180,7 @@ def test_stable_idle_vms_are_hot_spares():
     assert result.next_wake_at == 3600.0
     later = plan(snap([], [stable], now=3600.0, idle_timeout_s=60.0, hot_spare_s=3600.0))
     assert later.terminations == [Terminate("stable", "hot spare idle for 3600 s")]
+    # An on-demand VM is never preempted: no spare, ended at the idle timeout.
+    on_demand = old_vm("on-demand", 8.0, idle_since=0.0)._replace(spot=False)
+    result = plan(snap([], [on_demand], now=1000.0, idle_timeout_s=60.0, hot_spare_s=3600.0))
+    assert result.terminations == [Terminate("on-demand", "idle for 1000 s")]

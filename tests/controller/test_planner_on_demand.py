@@ -4,6 +4,8 @@ a bag does not use it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from controller.planner import CatalogType, DemandGroup, Launch, Place, VmView, plan
 from drivers.base import VmState
 from policies.packing import Shape
@@ -65,3 +67,114 @@ def test_jobs_for_missing_on_demand_slots_are_not_put_on_idle_spot_vms():
     # One job on the spot VM; two kept for the on-demand slots and launched for.
     assert decision.places == [Place("vm-spot", "b1", 1)]
     assert decision.launches == [Launch("small", 1, "b1", spot=False)]
+
+
+def test_spot_vms_take_no_more_attempts_than_the_slots_left_to_spot():
+    """The policy turned all but one of the bag's slots on-demand: the idle spot VMs take
+    one job (the slot left to spot), the rest wait for on-demand VMs."""
+    spot_vms = [idle_vm(f"vm-spot-{i}", spot=True) for i in range(3)]
+    group = DemandGroup("b1", ONE, 6, on_demand_slots=5, spot_slots_left=1)
+    decision = plan(snap([group], spot_vms, catalog=(SMALL, BIG), max_vms=10))
+    assert sum(p.count for p in decision.places) == 1
+    # Five on-demand slots: three small VMs ($0.24/h) beat a big one ($0.30/h).
+    assert decision.launches == [Launch("small", 3, "b1", spot=False)]
+    # No slot left to spot: none placed there, and no spot VM launched either.
+    group = DemandGroup("b1", ONE, 6, on_demand_slots=5, spot_slots_left=0)
+    decision = plan(snap([group], [], catalog=(SMALL, BIG), max_vms=10))
+    assert decision.launches == [Launch("small", 3, "b1", spot=False)]
+
+
+def test_an_idle_spot_vm_makes_room_for_the_on_demand_vm_max_vms_blocks():
+    """max_vms is reached with the bag's spot VMs; one frees while its slots went
+    on-demand: it is released (its room is the on-demand VM's) instead of idling as a
+    hot spare while the job waits; the next pass launches the on-demand VM."""
+    spot_vm = idle_vm("vm-spot", spot=True)
+    busy = [
+        VmView(
+            f"vm-busy-{i}",
+            "small",
+            "z1",
+            VmState.RUNNING,
+            SMALL.capacity,
+            Shape(0, 0, 0.0),
+            2,
+            None,
+            spot=True,
+        )
+        for i in range(3)
+    ]
+    group = DemandGroup("b1", ONE, 1, on_demand_slots=8, spot_slots_left=0)
+    decision = plan(
+        snap([group], [spot_vm, *busy], catalog=(SMALL, BIG), max_vms=4, hot_spare_s=3600.0)
+    )
+    assert decision.places == [] and decision.launches == []
+    assert [t.vm_id for t in decision.terminations] == ["vm-spot"]
+    assert "max_vms" in decision.terminations[0].reason
+    decision = plan(snap([group], busy, catalog=(SMALL, BIG), max_vms=4))
+    assert decision.launches == [Launch("small", 1, "b1", spot=False)]
+
+
+def test_an_idle_vm_is_kept_while_the_jobs_waiting_launch_nothing():
+    """A bag that waits (spot not worth its price, no on-demand slot) launches nothing:
+    max_vms is not what stops it, and the idle spot VM it may use later is kept."""
+    spot_vm = idle_vm("vm-spot", spot=True)
+    group = DemandGroup("b1", ONE, 4, use_spot=False)
+    decision = plan(
+        snap(
+            [group],
+            [spot_vm],
+            catalog=(SMALL, BIG),
+            max_vms=1,
+            hot_spare_s=0.0,
+            idle_timeout_s=600.0,
+        )
+    )
+    assert decision.terminations == [] and decision.launches == []
+
+
+def test_a_spot_back_off_leaves_on_demand_launches_of_the_type_alone():
+    """Spot launches of `small` failed (no spot capacity, or its price above the bid):
+    the bag's on-demand slots still get small on-demand VMs; only spot waits."""
+    group = DemandGroup("b1", ONE, 4, on_demand_slots=2)
+    snapshot = snap([group], catalog=(SMALL,))
+    snapshot = dataclasses.replace(snapshot, blocked_until={"small": 2000.0})
+    decision = plan(snapshot)
+    assert decision.launches == [Launch("small", 1, "b1", spot=False)]
+    assert decision.next_wake_at == 2000.0  # spot is tried again then
+    snapshot = dataclasses.replace(
+        snapshot, blocked_until={}, on_demand_blocked_until={"small": 2000.0}
+    )
+    assert plan(snapshot).launches == [Launch("small", 1, "b1")]
+
+
+def test_jobs_queue_ahead_on_spot_vms_only_within_the_slots_left_to_spot():
+    """An executor that queues attempts ahead (Slurm, local): full spot VMs with room in
+    their queues take at most the slots the bag leaves to spot (here one, which the spot
+    VM launched for it takes); the others wait for the on-demand VMs launched for them."""
+    full = [
+        VmView(
+            f"vm-spot-{i}",
+            "small",
+            "z1",
+            VmState.RUNNING,
+            SMALL.capacity,
+            Shape(0, 0, 0.0),
+            2,
+            None,
+            ahead=SMALL.capacity,
+            spot=True,
+        )
+        for i in range(3)
+    ]
+    group = DemandGroup("b1", ONE, 6, on_demand_slots=4, spot_slots_left=1)
+    decision = plan(snap([group], full, catalog=(SMALL, BIG), max_vms=10))
+    assert decision.places == []  # without the cap: 6 queued on the spot VMs
+    assert decision.launches == [
+        Launch("small", 2, "b1", spot=False),
+        Launch("small", 1, "b1"),
+    ]
+    # max_vms leaves no room for a spot VM: the two slots left to spot queue on them.
+    group = group._replace(spot_slots_left=2)
+    decision = plan(snap([group], full, catalog=(SMALL, BIG), max_vms=5))
+    assert decision.launches == [Launch("small", 2, "b1", spot=False)]
+    assert sum(p.count for p in decision.places) == 2

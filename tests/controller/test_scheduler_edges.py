@@ -244,6 +244,9 @@ async def test_backoff_is_counted_once_per_pass_and_decays(tmp_path):
     clock.advance_to(2000.0)
     await scheduler.tick()  # a failure long after: back to the base delay
     assert scheduler.backoff.types["small"] == (2010.0, 10.0)
+    # Spot launches failed: on-demand launches of the type are not held back by it.
+    assert scheduler.backoff.on_demand_types == {}
+    assert scheduler.backoff.blocked_types(spot=False) == {}
     await scheduler.store.close()
 
 
