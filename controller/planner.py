@@ -86,8 +86,12 @@ class CatalogType:
     on_demand_price_per_hour: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Snapshot:
+    """What a pass's plan sees. Not frozen (the planner never changes it): a frozen
+    dataclass's __init__ sets each field through object.__setattr__, 5.4 µs against
+    0.9 µs, and one is made every pass (88,000 in the 100,000-job simulation)."""
+
     now: float
     demand: Sequence[DemandGroup]  # oldest bag first
     vms: Sequence[VmView]  # pending VMs, and running VMs with free capacity
@@ -167,12 +171,6 @@ class MarketShare:
         )
 
 
-def _market_ok(group: DemandGroup, vm: VmView) -> bool:
-    """Whether the group's jobs may run on the VM's market: spot VMs when the group
-    uses spot, on-demand VMs when it wants on-demand slots."""
-    return group.use_spot if vm.spot else group.on_demand_slots > 0
-
-
 def _eligible(group: DemandGroup, vm_type: str, zone: str) -> bool:
     if group.vm_types is not None and vm_type not in group.vm_types:
         return False
@@ -199,8 +197,13 @@ def _pack(
     restricted = group.vm_types is not None or bool(group.regions)
     # Keep GPU VMs for GPU jobs while any are waiting.
     spare_gpus = gpu_demand and group.shape.gpus == 0
+    # The group's jobs run on spot VMs when it uses spot, on on-demand VMs when it wants
+    # on-demand slots.
+    use_spot, use_on_demand = group.use_spot, group.on_demand_slots > 0
     for vm in vms:
-        if (restricted and not _eligible(group, vm.vm_type, vm.zone)) or not _market_ok(group, vm):
+        if restricted and not _eligible(group, vm.vm_type, vm.zone):
+            continue
+        if not (use_spot if vm.spot else use_on_demand):
             continue
         if spare_gpus and vm.capacity.gpus > 0:
             continue
@@ -250,7 +253,13 @@ def plan(snapshot: Snapshot) -> Plan:
             running.append(vm)
         elif vm.state is VmState.PENDING:
             pending.append(vm)
-    gpu_demand = any(g.shape.gpus > 0 and g.queued > 0 for g in snapshot.demand)
+    gpu_demand = False  # (loops, not any() over a generator: this runs every pass)
+    noticed = False
+    for g in snapshot.demand:
+        if g.shape.gpus > 0 and g.queued > 0:
+            gpu_demand = True
+        if g.expected > 0:
+            noticed = True
 
     places: list[Place] = []
     refused: dict[str, str] = {}
@@ -260,7 +269,7 @@ def plan(snapshot: Snapshot) -> Plan:
     )
     kept = (
         _keep_for_noticed(snapshot.demand, free, running + pending, gpu_demand, leftover)
-        if any(g.expected > 0 for g in snapshot.demand)
+        if noticed
         else set()
     )
     launches, unplaceable, backoff_wake, short = _launches(snapshot, leftover, shares)
@@ -270,10 +279,14 @@ def plan(snapshot: Snapshot) -> Plan:
     terminations: list[Terminate] = []
     wake: list[float] = [backoff_wake] if backoff_wake is not None else []
     _end_idle(snapshot, running, used, refused, short, terminations, wake)
-    terminations += [
-        Terminate(vm.vm_id, f"drained: {vm.draining}") for vm in drained if not vm.running_attempts
-    ]
-    _end_unbooted(snapshot, pending, terminations, wake)
+    if drained:
+        terminations += [
+            Terminate(vm.vm_id, f"drained: {vm.draining}")
+            for vm in drained
+            if not vm.running_attempts
+        ]
+    if pending:
+        _end_unbooted(snapshot, pending, terminations, wake)
     return Plan(places, launches, terminations, unplaceable, min(wake) if wake else None)
 
 
@@ -298,7 +311,7 @@ def _place_queued(
             leftover[group.bag_id] = _pack_by_market(
                 group, group.queued, free, running, gpu_demand, places, refused, shares
             )
-    for group in demand:
+    for group in demand if pending else ():
         if leftover.get(group.bag_id):
             leftover[group.bag_id] = _pack_by_market(
                 group,

@@ -106,7 +106,10 @@ class IllegalTransition(SpotbagError, RuntimeError):
     """A state change the transition table does not allow: a controller bug."""
 
 
+_NONE_ALLOWED: frozenset[str] = frozenset()
+
+
 def check_transition(entity: str, from_state: str, to_state: str) -> None:
-    allowed = TRANSITIONS[entity].get(from_state, frozenset())
+    allowed = TRANSITIONS[entity].get(from_state, _NONE_ALLOWED)
     if to_state not in allowed:
         raise IllegalTransition(f"{entity}: {from_state} -> {to_state} is not allowed")

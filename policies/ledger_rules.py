@@ -118,7 +118,10 @@ class Ledger:
     open: dict[str, tuple[str, float]] = field(default_factory=dict)  # key -> (account, cpu_h)
 
     def balance(self, account: str) -> Balance:
-        return self.balances.setdefault(account, Balance())
+        found = self.balances.get(account)
+        if found is None:  # (setdefault would make a Balance at every call)
+            found = self.balances[account] = Balance()
+        return found
 
     def can_reserve(self, account: str, cpu_h: float) -> bool:
         return self.balance(account).available + _EPS_CPU_H >= cpu_h

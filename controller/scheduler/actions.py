@@ -197,16 +197,22 @@ class Actions:
             return
         if cancels or signals:
             await self.calls.starts_settled()  # they may be about attempts still being started
-        calls: list[Callable[[], Awaitable[Any]]] = [
-            functools.partial(self._start, s) for s in starts
-        ]
+        calls: list[Callable[[], Awaitable[Any]]] = []
         if launches:
             calls += [functools.partial(self._launch, v) for v in launches]
         if cancels:
             calls += [functools.partial(self._cancel, a) for a in cancels]
         if signals:
             calls += [functools.partial(self._signal, a, t) for a, t in signals]
-        results = await self.calls.run_all(calls)
+        if self.calls.max_concurrent_calls == 1:
+            # One call at a time (the simulator): the starts in turn, then the rest, in
+            # the order run_all would take them, without a partial per start.
+            results: list[Any] = [await self._start(s) for s in starts]
+            if calls:
+                results += await self.calls.run_all(calls)
+        else:
+            starting = [functools.partial(self._start, s) for s in starts]
+            results = await self.calls.run_all(starting + calls)
         now = self.clock.now()
         if starts:
             self.record_starts(results[: len(starts)], batch, now)

@@ -125,13 +125,17 @@ class Planning:
             candidates = list(world.pending) + usable
         else:
             candidates = list(world.pending) + list(world.roomy if demand else world.idle)
-        candidates += [v for v in world.draining if v not in world.roomy and v not in world.idle]
+        if world.draining:
+            candidates += [
+                v for v in world.draining if v not in world.roomy and v not in world.idle
+            ]
         # A VM whose ended attempt's job the executor has not seen end is not empty yet
         # (ended now, Slurm would record the job as NODE_FAIL): it counts as running one.
         settling = self.executor.vms_settling()
         views = []
+        vms = world.vms
         for vm_id in candidates:
-            vm = world.vms[vm_id]
+            vm = vms[vm_id]
             running = len(vm.attempts) or (1 if vm_id in settling else 0)
             views.append(
                 VmView(

@@ -32,10 +32,10 @@ executor whose capabilities decide how a VM's attempts end, and the metrics it c
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Sequence
 
+from controller.bags.waiting_jobs import decode_params
 from controller.budgets import Budgets
 from controller.executors.base import Executor
 from controller.ledger import Accounts
@@ -124,7 +124,7 @@ class World:
         """A held job that never started (made on first use, like `queued_job`)."""
         job = self.jobs.get((bag.id, idx))
         if job is None:
-            job = JobRun(bag.id, idx, json.loads(bag.fresh.pop(idx)), JobState.HELD)
+            job = JobRun(bag.id, idx, decode_params(bag.fresh.pop(idx)), JobState.HELD)
             self.jobs[(bag.id, idx)] = job
         return job
 
@@ -162,7 +162,7 @@ class World:
         costs no 100,000 objects until its jobs start)."""
         job = self.jobs.get((bag.id, idx))
         if job is None:
-            job = JobRun(bag.id, idx, json.loads(bag.fresh.pop(idx)), JobState.QUEUED)
+            job = JobRun(bag.id, idx, decode_params(bag.fresh.pop(idx)), JobState.QUEUED)
             self.jobs[(bag.id, idx)] = job
         return job
 

@@ -344,7 +344,7 @@ class WriteBatch:
         runtime_s: float | None,
     ) -> None:
         self.jobs[(bag_id, idx)] = (
-            state,
+            str(state),  # a plain str: see `transition`
             attempts,
             counted,
             exit_code,
@@ -381,7 +381,7 @@ class WriteBatch:
             idx,
             number,
             vm_id,
-            state,
+            str(state),  # a plain str: see `transition`
             started_at,
             ended_at,
             exit_code,
@@ -407,7 +407,11 @@ class WriteBatch:
         to_state: str,
         reason: str = "",
     ) -> None:
-        self.transitions.append((at, entity, entity_id, from_state, to_state, reason))
+        # States come as StrEnum members; sqlite3 binds a str subclass through its
+        # adapter look-up (a failed __conform__ lookup on the member: ~0.65 µs a value,
+        # 0.3 s of the 231,000 transitions of the 100,000-job simulation), a plain str
+        # directly. str() of a member is its value as a plain str.
+        self.transitions.append((at, entity, entity_id, str(from_state), str(to_state), reason))
 
     def usage(
         self,
@@ -470,6 +474,8 @@ class WriteBatch:
 
     def budget_entries(self, at: float, entries: Iterable[Any]) -> None:
         """Dollar ledger entries (policies.budget_rules.Entry) caused by this batch's changes."""
+        if not entries:  # (most attempts: no bag or account of theirs has a budget)
+            return
         # A release writes nothing (the row keeps what was reserved and what was charged).
         self.budget.extend(
             BudgetRow(at, e.account, e.bag_id, e.kind, e.usd, e.key, e.month, e.new_month)

@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from controller.bags import admission as admission_module
 from controller.bags.admission import admit
 from controller.bags.spec import parse_bag
-from controller.bags.waiting_jobs import FreshParams, HeldJobs, HeldQueue, JobQueue, PackedParams
+from controller.bags.waiting_jobs import (
+    FreshParams,
+    HeldJobs,
+    HeldQueue,
+    JobQueue,
+    PackedParams,
+    decode_params,
+)
 from controller.clock import SimClock
 from controller.ledger import first_attempt_keys
 from policies.ledger_rules import reservation_key
@@ -157,6 +164,13 @@ def test_packed_params_are_each_points_compact_json(points):
         assert packed[-1] == texts[-1]
     with pytest.raises(IndexError):
         packed[len(texts)]
+    assert [decode_params(text) for text in packed] == [json.loads(text) for text in texts]
+
+
+@pytest.mark.parametrize("text", ['{"i":1} x', "[1]", "", "{", '"i"'])
+def test_decode_params_refuses_what_is_not_one_object(text):
+    with pytest.raises(ValueError):
+        decode_params(text)
 
 
 def test_fresh_params_are_taken_once_like_a_dict():
