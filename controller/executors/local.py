@@ -26,6 +26,7 @@ import collections
 import contextlib
 import functools
 import os
+import queue
 import signal
 import subprocess
 import threading
@@ -60,12 +61,13 @@ from controller.executors.job_users import JobUser, JobUserError, JobUsers
 from drivers.base import VmType
 
 RUN_KEY = "SPOTBAG_RUN_KEY"
-# Starts handed over together go to a worker thread together, this many a trip: a trip
+# Starts handed over together go to a spawner thread together, this many a trip: a trip
 # costs the daemon ~0.2 ms of CPU (a thread woken, the GIL handed over and back;
 # 2,000 trivial jobs on 4 slots: 1.78-2.02 ms of daemon CPU a job with a trip each,
 # 1.61-1.63 gathered, load 9-10), and a spawn waits for its child's exec, so a
-# hundred at once still start on several threads.
+# hundred at once still start on several threads (SPAWNER_THREADS).
 SPAWNS_PER_TRIP = 8
+SPAWNER_THREADS = 4
 # After a start failed for want of the host's resources (descriptors, memory,
 # processes), starts are refused this long (ExecutorUnavailable), so that the
 # scheduler backs off instead of handing over attempts that fail again at once.
@@ -86,6 +88,7 @@ class _Child:
         self.pid = popen.pid
         loop = asyncio.get_running_loop()
         self._ended: asyncio.Future[int] = loop.create_future()
+        self._on_end: list[Callable[[], None]] = []
         try:
             pidfd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):  # no pidfds (old kernel, sandbox) or descriptors
@@ -105,8 +108,9 @@ class _Child:
         return asyncio.shield(self._ended)
 
     def on_end(self, callback: Callable[[], None]) -> None:
-        """Call `callback` on the loop once it ended (before those waiting in `wait`)."""
-        self._ended.add_done_callback(lambda _: callback())
+        """Call `callback` on the loop once it ended (before those waiting in `wait`):
+        from the callback that reaped it, not a turn of the loop later."""
+        self._on_end.append(callback)
 
     def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
         if self._popen.poll() is None:  # a pidfd turns readable only once it ended
@@ -124,6 +128,9 @@ class _Child:
         if not self._ended.done():
             code = self._popen.returncode
             assert code is not None
+            callbacks, self._on_end = self._on_end, []
+            for callback in callbacks:
+                callback()
             self._ended.set_result(code)
 
 
@@ -219,7 +226,7 @@ class LocalExecutor:
         self._to_spawn: list[_Spawn] = []  # starts gathered for one worker-thread trip
         self._hosts: dict[str, _Host] = {}  # by VM id, as vm_started announced them
         self._spawning: dict[str, _Spawn] = {}  # by attempt id: processes being started
-        self._trips: set[asyncio.Future[Any]] = set()  # worker-thread trips under way
+        self._trips: set[asyncio.Future[None]] = set()  # spawner-thread trips under way
         self._unavailable_until = 0.0  # loop time; and why:
         self._unavailable = ""
         # Jobs inherit the daemon's environment minus its own settings (the API token
@@ -342,10 +349,9 @@ class LocalExecutor:
         # go on several threads.
         for first in range(0, len(gathered), SPAWNS_PER_TRIP):
             requests = gathered[first : first + SPAWNS_PER_TRIP]
-            trip = loop.run_in_executor(None, self._spawn_all, requests)
-            trip.add_done_callback(functools.partial(self._spawned, requests))
+            trip: asyncio.Future[None] = loop.create_future()
             self._trips.add(trip)
-            trip.add_done_callback(self._trips.discard)
+            _SPAWNERS.run(self._spawn_all, requests, loop, functools.partial(self._spawned, trip))
 
     def _spawn_all(self, requests: list[_Spawn]) -> list[subprocess.Popen[bytes] | BaseException]:
         """Each attempt's directories, log and process (on a worker thread)."""
@@ -359,15 +365,14 @@ class LocalExecutor:
 
     def _spawned(
         self,
+        trip: asyncio.Future[None],
         requests: list[_Spawn],
-        trip: asyncio.Future[list[subprocess.Popen[bytes] | BaseException]],
+        results: list[subprocess.Popen[bytes] | BaseException],
     ) -> None:
         """Watch the processes started (here, on the loop, even if a start() that waits
         for one was cancelled meanwhile: none runs unwatched), and wake their starts."""
-        try:
-            results = trip.result()
-        except BaseException as exc:  # the thread pool is gone (shutting down)
-            results = [exc] * len(requests)
+        self._trips.discard(trip)
+        trip.set_result(None)
         for request, result in zip(requests, results, strict=True):
             self._spawning.pop(request.spec.attempt_id, None)
             if isinstance(result, BaseException):
@@ -629,6 +634,62 @@ class LocalExecutor:
 
     def running_pids(self) -> dict[str, int]:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
+
+
+class _Spawners:
+    """Threads that run the executors' spawn trips, started as needed up to
+    SPAWNER_THREADS and kept for the process's life (daemon threads, idle on a queue):
+    a trip and its result take a queue and one call_soon_threadsafe, where a thread
+    pool's run_in_executor also wraps a concurrent future in an asyncio one and chains
+    their states (a turn of the loop and ~20 % of the spawn path's Python a job)."""
+
+    def __init__(self) -> None:
+        self._trips: queue.SimpleQueue[
+            tuple[
+                Callable[[list[_Spawn]], list[subprocess.Popen[bytes] | BaseException]],
+                list[_Spawn],
+                asyncio.AbstractEventLoop,
+                Callable[[list[_Spawn], list[subprocess.Popen[bytes] | BaseException]], None],
+            ]
+        ] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def run(
+        self,
+        spawn_all: Callable[[list[_Spawn]], list[subprocess.Popen[bytes] | BaseException]],
+        requests: list[_Spawn],
+        loop: asyncio.AbstractEventLoop,
+        done: Callable[[list[_Spawn], list[subprocess.Popen[bytes] | BaseException]], None],
+    ) -> None:
+        """`spawn_all(requests)` on a spawner thread, then `done(requests, results)` on
+        `loop` (its results: a process or the error that kept it from starting each)."""
+        with self._lock:
+            if self._idle <= 0 and len(self._threads) < SPAWNER_THREADS:
+                thread = threading.Thread(
+                    target=self._serve, name=f"spotbag-spawner-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                self._idle += 1
+                thread.start()
+            self._idle -= 1  # one of them takes this trip
+        self._trips.put((spawn_all, requests, loop, done))
+
+    def _serve(self) -> None:
+        while True:
+            spawn_all, requests, loop, done = self._trips.get()
+            try:
+                results = spawn_all(requests)
+            except BaseException as exc:  # spawn_all hands each attempt's error back
+                results = [exc] * len(requests)
+            with self._lock:
+                self._idle += 1
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(done, requests, results)
+
+
+_SPAWNERS = _Spawners()
 
 
 def _make_dir(path: str) -> None:
