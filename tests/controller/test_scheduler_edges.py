@@ -425,6 +425,26 @@ async def test_starts_a_queueing_executor_took_cost_no_second_transaction(tmp_pa
     await scheduler.store.close()
 
 
+async def test_the_daemons_loop_runs_a_pass_at_most_every_min_pass_interval(tmp_path):
+    """Woken all the time (as by a busy host's job ends), the daemon's loop still starts
+    a pass at most every MIN_PASS_INTERVAL_S: what comes meanwhile waits for the next."""
+    import time
+
+    cfg = config(**{"scheduler.max_vms": 1})
+    scheduler = await world(tmp_path, SimClock(0.0), 1, cfg)
+    running = asyncio.create_task(scheduler.run(describe=False))
+    await asyncio.sleep(0.05)
+    began, ticks = time.monotonic(), scheduler.ticks
+    while time.monotonic() - began < 0.3:
+        scheduler.inbox.wake.set()  # what every attempt event does
+        await asyncio.sleep(0)
+    passes, took_s = scheduler.ticks - ticks, time.monotonic() - began
+    scheduler.stop()
+    await asyncio.wait_for(running, 5)
+    await scheduler.store.close()
+    assert 5 <= passes <= took_s / scheduler_module.MIN_PASS_INTERVAL_S + 1
+
+
 async def test_nodes_that_break_in_successive_passes_are_each_terminated(tmp_path):
     """VMs to terminate at once reach the pass through one list the event handlers
     append to: a node that breaks after an earlier pass took that list is terminated
