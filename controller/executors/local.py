@@ -231,7 +231,6 @@ class _Running:
     deadline: asyncio.TimerHandle | None = None  # its max_runtime_s, until it ends
     timed_out: bool = False
     stop_reason: str = ""  # set when we stopped it on purpose
-    killed: asyncio.Event = field(default_factory=asyncio.Event)
     checkpoint: asyncio.Task | None = None  # waiting for a checkpoint it was asked for
 
 
