@@ -80,8 +80,8 @@ class _PidfdWatch:
     """The pidfds of an executor's processes in one epoll set of its own, which the event
     loop watches as one descriptor: a process is watched and forgotten with one
     epoll_ctl each, not a reader of the loop's own (asyncio's add_reader and
-    remove_reader: a selector key, a handle, their bookkeeping; ~5 % of the daemon's
-    Python a job with trivial jobs, bench/local_dispatch.py)."""
+    remove_reader: a selector key, a handle, their bookkeeping; 5-6 % of the daemon's
+    samples holding the GIL with trivial jobs, py-spy on bench/local_dispatch.py)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -179,7 +179,7 @@ class _Child:
 
 @dataclass
 class _Spawn:
-    """An attempt to start, on its way to a worker thread (`LocalExecutor._spawn`)."""
+    """An attempt to start, on its way to a spawner thread (`LocalExecutor._spawn`)."""
 
     spec: AttemptSpec
     log_path: str
@@ -265,7 +265,7 @@ class LocalExecutor:
         self._running: dict[str, _Running] = {}
         self._stoppers: set[asyncio.Task] = set()
         self._listeners: list[AttemptListener] = []
-        self._to_spawn: list[_Spawn] = []  # starts gathered for one worker-thread trip
+        self._to_spawn: list[_Spawn] = []  # starts gathered for one spawner-thread trip
         self._hosts: dict[str, _Host] = {}  # by VM id, as vm_started announced them
         self._spawning: dict[str, _Spawn] = {}  # by attempt id: processes being started
         self._trips: set[asyncio.Future[None]] = set()  # spawner-thread trips under way
@@ -378,7 +378,7 @@ class LocalExecutor:
         self._fill(request.host)
 
     def _gather(self, request: _Spawn) -> None:
-        # The starts handed over together take one trip to a worker thread: they are
+        # The starts handed over together take one trip to a spawner thread: they are
         # gathered until the loop runs its next callbacks (`_spawn_gathered`).
         self._spawning[request.spec.attempt_id] = request
         self._to_spawn.append(request)
@@ -397,7 +397,7 @@ class LocalExecutor:
             _SPAWNERS.run(self._spawn_all, requests, loop, functools.partial(self._spawned, trip))
 
     def _spawn_all(self, requests: list[_Spawn]) -> list[subprocess.Popen[bytes] | BaseException]:
-        """Each attempt's directories, log and process (on a worker thread)."""
+        """Each attempt's directories, log and process (on a spawner thread)."""
         results: list[subprocess.Popen[bytes] | BaseException] = []
         for request in requests:
             try:
@@ -695,7 +695,9 @@ class _Spawners:
     SPAWNER_THREADS and kept for the process's life (daemon threads, idle on a queue):
     a trip and its result take a queue and one call_soon_threadsafe, where a thread
     pool's run_in_executor also wraps a concurrent future in an asyncio one and chains
-    their states (a turn of the loop and ~20 % of the spawn path's Python a job)."""
+    their states (a turn of the loop more; submitting and chaining were ~10 % of the
+    daemon's samples holding the GIL with trivial jobs, py-spy on
+    bench/local_dispatch.py)."""
 
     def __init__(self) -> None:
         self._trips: queue.SimpleQueue[
