@@ -26,6 +26,8 @@ import collections
 import contextlib
 import functools
 import os
+import queue
+import select
 import signal
 import subprocess
 import threading
@@ -60,12 +62,13 @@ from controller.executors.job_users import JobUser, JobUserError, JobUsers
 from drivers.base import VmType
 
 RUN_KEY = "SPOTBAG_RUN_KEY"
-# Starts handed over together go to a worker thread together, this many a trip: a trip
+# Starts handed over together go to a spawner thread together, this many a trip: a trip
 # costs the daemon ~0.2 ms of CPU (a thread woken, the GIL handed over and back;
 # 2,000 trivial jobs on 4 slots: 1.78-2.02 ms of daemon CPU a job with a trip each,
 # 1.61-1.63 gathered, load 9-10), and a spawn waits for its child's exec, so a
-# hundred at once still start on several threads.
+# hundred at once still start on several threads (SPAWNER_THREADS).
 SPAWNS_PER_TRIP = 8
+SPAWNER_THREADS = 4
 # After a start failed for want of the host's resources (descriptors, memory,
 # processes), starts are refused this long (ExecutorUnavailable), so that the
 # scheduler backs off instead of handing over attempts that fail again at once.
@@ -73,27 +76,72 @@ UNAVAILABLE_S = 1.0
 QUEUE_AHEAD = 1.0  # [executor] queue_ahead's default
 
 
-class _Child:
-    """A job's wrapper process, spawned by `subprocess.Popen` on a worker thread (the
-    event loop never waits for a fork and an exec) and watched from the loop: its
-    end wakes the loop through a pidfd (on a thread of its own where there are no
-    pidfds, or none left), and the loop reaps it. The Popen object is kept to the end:
-    only it reaps this process (subprocess reaps on its own only the children of
-    Popen objects that were dropped while they ran)."""
+class _PidfdWatch:
+    """The pidfds of an executor's processes in one epoll set of its own, which the event
+    loop watches as one descriptor: a process is watched and forgotten with one
+    epoll_ctl each, not a reader of the loop's own (asyncio's add_reader and
+    remove_reader: a selector key, a handle, their bookkeeping; 5-6 % of the daemon's
+    samples holding the GIL with trivial jobs, py-spy on bench/local_dispatch.py)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._epoll = select.epoll()  # close-on-exec, as Python opens all
+        self._children: dict[int, _Child] = {}  # by pidfd
+        loop.add_reader(self._epoll.fileno(), self._ready)
+
+    def add(self, pidfd: int, child: _Child) -> None:
+        self._children[pidfd] = child
+        self._epoll.register(pidfd, select.EPOLLIN)
+
+    def _ready(self) -> None:
+        for pidfd, _ in self._epoll.poll(0):
+            child = self._children[pidfd]
+            if child.reap():  # a pidfd turns readable only once its process ended
+                self._epoll.unregister(pidfd)
+                os.close(pidfd)
+                del self._children[pidfd]
+                child.settle()
+
+    def close(self) -> None:
+        """Stop watching (the processes still watched are left to be reaped as zombies'
+        parents are: at the daemon's exit)."""
+        with contextlib.suppress(ValueError, RuntimeError):  # closed already, or the loop
+            self.loop.remove_reader(self._epoll.fileno())
+        for pidfd in self._children:
+            os.close(pidfd)
+        self._children.clear()
+        self._epoll.close()
+
+
+class _Child:
+    """A job's wrapper process, spawned by `subprocess.Popen` on a spawner thread (the
+    event loop never waits for a fork and an exec) and watched from the loop: its
+    end wakes the loop through a pidfd (`_PidfdWatch`; on a thread of its own where
+    there are no pidfds, or none left), and the loop reaps it. The Popen object is kept
+    to the end: only it reaps this process (subprocess reaps on its own only the
+    children of Popen objects that were dropped while they ran)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], watch: Callable[[], _PidfdWatch]) -> None:
         self._popen = popen
         self.pid = popen.pid
         loop = asyncio.get_running_loop()
         self._ended: asyncio.Future[int] = loop.create_future()
+        self._on_end: list[Callable[[], None]] = []
         try:
             pidfd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):  # no pidfds (old kernel, sandbox) or descriptors
-            threading.Thread(
-                target=self._wait_in_thread, args=(loop,), name=f"wait {popen.pid}", daemon=True
-            ).start()
-        else:
-            loop.add_reader(pidfd, self._reap, loop, pidfd)
+            self._wait_on_a_thread(loop)
+            return
+        try:
+            watch().add(pidfd, self)
+        except OSError:  # no descriptor left for the watch's epoll set
+            os.close(pidfd)
+            self._wait_on_a_thread(loop)
+
+    def _wait_on_a_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        threading.Thread(
+            target=self._wait_in_thread, args=(loop,), name=f"wait {self.pid}", daemon=True
+        ).start()
 
     @property
     def returncode(self) -> int | None:
@@ -105,31 +153,33 @@ class _Child:
         return asyncio.shield(self._ended)
 
     def on_end(self, callback: Callable[[], None]) -> None:
-        """Call `callback` on the loop once it ended (before those waiting in `wait`)."""
-        self._ended.add_done_callback(lambda _: callback())
+        """Call `callback` on the loop once it ended (before those waiting in `wait`):
+        from the callback that reaped it, not a turn of the loop later."""
+        self._on_end.append(callback)
 
-    def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
-        if self._popen.poll() is None:  # a pidfd turns readable only once it ended
-            return
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-        self._settle()
+    def reap(self) -> bool:
+        """Whether it ended (and is reaped)."""
+        return self._popen.poll() is not None
 
     def _wait_in_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         self._popen.wait()
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(self._settle)
+            loop.call_soon_threadsafe(self.settle)
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
+        """Report its end: the callbacks of `on_end`, then those waiting in `wait`."""
         if not self._ended.done():
             code = self._popen.returncode
             assert code is not None
+            callbacks, self._on_end = self._on_end, []
+            for callback in callbacks:
+                callback()
             self._ended.set_result(code)
 
 
 @dataclass
 class _Spawn:
-    """An attempt to start, on its way to a worker thread (`LocalExecutor._spawn`)."""
+    """An attempt to start, on its way to a spawner thread (`LocalExecutor._spawn`)."""
 
     spec: AttemptSpec
     log_path: str
@@ -181,7 +231,6 @@ class _Running:
     deadline: asyncio.TimerHandle | None = None  # its max_runtime_s, until it ends
     timed_out: bool = False
     stop_reason: str = ""  # set when we stopped it on purpose
-    killed: asyncio.Event = field(default_factory=asyncio.Event)
     checkpoint: asyncio.Task | None = None  # waiting for a checkpoint it was asked for
 
 
@@ -216,10 +265,11 @@ class LocalExecutor:
         self._running: dict[str, _Running] = {}
         self._stoppers: set[asyncio.Task] = set()
         self._listeners: list[AttemptListener] = []
-        self._to_spawn: list[_Spawn] = []  # starts gathered for one worker-thread trip
+        self._to_spawn: list[_Spawn] = []  # starts gathered for one spawner-thread trip
         self._hosts: dict[str, _Host] = {}  # by VM id, as vm_started announced them
         self._spawning: dict[str, _Spawn] = {}  # by attempt id: processes being started
-        self._trips: set[asyncio.Future[Any]] = set()  # worker-thread trips under way
+        self._trips: set[asyncio.Future[None]] = set()  # spawner-thread trips under way
+        self._pidfds: _PidfdWatch | None = None  # the running loop's, made at the first start
         self._unavailable_until = 0.0  # loop time; and why:
         self._unavailable = ""
         # Jobs inherit the daemon's environment minus its own settings (the API token
@@ -328,7 +378,7 @@ class LocalExecutor:
         self._fill(request.host)
 
     def _gather(self, request: _Spawn) -> None:
-        # The starts handed over together take one trip to a worker thread: they are
+        # The starts handed over together take one trip to a spawner thread: they are
         # gathered until the loop runs its next callbacks (`_spawn_gathered`).
         self._spawning[request.spec.attempt_id] = request
         self._to_spawn.append(request)
@@ -342,13 +392,12 @@ class LocalExecutor:
         # go on several threads.
         for first in range(0, len(gathered), SPAWNS_PER_TRIP):
             requests = gathered[first : first + SPAWNS_PER_TRIP]
-            trip = loop.run_in_executor(None, self._spawn_all, requests)
-            trip.add_done_callback(functools.partial(self._spawned, requests))
+            trip: asyncio.Future[None] = loop.create_future()
             self._trips.add(trip)
-            trip.add_done_callback(self._trips.discard)
+            _SPAWNERS.run(self._spawn_all, requests, loop, functools.partial(self._spawned, trip))
 
     def _spawn_all(self, requests: list[_Spawn]) -> list[subprocess.Popen[bytes] | BaseException]:
-        """Each attempt's directories, log and process (on a worker thread)."""
+        """Each attempt's directories, log and process (on a spawner thread)."""
         results: list[subprocess.Popen[bytes] | BaseException] = []
         for request in requests:
             try:
@@ -359,27 +408,34 @@ class LocalExecutor:
 
     def _spawned(
         self,
+        trip: asyncio.Future[None],
         requests: list[_Spawn],
-        trip: asyncio.Future[list[subprocess.Popen[bytes] | BaseException]],
+        results: list[subprocess.Popen[bytes] | BaseException],
     ) -> None:
         """Watch the processes started (here, on the loop, even if a start() that waits
         for one was cancelled meanwhile: none runs unwatched), and wake their starts."""
-        try:
-            results = trip.result()
-        except BaseException as exc:  # the thread pool is gone (shutting down)
-            results = [exc] * len(requests)
+        self._trips.discard(trip)
+        trip.set_result(None)
         for request, result in zip(requests, results, strict=True):
             self._spawning.pop(request.spec.attempt_id, None)
             if isinstance(result, BaseException):
                 request.done.set_exception(result)
                 continue
-            running = _Running(request.spec, _Child(result), request.host)
+            running = _Running(request.spec, _Child(result, self._pidfd_watch), request.host)
             self._watch(running)
             # Before its end can be: the end comes through the loop's next poll.
             self._emit(AttemptStarted(request.spec.attempt_id, self._now()))
             request.done.set_result(None)
             if request.stop_reason:  # cancelled or its VM lost while it was started
                 self._stop_soon(running, request.stop_reason, self._grace_s)
+
+    def _pidfd_watch(self) -> _PidfdWatch:
+        """The pidfd watch of the running loop, made at the first process it watches (a
+        new one if the loop changed: tests). Raises OSError without a descriptor left."""
+        loop = asyncio.get_running_loop()
+        if self._pidfds is None or self._pidfds.loop is not loop:
+            self._pidfds = _PidfdWatch(loop)
+        return self._pidfds
 
     def _spawn(self, request: _Spawn) -> subprocess.Popen[bytes]:
         """Make the attempt's checkpoint directory and log and start its wrapper, which
@@ -626,9 +682,70 @@ class LocalExecutor:
         )
         # Their ends are reported before the waits on them return (`_Child.on_end`).
         await asyncio.gather(*(r.process.wait() for r in running))
+        if self._pidfds is not None:
+            self._pidfds.close()
+            self._pidfds = None
 
     def running_pids(self) -> dict[str, int]:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}
+
+
+class _Spawners:
+    """Threads that run the executors' spawn trips, started as needed up to
+    SPAWNER_THREADS and kept for the process's life (daemon threads, idle on a queue):
+    a trip and its result take a queue and one call_soon_threadsafe, where a thread
+    pool's run_in_executor also wraps a concurrent future in an asyncio one and chains
+    their states (a turn of the loop more; submitting and chaining were ~10 % of the
+    daemon's samples holding the GIL with trivial jobs, py-spy on
+    bench/local_dispatch.py)."""
+
+    def __init__(self) -> None:
+        self._trips: queue.SimpleQueue[
+            tuple[
+                Callable[[list[_Spawn]], list[subprocess.Popen[bytes] | BaseException]],
+                list[_Spawn],
+                asyncio.AbstractEventLoop,
+                Callable[[list[_Spawn], list[subprocess.Popen[bytes] | BaseException]], None],
+            ]
+        ] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def run(
+        self,
+        spawn_all: Callable[[list[_Spawn]], list[subprocess.Popen[bytes] | BaseException]],
+        requests: list[_Spawn],
+        loop: asyncio.AbstractEventLoop,
+        done: Callable[[list[_Spawn], list[subprocess.Popen[bytes] | BaseException]], None],
+    ) -> None:
+        """`spawn_all(requests)` on a spawner thread, then `done(requests, results)` on
+        `loop` (its results: a process or the error that kept it from starting each)."""
+        with self._lock:
+            if self._idle <= 0 and len(self._threads) < SPAWNER_THREADS:
+                thread = threading.Thread(
+                    target=self._serve, name=f"spotbag-spawner-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                self._idle += 1
+                thread.start()
+            self._idle -= 1  # one of them takes this trip
+        self._trips.put((spawn_all, requests, loop, done))
+
+    def _serve(self) -> None:
+        while True:
+            spawn_all, requests, loop, done = self._trips.get()
+            try:
+                results = spawn_all(requests)
+            except BaseException as exc:  # spawn_all hands each attempt's error back
+                results = [exc] * len(requests)
+            with self._lock:
+                self._idle += 1
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(done, requests, results)
+
+
+_SPAWNERS = _Spawners()
 
 
 def _make_dir(path: str) -> None:

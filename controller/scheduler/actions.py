@@ -152,6 +152,7 @@ class Actions:
             if attempt is None or attempt.state is not AttemptState.STARTING:
                 continue
             if error is None:
+                changed = ref != attempt.ref
                 attempt.ref = ref
                 if not self.executor.queues_attempts:
                     check_transition("attempt", attempt.state, AttemptState.RUNNING)
@@ -160,8 +161,13 @@ class Actions:
                     # A start recorded a pass late may be cancelled already.
                     if not attempt.cancelling and not attempt.vm_gone:
                         self.checkpoints.plan(attempt, now)
-                # else it runs once the executor says so (AttemptStarted)
-                world.write_attempt(attempt, batch)
+                    changed = True
+                # else it runs once the executor says so (AttemptStarted), and its row,
+                # written as its intent, changes only if the executor gave it a reference
+                # (a Slurm job id; the local executor gives none): not written again, a
+                # pass's second transaction and fsync are saved (bench/local_dispatch.py).
+                if changed:
+                    world.write_attempt(attempt, batch)
             elif isinstance(error, ExecutorUnavailable):
                 unavailable = error
                 self.events.on_attempt_end(

@@ -378,6 +378,52 @@ async def test_exit_statuses_of_job_shells(executor, command, code, output):
     assert output in log
 
 
+@pytest.mark.parametrize("in_workdir", [True, False])
+async def test_a_job_starts_with_stdin_null_its_log_and_nothing_else_of_the_daemons(
+    tmp_path, in_workdir
+):
+    """A job's process starts with /dev/null as stdin, its log as stdout and stderr and no
+    other descriptor of the daemon's (not even one it inherited, as from a supervisor),
+    in its own session, with SIGPIPE and SIGXFSZ at their defaults (Python ignores
+    SIGPIPE), and no signal blocked, in the directory it was given (the daemon's own
+    without one). A guard for whoever changes how jobs are spawned: posix_spawn, for
+    one, would pass inherited descriptors on and, under glibc 2.36, leave glibc's
+    internal signals 32 and 33 ignored in the job."""
+    here = tmp_path / "here"
+    here.mkdir()
+    inherited = os.open(tmp_path / "from-a-supervisor", os.O_WRONLY | os.O_CREAT)
+    os.set_inheritable(inherited, True)
+    executor = LocalExecutor(tmp_path, controller_id=CONTROLLER_ID, now=time.time)
+    executor.events = []  # type: ignore[attr-defined]
+    executor.subscribe(executor.events.append)  # type: ignore[attr-defined]
+    marker = tmp_path / "seen"
+    command = (
+        f"ls /proc/$$/fd | sort -n | tr '\\n' ' ' > {marker}; echo >> {marker}; "
+        f"readlink /proc/$$/fd/0 /proc/$$/fd/1 >> {marker}; pwd >> {marker}; "
+        f"ps -o sid= -p $$ >> {marker}; grep -E '^Sig(Ign|Blk)' /proc/self/status >> {marker}"
+    )
+    attempt = spec(command, workdir=str(here) if in_workdir else None)
+    try:
+        await executor.start(attempt)
+        pid = executor.running_pids()[attempt.attempt_id]
+        end, log, _ = await asyncio.wait_for(_ended(executor, attempt), 20)
+        os.fstat(inherited)  # still the daemon's
+    finally:
+        os.close(inherited)
+    fds, stdin, stdout, cwd, sid, blocked, ignored = marker.read_text().splitlines()
+    assert (end.exit_code, log) == (0, "")
+    assert fds.split() == ["0", "1", "2"]
+    assert (stdin, stdout) == (os.devnull, executor.log_path(attempt.bag_id, attempt.job_id, 1))
+    assert cwd == (str(here) if in_workdir else os.getcwd())
+    assert int(sid) == pid  # its own session, as its own process group
+    # What the job runs ignores SIGUSR1 (the wrapper's checkpoint signal), and SIGINT and
+    # SIGQUIT (a shell's background command: the wrapper's sub-shell), not SIGPIPE or
+    # SIGXFSZ; nothing is blocked.
+    expected = (signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1)
+    assert int(ignored.split()[1], 16) == sum(1 << (sig - 1) for sig in expected)
+    assert int(blocked.split()[1], 16) == 0
+
+
 async def test_dollar_dollar_is_the_jobs_process_group(executor, tmp_path):
     """$$ is the wrapper's process id: the job's process group and session (`kill -- -$$`
     reaches every process of the job), and the id `running_pids` gives."""

@@ -396,6 +396,58 @@ async def test_a_cancel_waits_for_the_starts_under_way_so_none_runs_after_it(tmp
     check_store_consistent(tmp_path)
 
 
+class QueuedStarts(SimExecutor):
+    """The sim executor as an executor that queues attempts (the local one): what start()
+    returns is no run yet, and gives no reference; the start comes as AttemptStarted."""
+
+    queues_attempts = True
+
+
+async def test_starts_a_queueing_executor_took_cost_no_second_transaction(tmp_path, monkeypatch):
+    """A pass writes its intents and hands them over; an executor that queues them gives
+    back nothing to record (no reference, no state: AttemptStarted says when one runs),
+    so the pass commits once, not a second time for rows it would write unchanged."""
+    cfg = config(**{"scheduler.max_vms": 1})
+    clock = SimClock(0.0)
+    executor = QueuedStarts(now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(2))
+    scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
+    await submit(scheduler, cfg, bag(2, runtime_s=600))
+    await run_until(scheduler, clock, 59)  # the VM boots until 60
+    clock.advance_to(61)
+    written: list[str] = []
+    write = scheduler.store.write
+
+    async def counted(fn, *args):
+        written.append(fn.__name__)
+        return await write(fn, *args)
+
+    monkeypatch.setattr(scheduler.store, "write", counted)
+    await scheduler.tick()
+    assert written == ["apply_batch"]  # the intents, once
+    assert rows(tmp_path, "SELECT state, ran_at FROM attempts") == [("starting", None)] * 2
+    await scheduler.store.close()
+
+
+async def test_the_daemons_loop_runs_a_pass_at_most_every_min_pass_interval(tmp_path):
+    """Woken all the time (as by a busy host's job ends), the daemon's loop still starts
+    a pass at most every MIN_PASS_INTERVAL_S: what comes meanwhile waits for the next."""
+    import time
+
+    cfg = config(**{"scheduler.max_vms": 1})
+    scheduler = await world(tmp_path, SimClock(0.0), 1, cfg)
+    running = asyncio.create_task(scheduler.run(describe=False))
+    await asyncio.sleep(0.05)
+    began, ticks = time.monotonic(), scheduler.ticks
+    while time.monotonic() - began < 0.3:
+        scheduler.inbox.wake.set()  # what every attempt event does
+        await asyncio.sleep(0)
+    passes, took_s = scheduler.ticks - ticks, time.monotonic() - began
+    scheduler.stop()
+    await asyncio.wait_for(running, 5)
+    await scheduler.store.close()
+    assert 5 <= passes <= took_s / scheduler_module.MIN_PASS_INTERVAL_S + 1
+
+
 async def test_nodes_that_break_in_successive_passes_are_each_terminated(tmp_path):
     """VMs to terminate at once reach the pass through one list the event handlers
     append to: a node that breaks after an earlier pass took that list is terminated
