@@ -22,6 +22,15 @@ def idle_vm(vm_id: str, *, spot: bool) -> VmView:
     return VmView(vm_id, "small", "z1", VmState.RUNNING, capacity, capacity, 0, 900.0, spot=spot)
 
 
+def full_spot_vm(vm_id: str, ahead: Shape | None = None) -> VmView:
+    """A running spot VM with two attempts and no room (room in its executor's queue:
+    `ahead`)."""
+    no_room = Shape(0, 0, 0.0)
+    return VmView(
+        vm_id, "small", "z1", VmState.RUNNING, SMALL.capacity, no_room, 2, None, ahead=ahead
+    )
+
+
 def test_missing_on_demand_slots_launch_the_on_demand_vms_cheapest_for_them():
     group = DemandGroup("b1", ONE, 12, on_demand_slots=3, on_demand_running=1)
     decision = plan(snap([group], catalog=(SMALL, BIG)))
@@ -89,20 +98,7 @@ def test_an_idle_spot_vm_makes_room_for_the_on_demand_vm_max_vms_blocks():
     on-demand: it is released (its room is the on-demand VM's) instead of idling as a
     hot spare while the job waits; the next pass launches the on-demand VM."""
     spot_vm = idle_vm("vm-spot", spot=True)
-    busy = [
-        VmView(
-            f"vm-busy-{i}",
-            "small",
-            "z1",
-            VmState.RUNNING,
-            SMALL.capacity,
-            Shape(0, 0, 0.0),
-            2,
-            None,
-            spot=True,
-        )
-        for i in range(3)
-    ]
+    busy = [full_spot_vm(f"vm-busy-{i}") for i in range(3)]
     group = DemandGroup("b1", ONE, 1, on_demand_slots=8, spot_slots_left=0)
     decision = plan(
         snap([group], [spot_vm, *busy], catalog=(SMALL, BIG), max_vms=4, hot_spare_s=3600.0)
@@ -151,21 +147,7 @@ def test_jobs_queue_ahead_on_spot_vms_only_within_the_slots_left_to_spot():
     """An executor that queues attempts ahead (Slurm, local): full spot VMs with room in
     their queues take at most the slots the bag leaves to spot (here one, which the spot
     VM launched for it takes); the others wait for the on-demand VMs launched for them."""
-    full = [
-        VmView(
-            f"vm-spot-{i}",
-            "small",
-            "z1",
-            VmState.RUNNING,
-            SMALL.capacity,
-            Shape(0, 0, 0.0),
-            2,
-            None,
-            ahead=SMALL.capacity,
-            spot=True,
-        )
-        for i in range(3)
-    ]
+    full = [full_spot_vm(f"vm-spot-{i}", ahead=SMALL.capacity) for i in range(3)]
     group = DemandGroup("b1", ONE, 6, on_demand_slots=4, spot_slots_left=1)
     decision = plan(snap([group], full, catalog=(SMALL, BIG), max_vms=10))
     assert decision.places == []  # without the cap: 6 queued on the spot VMs
