@@ -118,10 +118,15 @@ def wait_until_ready(
         time.sleep(0.05)
 
 
+# The daemons the running test made (for the Slurm tests' failure report, below).
+DAEMONS_OF_THE_TEST: list[Daemon] = []
+
+
 class Daemon:
     """A `spotbag serve` subprocess on a state directory that outlives restarts."""
 
     def __init__(self, state_dir: Path, config_path: Path, token: str) -> None:
+        DAEMONS_OF_THE_TEST.append(self)
         self.state_dir = state_dir
         self.config_path = config_path
         self.token = token
@@ -224,6 +229,46 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop(signal.SIGKILL)
         halt_vm_hosts(daemon.controller_id or controller_id_of(daemon.state_dir))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """A Slurm test that fails reports what the cluster and its daemons said then: a
+    wait that timed out says only what it waited for, and a failure seen once in a full
+    CI run may not come back alone."""
+    report = yield
+    if report.failed and call.when == "call" and "slurm_cluster" in item.fixturenames:
+        cluster = item.funcargs.get("slurm_cluster")
+        for title, text in slurm_failure_sections(cluster):
+            report.sections.append((f"at the failure: {title}", text))
+    if call.when == "teardown":
+        DAEMONS_OF_THE_TEST.clear()
+    return report
+
+
+def slurm_failure_sections(cluster) -> list[tuple[str, str]]:
+    """squeue, the nodes' states and reasons, slurmctld's log and each daemon's, tails."""
+    sections = []
+    if cluster is not None:
+        for title, argv in (
+            ("squeue", ("squeue", "-a", "-o", "%i %u %a %P %T %r %N %S %e")),
+            ("sinfo", ("sinfo", "-N", "-o", "%N %T %E %H")),
+        ):
+            try:
+                sections.append((title, cluster.run(*argv, check=False, timeout=10)))
+            except subprocess.TimeoutExpired:
+                sections.append((title, "(timed out)"))
+        sections.append(("slurmctld.log", tail_of(cluster.base / "log" / "slurmctld.log", 120)))
+    for daemon in DAEMONS_OF_THE_TEST:
+        sections.append((f"{daemon.log_path}", tail_of(daemon.log_path, 150)))
+    return sections
+
+
+def tail_of(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as error:
+        return f"({error})"
 
 
 @pytest.fixture(autouse=True)
