@@ -38,6 +38,9 @@ the attempt's time, so the rule is checked with the free slots already busy:
   go on-demand); (b) with jobs left, those list scheduled on the slots as they free
   without preemptions end in time, each spot attempt late by at most its slot's
   slack: Π_j F'_j(w_j + slack_j) >= c (which implies (a));
+- with the scheduler bounding each spot attempt's checkpoint intervals by the
+  deadline (`checkpoint_h` set; `deadline_checkpoint_interval_h`), an attempt with
+  bounds ends by its time to switch whatever befalls it: F'_j = 1 there;
 - a free slot holding a live spot VM reuses it (`free_spot_age_h`): its next attempt
   is planned at that age, without a launch;
 - the queue is taken in the scheduler's order when it says so (`queue_ordered`);
@@ -161,6 +164,7 @@ class DeadlineInputs:
     decision_lag_h: float = 10 / 60
     spot_available: bool | None = None
     queue_ordered: bool = False
+    checkpoint_h: float | None = None
 
 
 @dataclass(frozen=True)
@@ -474,6 +478,7 @@ def fallback_on_demand(
     # now: its slot free after a launch, its job (that work lost) back in the queue
     # ahead of the fresh jobs (retries go first).
     unsaved = _array(inputs.spot_unsaved_h)
+    running_unsaved = unsaved if len(unsaved) == len(spot_work) else np.zeros(len(spot_work))
     worst, retry = -1, np.zeros(0)
     if len(unsaved) == len(spot_work) and len(unsaved) and unsaved.max() > 0:
         i = int(np.argmax(unsaved))
@@ -530,6 +535,7 @@ def fallback_on_demand(
                 np.concatenate([_array(inputs.spot_age_h), spot_age_next]),
                 # a launch before a next attempt on a fresh VM
                 np.concatenate([np.zeros(len(spot_work)), np.where(spot_age_next > 0, 0, launch)]),
+                np.concatenate([running_unsaved, np.zeros(len(spot_next))]),
             )
             if not _last_round_fits(inputs, times, free_at, spot_slot, spot, left, limit):
                 return False
@@ -649,7 +655,7 @@ def _last_round_fits(
     times: CompletionTimes,
     free_at: np.ndarray,
     spot_slot: np.ndarray,
-    spot: tuple[np.ndarray, np.ndarray, np.ndarray],
+    spot: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     left: np.ndarray,
     limit: float,
 ) -> bool:
@@ -663,12 +669,28 @@ def _last_round_fits(
     (a)'s (e_j >= w_j + launches), so (b) implies (a) and takes the whole risk 1 − c;
     (a) alone when no job is left. A slot may take two short jobs in turn, which
     counting slots free by limit − w_max, one a job (an earlier (b)), did not see: it
-    bought on-demand VMs a bag at 1.1× did not need."""
-    work, age, before = spot
+    bought on-demand VMs a bag at 1.1× did not need. `spot`: the spot attempts' work
+    left, VM age, launch before them and work since their last checkpoint.
+
+    With `checkpoint_h` set the scheduler keeps each spot attempt's checkpoints within
+    the deadline's bounds where there are some (`deadline_checkpoint_interval_h`): its
+    worst case then ends by its time to switch, F'_j = 1 there."""
+    work, age, before, unsaved = spot
     launch = inputs.on_demand_launch_h
     risk = 1.0 - inputs.confidence
+    # Each attempt's own time to the switch (a): with the deadline's cap on its
+    # checkpoint intervals (`checkpoint_h` set), its worst case ends by then.
+    switch_by = limit - before - launch
+    worst = times.worst_h(work, age)
+    if inputs.checkpoint_h is not None:
+        # Planned at its last checkpoint (`unsaved` ago, `work + unsaved` left then):
+        # the slack is the same now.
+        shortest, _, _ = deadline_checkpoint_interval_h(
+            work + unsaved, switch_by + unsaved, inputs.checkpoint_h, times.restart_h
+        )
+        worst = np.where(np.isnan(shortest), worst, np.minimum(worst, switch_by))
     if not len(left):
-        return _attempts_end_in_time(times, work, age, limit - before - launch, risk)
+        return _attempts_end_in_time(times, work, age, switch_by, worst, risk)
     slots = np.flatnonzero(spot_slot)  # in the order of the spot attempts
     soonest = free_at.copy()
     soonest[slots] = work + before + launch
@@ -676,22 +698,61 @@ def _last_round_fits(
     if float(ends.max()) > limit:
         return False
     late_by = limit - ends[slots]
-    return _attempts_end_in_time(times, work, age, work + late_by, risk)
+    return _attempts_end_in_time(times, work, age, work + late_by, worst, risk)
 
 
 def _attempts_end_in_time(
-    times: CompletionTimes, work: np.ndarray, age: np.ndarray, by_h: np.ndarray, risk: float
+    times: CompletionTimes,
+    work: np.ndarray,
+    age: np.ndarray,
+    by_h: np.ndarray,
+    worst_h: np.ndarray,
+    risk: float,
 ) -> bool:
     """P(every spot attempt ends by its time) >= 1 − risk, lifetimes independent. An
     attempt whose VM dies has its retry go on-demand if need be (the decision at the
-    preemption sees it): whatever befalls it, it ends by `CompletionTimes.worst_h`
-    (the end of its worst checkpoint segment, a restart, the work left at that
-    segment's start)."""
+    preemption sees it): whatever befalls it, it ends by `worst_h`
+    (`CompletionTimes.worst_h`: the end of its worst checkpoint segment, a restart, the
+    work left at that segment's start; or the deadline's cap on its checkpoints)."""
     if not len(work):
         return True
     in_time = times.aged_cdf_at(work, age, by_h)
-    in_time = np.where(by_h >= times.worst_h(work, age), 1.0, in_time)
+    in_time = np.where(by_h >= worst_h, 1.0, in_time)
     return float(np.prod(in_time)) >= 1.0 - risk
+
+
+def deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h: float, restart_h: float):
+    """The checkpoint intervals that let a spot attempt end within `hours_h` of its
+    last checkpoint whatever befalls it, its retry after a preemption on an on-demand
+    VM (docs/design.md#deadline-checkpoints): (shortest, longest, to_end) for `work_h`
+    left at that checkpoint, hours from it; shortest and longest nan where no plan
+    does; to_end where running to the end without another checkpoint does.
+
+    A preemption just before a checkpoint is written loses the interval i since the
+    last one; the retry, after a restart R, redoes it and the rest. With s = hours − w
+    − R the slack, that ends in time when i + δ <= s; each checkpoint (δ) takes δ of
+    the slack, and running to the end ends in time when w <= s (all of it lost just
+    before the end). Checkpointing every τ, the worst case ends by w + τ + n·δ + R,
+    n = ⌈w/τ⌉ − 1 <= w/τ, so a plan exists when τ + w·δ/τ <= s for some τ:
+    s² >= 4·w·δ (then τ = √(w·δ) fits). Longest: the largest root, τ = (s + √(s² −
+    4·w·δ))/2, and at most s − δ (its own segment fits). Shortest: the checkpoint must
+    leave a plan for what is left, (s − δ)² >= 4·(w − i)·δ, so i >= w − (s − δ)²/(4·δ);
+    when that is above the longest, only running to the end fits (and does). Any
+    choice between them, made afresh at every checkpoint, keeps the bound: the
+    scheduler clips the checkpoint DP's interval to them
+    (controller/scheduler/checkpoints.py). Vectorised over `work_h` and `hours_h`."""
+    work = np.asarray(work_h, dtype=float)
+    slack = np.asarray(hours_h, dtype=float) - work - restart_h
+    disc = slack * slack - 4.0 * work * checkpoint_h
+    # (An interval at the shortest bound leaves the next discriminant 0 up to rounding.)
+    feasible = (slack > 0) & (disc >= -1e-12 * (slack * slack + 1.0))
+    root = (slack + np.sqrt(np.maximum(disc, 0.0))) / 2
+    longest = np.where(feasible, np.minimum(root, slack - checkpoint_h), np.nan)
+    after = np.maximum(slack - checkpoint_h, 0.0)
+    least = np.maximum(0.0, work - after * after / (4.0 * checkpoint_h))
+    shortest = np.where(feasible, least, np.nan)
+    to_end = feasible & (work <= slack)
+    return shortest, longest, to_end
 
 
 def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:

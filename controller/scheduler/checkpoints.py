@@ -9,6 +9,12 @@ table from `controller.checkpoint_tables.TableCache`; the remaining work is
 `policies.checkpoint.planned_work_left`). When the schedule says to run to the end,
 the plan is reviewed when the job should have ended.
 
+In the tail of a bag with a deadline (the deadline policy's, `when_needed`), the
+interval is clipped to the deadline's bounds (`Deadlines.checkpoint_interval_bounds_s`,
+docs/design.md#deadline-checkpoints): short enough that a preemption just before the
+checkpoint leaves its retry on an on-demand VM time to end before the policy's switch,
+long enough that a plan is left for the rest.
+
 A preemption loses the work since the last checkpoint; the retry resumes from it on a
 fresh VM, where the schedule starts again from age 0. The scheduler records what the
 checkpoints did (controller/scheduler/events.py); this module only says when.
@@ -45,8 +51,12 @@ class CheckpointTimer:
         time_scale: float,
         world: World,
         wake: Callable[[], None],
+        interval_bounds_s: Callable[[AttemptRun, float], tuple[float, float, bool] | None]
+        | None = None,
     ) -> None:
         self.settings = settings
+        # A deadline's bounds on an attempt's next interval (Deadlines.checkpoint_interval_bounds_s)
+        self.interval_bounds_s = interval_bounds_s
         self.tables = tables
         self.time_scale = time_scale  # model seconds per real second
         self._world = world
@@ -103,7 +113,23 @@ class CheckpointTimer:
         if settings.policy == "optimal" and math.isfinite(model.expected_lifetime_h()):
             table = self.tables.lookup(model, delta_h, left_s * to_h)
         interval_h = next_checkpoint_h(settings.policy, model, left_s * to_h, age_h, delta_h, table)
-        if interval_h is None:
+        bounds = self.interval_bounds_s(attempt, now) if self.interval_bounds_s else None
+        if bounds is not None:
+            # A deadline's bounds (docs/design.md#deadline-checkpoints): the DP's interval,
+            # from the last checkpoint, kept within them, so that the deadline policy's
+            # bound on the attempt's worst case holds.
+            shortest_s, longest_s, to_end = bounds
+            wanted_s = math.inf if interval_h is None else now - attempt.mark_at + interval_h / to_h
+            if shortest_s > longest_s or (to_end and math.isinf(wanted_s)):
+                interval_h = None  # to the end (when shortest > longest, to_end holds)
+                due = now + left_s  # review
+            else:
+                interval_s = min(max(wanted_s, shortest_s), longest_s)
+                due = max(
+                    attempt.mark_at + interval_s, now, attempt.mark_at + settings.min_interval_s
+                )
+                interval_h = interval_s * to_h
+        elif interval_h is None:
             due = now + left_s  # review
         else:
             due = max(now + interval_h / to_h, attempt.mark_at + settings.min_interval_s)

@@ -47,7 +47,7 @@ from controller.planner import CatalogType
 from controller.preemption.checkpoint_tables import TableCache
 from controller.preemption.model_book import ModelBook
 from controller.scheduler.backoff import Backoff
-from controller.scheduler.runs import BagRun
+from controller.scheduler.runs import AttemptRun, BagRun
 from controller.scheduler.world import World
 from controller.store import WriteBatch
 from drivers.base import VmType
@@ -57,6 +57,7 @@ from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import (
     DeadlineDecision,
     DeadlineInputs,
+    deadline_checkpoint_interval_h,
     decide,
     list_schedule_h,
     slot_count,
@@ -426,12 +427,9 @@ class Deadlines:
             vm = world.vms.get(attempt.vm_id)
             if vm is None:
                 continue
-            saved_h = attempt.saved_s * to_h
-            since_mark_h = 0.0
-            if attempt.ran_at is not None:
-                since_mark_h = max(0.0, now - attempt.mark_at) * to_h
             job_h = estimate_h if own_h is None else float(own_h[attempt.idx])
-            left_h = max(job_h - saved_h - since_mark_h, 0.01 * job_h)
+            left_h, since_mark_h = _work_left_h(attempt, job_h, now, to_h)
+            saved_h = attempt.saved_s * to_h
             if vm.spot:
                 spot_work.append(left_h)
                 spot_age.append(max(0.0, now - vm.requested_at) * to_h)
@@ -468,8 +466,58 @@ class Deadlines:
                 None if self.backoff is None and self.spot_feed is None else outage_h == 0.0
             ),
             queue_ordered=True,
+            # The checkpoint timer caps spot attempts' intervals by the deadline
+            # (`checkpoint_interval_bounds_s`): the policy counts on it.
+            checkpoint_h=delta_h if self._caps_checkpoints(bag) else None,
         )
         return inputs, times
+
+    def checkpoint_interval_bounds_s(
+        self, attempt: AttemptRun, now: float
+    ) -> tuple[float, float, bool] | None:
+        """For a spot attempt of a bag with a deadline (the deadline policy's,
+        `when_needed`), the shortest and longest it may run from its last checkpoint to
+        its next (real s), and whether it may instead run to its end, so that, whatever
+        befalls it, its retry on an on-demand VM still ends in time for the policy's
+        switch, deadline − lag − launch (`deadline_checkpoint_interval_h` for its work
+        left at that checkpoint, docs/design.md#deadline-checkpoints). None: no bounds
+        (no plan fits, any does, or the bag has none). The checkpoint timer keeps its
+        plan within them; the policy's last round counts on that
+        (`DeadlineInputs.checkpoint_h`)."""
+        bag = self.world.bags.get(attempt.bag_id)
+        vm = self.world.vms.get(attempt.vm_id)
+        if bag is None or vm is None or not vm.spot or self.book is None:
+            return None
+        if bag.deadline_at is None or not self._caps_checkpoints(bag):
+            return None
+        to_h = self.world.time_scale / 3600.0
+        estimate_h = bag.runtime_estimate_s * to_h
+        own_h = self._own_estimates_h(bag, estimate_h)
+        job_h = estimate_h if own_h is None else float(own_h[attempt.idx])
+        left_h, unsaved_h = _work_left_h(attempt, job_h, now, to_h)
+        launch_h = self.book.launch_h
+        lag_h = self.decide_every_s * to_h + launch_h
+        # From its last checkpoint (`mark_at`), with the work left then.
+        work_h = left_h + unsaved_h
+        hours_h = (bag.deadline_at - attempt.mark_at) * to_h - lag_h - launch_h
+        shortest, longest, to_end = deadline_checkpoint_interval_h(
+            work_h, hours_h, bag.spec.checkpoint_cost_s * to_h, launch_h
+        )
+        if math.isnan(shortest) or (shortest == 0 and to_end and longest >= work_h):
+            return None  # no plan fits, or any does
+        return float(shortest) / to_h, float(longest) / to_h, bool(to_end)
+
+    @staticmethod
+    def _caps_checkpoints(bag: BagRun) -> bool:
+        """Whether the bag's spot attempts have their checkpoints capped by its deadline:
+        the deadline policy's bags that escalate and checkpoint (not Uniform Progress's,
+        the baseline, which plans without them)."""
+        spec = bag.spec
+        return (
+            spec.checkpointable
+            and spec.on_demand_mode == "when_needed"
+            and spec.deadline_policy != "uniform_progress"
+        )
 
     def _spot_prices_now(self, now: float) -> dict[str, float]:
         """Each type's spot price now (USD/h): the price feed's (simulate's trace) when
@@ -644,3 +692,16 @@ class Deadlines:
         self._keep(key, table, times)
         if self.on_ready is not None:
             self.on_ready()
+
+
+def _work_left_h(attempt: AttemptRun, job_h: float, now: float, to_h: float) -> tuple[float, float]:
+    """A running attempt's work left and its work since its last checkpoint (model h):
+    the job's `job_h` less `saved_s` at `mark_at` (its start or last checkpoint) and the
+    time since, while its program runs (runs.AttemptRun); one waiting in the executor's
+    queue (`ran_at` None) has done nothing yet. At least a hundredth of the job is left
+    (a job may outrun its estimate)."""
+    since_mark_h = 0.0
+    if attempt.ran_at is not None:
+        since_mark_h = max(0.0, now - attempt.mark_at) * to_h
+    left_h = max(job_h - attempt.saved_s * to_h - since_mark_h, 0.01 * job_h)
+    return left_h, since_mark_h

@@ -219,6 +219,7 @@ class Scheduler:
             spot_feed=spot_feed,
         )
         self.deadlines.on_ready = self.inbox.wake.set  # its completion-time tables built
+        self.checkpoints.interval_bounds_s = self.deadlines.checkpoint_interval_bounds_s
         self.planning = Planning(
             world=self.world,
             executor=executor,

@@ -19,7 +19,7 @@ from controller.executors.base import CheckpointEvent
 from controller.scheduler.runs import AttemptRun, VmRun, capacity_of
 from controller.store import WriteBatch
 from drivers.base import VmState
-from policies.deadline import decide
+from policies.deadline import deadline_checkpoint_interval_h, decide
 from policies.index import Policy, TypeMarket
 from tests.controller.simworld import bag, config, world
 
@@ -252,3 +252,70 @@ async def test_jobs_own_estimates_are_planned_scaled_by_what_finished_jobs_took(
     plain = await scheduler_with_bag(tmp_path / "plain")
     inputs, _ = plain.deadlines._inputs(plain.world.bags[BAG], NOW)
     assert inputs.queued_work_h == pytest.approx([1.0] * 8)
+
+
+async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines_bounds(
+    tmp_path,
+):
+    """With the deadline near (1 h jobs, 1.8 h to go), a spot attempt's next checkpoint
+    is the DP's (19 min: the exponential fit's MTTF is 3 h) clipped to the bounds
+    `deadline_checkpoint_interval_h` gives for its work and the hours to the policy's
+    switch (deadline − lag − launch) from its last checkpoint: the bound the policy's
+    last round counts on (`DeadlineInputs.checkpoint_h`). With 1.32 h to go the DP's
+    interval is too long (a preemption just before it would leave the retry too little
+    time) and the longest bound (10 min) is taken; with 1.25 h no plan fits, and the
+    DP's stands. Early in the bag, on an on-demand VM, for a bag that does not
+    escalate, and for Uniform Progress's, there are no bounds."""
+    scheduler = await scheduler_with_bag(tmp_path, checkpointable=True, checkpoint_cost_s=60)
+    world, batch, deadlines = scheduler.world, WriteBatch(), scheduler.deadlines
+    run = world.bags[BAG]
+    early = place(scheduler, running_vm(scheduler, "vm-early", "small", START), START, batch)
+    assert deadlines.checkpoint_interval_bounds_s(early, START) is None
+    launch_h = deadlines.book.launch_h
+    lag_h = deadlines.decide_every_s / HOUR + launch_h
+    for to_go_h, expect in ((1.8, "dp"), (1.32, "longest"), (1.25, "none")):
+        at = START + (10 - to_go_h) * HOUR
+        vm = running_vm(scheduler, f"vm-{to_go_h}", "small", at)
+        attempt = place(scheduler, vm, at, batch)
+        shortest_h, longest_h, to_end = deadline_checkpoint_interval_h(
+            1.0, to_go_h - lag_h - launch_h, 1 / 60, launch_h
+        )
+        bounds = deadlines.checkpoint_interval_bounds_s(attempt, at)
+        scheduler.checkpoints.interval_bounds_s = None  # the DP's own plan
+        scheduler.checkpoints.plan(attempt, at)
+        dp_s = attempt.due_at - attempt.mark_at
+        assert dp_s == pytest.approx(19 * 60)
+        scheduler.checkpoints.interval_bounds_s = deadlines.checkpoint_interval_bounds_s
+        scheduler.checkpoints.plan(attempt, at)
+        planned_s = attempt.due_at - attempt.mark_at
+        if expect == "none":
+            assert bounds is None and np.isnan(shortest_h)
+            assert planned_s == pytest.approx(dp_s)
+            continue
+        assert bounds[:2] == pytest.approx((shortest_h * HOUR, longest_h * HOUR))
+        assert bounds[2] == to_end
+        if expect == "dp":
+            assert bounds[0] < dp_s < bounds[1]
+            assert planned_s == pytest.approx(dp_s)
+        else:
+            assert bounds[0] < bounds[1] < dp_s
+            assert planned_s == pytest.approx(bounds[1])
+    inputs, _ = deadlines._inputs(run, at)
+    assert inputs.checkpoint_h == pytest.approx(1 / 60)
+    # On an on-demand VM: no bounds (never preempted).
+    od_vm = running_vm(scheduler, "vm-od", "small", at, spot=False)
+    od_attempt = place(scheduler, od_vm, at, batch)
+    assert deadlines.checkpoint_interval_bounds_s(od_attempt, at) is None
+
+    for extra in ({"on_demand": "never"}, {"deadline_policy": "uniform_progress"}):
+        other = await scheduler_with_bag(
+            tmp_path / next(iter(extra.values())),
+            checkpointable=True,
+            checkpoint_cost_s=60,
+            **extra,
+        )
+        vm = running_vm(other, "vm-late", "small", at)
+        attempt = place(other, vm, at, WriteBatch())
+        assert other.deadlines.checkpoint_interval_bounds_s(attempt, at) is None
+        other_inputs = other.deadlines._inputs(other.world.bags[BAG], at)
+        assert other_inputs is None or other_inputs[0].checkpoint_h is None

@@ -274,13 +274,14 @@ def test_unknown_accounts_create_opens_a_limited_account(pool_daemons, slurm_clu
 def test_an_idle_pool_vm_the_reuse_policy_distrusts_is_handed_back(
     pool_daemons, slurm_cluster, out_dir
 ):
-    """VMs live 24 model hours (1 real second = half a model hour here: 48 s, so a busy
-    host's slow boot does not let the cloud take the VM first) and the pool's jobs
-    take 20: from about 4 h on, a fresh VM does such a job sooner than a warm one
-    (docs/design.md#reuse). When its job ends, the warm VM is handed back at once (Slurm would have kept it
-    for SuspendTime), and the next job resumes the node on a fresh VM."""
+    """VMs live 24 model hours (1 real second = a quarter of a model hour here: 96 s, so
+    a busy host's slow boot does not let the cloud take the VM first) and the pool's
+    jobs take 20: from about 4 h on, a fresh VM does such a job sooner than a warm one
+    (docs/design.md#reuse). The first job runs 20 s (5 model hours). When it ends, the
+    warm VM is handed back at once (Slurm would have kept it for SuspendTime), and the
+    next job resumes the node on a fresh VM."""
     daemon = pool_daemons(
-        max_vms=2, model="exponential", mttf_h=1e6, time_scale=1800, pool="job_hours = 20.0\n"
+        max_vms=2, model="exponential", mttf_h=1e6, time_scale=900, pool="job_hours = 20.0\n"
     )
     text = daemon.config_path.read_text().replace(
         "mttf_h = 1000000.0\n", "mttf_h = 1000000.0\nmax_lifetime_h = 24.0\n"
@@ -290,8 +291,8 @@ def test_an_idle_pool_vm_the_reuse_policy_distrusts_is_handed_back(
     client = daemon.start()
     client.create_account("nobody", cpu_hours=1000)  # the jobs' user's: they give no -A
 
-    first = submit_as_user(slurm_cluster, out_dir, "--wrap", f"{SAY_HOST}; sleep 5")
-    wait_until(lambda: job_field(slurm_cluster, first, "%T") == "COMPLETED", 90, 0.2, "job 1")
+    first = submit_as_user(slurm_cluster, out_dir, "--wrap", f"{SAY_HOST}; sleep 20")
+    wait_until(lambda: job_field(slurm_cluster, first, "%T") == "COMPLETED", 150, 0.2, "job 1")
     (warm,) = job_hosts(out_dir, first)
 
     def ended(vm_id: str) -> dict | None:

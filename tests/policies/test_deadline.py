@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from policies import uniform_progress as up
@@ -20,6 +20,7 @@ from policies.completion_times import CompletionTimes, build_completion_times
 from policies.deadline import (
     DeadlineInputs,
     _last_round_fits,
+    deadline_checkpoint_interval_h,
     decide,
     list_schedule_ends_h,
     list_schedule_h,
@@ -263,7 +264,7 @@ def test_the_last_round_lets_a_late_spot_attempt_use_its_slots_slack() -> None:
     free_at = np.array([1.05, 0.0, 0.0])  # on-demand, then the two spot slots
     spot_slot = np.array([False, True, True])
     work = np.array([0.05, 0.8])
-    spot = (work, np.array([6.0, 6.0]), np.zeros(2))  # work, VM age, launch before
+    spot = (work, np.array([6.0, 6.0]), np.zeros(2), np.zeros(2))  # work, age, launch, unsaved
     left = np.array([1.0, 0.1])
     assert _last_round_fits(inputs, times, free_at, spot_slot, spot, left, 1.6)
     # With no slack for it (the limit 0.35 h sooner), it does not fit.
@@ -315,6 +316,91 @@ def test_the_last_round_holds_the_confidence_for_all_its_attempts_together() -> 
     assert decide(inputs_for(works, 20, own), times, project=False).on_demand_slots > 0
     retry = 2 * 1.1 * 1.0 + 2 * LAUNCH_H + lag + 0.1
     assert decide(inputs_for(works, 20, retry), times, project=False).on_demand_slots == 0
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    work_h=st.floats(0.05, 6.0),
+    hours_h=st.floats(0.0, 14.0),
+    checkpoint_h=st.floats(1 / 120, 0.25),
+    restart_h=st.floats(0.0, 0.3),
+    picks=st.lists(
+        st.one_of(st.sampled_from([0.0, 0.5, 0.99, 1.0]), st.floats(0.0, 1.0)),
+        min_size=1,
+        max_size=400,
+    ),
+)
+# A checkpoint just short of the end where running to the end is allowed: its segment
+# (i + δ) must still fit the slack (a bound without s − δ let it end 1.3 s late).
+@example(
+    work_h=3.625,
+    hours_h=6.0,
+    checkpoint_h=0.25,
+    restart_h=0.0,
+    picks=[0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.022322111021323865, 1.0, 1.0],
+)
+def test_checkpoint_intervals_within_the_deadlines_bounds_keep_the_worst_case_in_time(
+    work_h: float, hours_h: float, checkpoint_h: float, restart_h: float, picks: list[float]
+) -> None:
+    """`deadline_checkpoint_interval_h`: an attempt that, at each checkpoint, takes any
+    interval between the bounds given for its work and hours left then (`picks` says
+    where; 1.0 runs to the end where that is allowed) ends within the hours whatever
+    befalls it: its VM dying just before each checkpoint is written, or just before
+    the end, and its retry redoing the work since the last one, and the rest, after a
+    restart. Where there are no bounds, no plan could: even one checkpoint every
+    √(w·δ) would not."""
+    shortest, longest, _ = (
+        float(x) for x in deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h, restart_h)
+    )
+    slack = hours_h - work_h - restart_h
+    if math.isnan(shortest):
+        assert math.isnan(longest)
+        assert slack <= 0 or 2 * math.sqrt(work_h * checkpoint_h) > slack - 1e-9
+        return
+    at, left, worst = 0.0, work_h, work_h
+    for pick in [*picks, 1.0] * 50:
+        low, high, to_end = (
+            float(x)
+            for x in deadline_checkpoint_interval_h(left, hours_h - at, checkpoint_h, restart_h)
+        )
+        assert not math.isnan(low), "a plan within the bounds ran out of them"
+        interval = low + pick * (high - low)
+        if low > high or (to_end and pick == 1.0) or interval >= left - 1e-12:
+            assert to_end, "the bounds left only the end, and it does not fit"
+            worst = max(worst, at + left + restart_h + left)  # all lost just before the end
+            at, left = at + left, 0.0
+            break
+        worst = max(worst, at + interval + checkpoint_h + restart_h + left)
+        at, left = at + interval + checkpoint_h, left - interval
+    assert left == 0.0
+    assert worst <= hours_h + 1e-9
+    assert at <= hours_h + 1e-9
+    if longest < slack - checkpoint_h - 1e-9:  # the largest root: longer fails τ + w·δ/τ <= s
+        assert longest + work_h * checkpoint_h / longest == pytest.approx(slack)
+
+
+def test_the_last_round_counts_on_the_deadlines_checkpoint_cap() -> None:
+    """Twenty one-hour jobs, one per slot, the deadline at each spot attempt's own 0.99
+    quantile: planned with the DP's checkpoints, a VM dying late leaves its retry no
+    time, and 19 slots go on-demand. With the scheduler capping each attempt's interval
+    by the deadline (`checkpoint_h`: a checkpoint every 0.575 h, 2 min each), the worst
+    case (lose 0.575 h, a launch, the whole hour again) still ends in time: none do."""
+    _, times = plan()
+    works = np.full(20, 1.0)
+    lag = 10 / 60
+    deadline = LAUNCH_H + times.fresh_quantile_h(1.0, 0.99) + LAUNCH_H + lag
+    uncapped = decide(inputs_for(works, 20, deadline), times, project=False)
+    assert uncapped.on_demand_slots >= 15
+    capped = decide(inputs_for(works, 20, deadline, checkpoint_h=STEP_H), times, project=False)
+    assert capped.on_demand_slots == 0 and capped.launch_spot
+    # Too little slack for any interval: the cap cannot help, and slots go on-demand.
+    short = 2 * LAUNCH_H + 1.2 + lag
+    assert (
+        decide(
+            inputs_for(works, 20, short, checkpoint_h=STEP_H), times, project=False
+        ).on_demand_slots
+        > 0
+    )
 
 
 def test_list_schedule() -> None:
