@@ -416,10 +416,8 @@ class Deadlines:
         times = self._completion_times(model, delta_h, longest_h)
         if times is None:
             return None
-        # One sweep over the attempts (as before) gives the running ones; the work is the
-        # job's runtime: `saved_s` at `mark_at` (the attempt's start or its last
-        # checkpoint) plus the time since, while its program runs (runs.AttemptRun); one
-        # waiting in the executor's queue (`ran_at` None) has done nothing yet.
+        # One sweep over the attempts gives the running ones, each with its work left
+        # (`_work_left_h`).
         spot_work, spot_age, spot_unsaved, od_left = [], [], [], []
         for attempt in world.attempts.values():
             if attempt.bag_id != bag.id or attempt.cancelling:
@@ -466,8 +464,8 @@ class Deadlines:
                 None if self.backoff is None and self.spot_feed is None else outage_h == 0.0
             ),
             queue_ordered=True,
-            # The checkpoint timer caps spot attempts' intervals by the deadline
-            # (`checkpoint_interval_bounds_s`): the policy counts on it.
+            # The checkpoint timer keeps spot attempts' intervals within the deadline's
+            # bounds (`checkpoint_interval_bounds_s`): the policy counts on it.
             checkpoint_h=delta_h if self._caps_checkpoints(bag) else None,
         )
         return inputs, times
