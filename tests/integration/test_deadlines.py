@@ -2,7 +2,8 @@
 A bag with a tight deadline on spot VMs that die within the hour runs on on-demand VMs
 (GET /v1/vms says on_demand, and jobs ran there), meets its deadline, and GET
 /v1/bags/{id} shows the deadline and its projection; an on-demand VM refuses an
-injected preemption; a restart keeps the deadline and the VMs' on_demand flag."""
+injected preemption; a restart keeps the deadline and the VMs' on_demand flag. A bag
+whose deadline leaves spot ample slack never launches an on-demand VM."""
 
 from __future__ import annotations
 
@@ -117,3 +118,30 @@ def test_a_bag_without_a_deadline_has_none_and_runs_on_spot(make_daemon):
     assert done["state"] == "succeeded" and done["deadline"] is None
     vms = client.vms(include_ended=True)["vms"]
     assert vms and not any(v["on_demand"] for v in vms)
+
+
+def test_a_deadline_with_ample_slack_never_escalates(make_daemon):
+    """The same bag (eight one-hour jobs, one real second a model hour) on spot VMs
+    that live 5 model hours on average, with a deadline at 60 model hours: spot alone
+    finishes it with room to spare, so no on-demand VM is ever launched, and the bag
+    ends before its deadline."""
+    daemon = make_daemon(model="exponential", mttf_h=5.0, time_scale=3600.0, max_vms=2)
+    client = daemon.start()
+    bag = client.submit(
+        {
+            "account": "lab",
+            "command": "sleep 1",
+            "parameters": {"i": list(range(8))},
+            "max_runtime_s": 20,
+            "estimated_runtime_s": 1,
+            "resources": {"cpus": 1, "memory_gb": 1.0},
+            "max_attempts": 20,
+            "deadline": "60s",
+        }
+    )
+    assert bag["options"]["on_demand"] == "when_needed"
+    done = wait_for_bag(client, bag["id"], 60)
+    assert done["state"] == "succeeded"
+    assert done["deadline"] is not None and done["finished_at"] < done["deadline"]["at"]
+    vms = client.vms(include_ended=True)["vms"]
+    assert vms and not any(v["on_demand"] for v in vms), vms
