@@ -259,8 +259,29 @@ def slurm_failure_sections(cluster) -> list[tuple[str, str]]:
             except subprocess.TimeoutExpired:
                 sections.append((title, "(timed out)"))
         sections.append(("slurmctld.log", tail_of(cluster.base / "log" / "slurmctld.log", 120)))
+        sections.extend(vm_host_slurmd_logs())
     for daemon in DAEMONS_OF_THE_TEST:
         sections.append((f"{daemon.log_path}", tail_of(daemon.log_path, 150)))
+    return sections
+
+
+def vm_host_slurmd_logs() -> list[tuple[str, str]]:
+    """The slurmd log of each VM host still up (its /var/log is its own tmpfs: read in
+    its slurmd's mount namespace): when its node registered, or why it did not."""
+    found = subprocess.run(["pgrep", "-a", "slurmd"], capture_output=True, text=True).stdout
+    sections = []
+    for line in found.splitlines()[:8]:
+        pid, _, argv = line.partition(" ")
+        try:
+            text = subprocess.run(
+                ["nsenter", "-t", pid, "-m", "tail", "-n", "40", "/var/log/slurm/slurmd.log"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except subprocess.TimeoutExpired:
+            continue
+        sections.append((f"slurmd {argv}", text.stdout or text.stderr))
     return sections
 
 
