@@ -678,8 +678,8 @@ def _last_round_fits(
     work, age, before, unsaved = spot
     launch = inputs.on_demand_launch_h
     risk = 1.0 - inputs.confidence
-    # Each attempt's own time to the switch (a): with the deadline's cap on its
-    # checkpoint intervals (`checkpoint_h` set), its worst case ends by then.
+    # Each attempt's own time to the switch (a): with its checkpoints within the
+    # deadline's bounds (`checkpoint_h` set), its worst case ends by then.
     switch_by = limit - before - launch
     worst = times.worst_h(work, age)
     if inputs.checkpoint_h is not None:
@@ -713,7 +713,8 @@ def _attempts_end_in_time(
     attempt whose VM dies has its retry go on-demand if need be (the decision at the
     preemption sees it): whatever befalls it, it ends by `worst_h`
     (`CompletionTimes.worst_h`: the end of its worst checkpoint segment, a restart, the
-    work left at that segment's start; or the deadline's cap on its checkpoints)."""
+    work left at that segment's start; or, within the deadline's checkpoint bounds,
+    its time to switch)."""
     if not len(work):
         return True
     in_time = times.aged_cdf_at(work, age, by_h)

@@ -489,9 +489,7 @@ class Deadlines:
         if bag.deadline_at is None or not self._caps_checkpoints(bag):
             return None
         to_h = self.world.time_scale / 3600.0
-        estimate_h = bag.runtime_estimate_s * to_h
-        own_h = self._own_estimates_h(bag, estimate_h)
-        job_h = estimate_h if own_h is None else float(own_h[attempt.idx])
+        job_h = self._job_estimate_h(bag, attempt.idx, to_h)
         left_h, unsaved_h = _work_left_h(attempt, job_h, now, to_h)
         launch_h = self.book.launch_h
         lag_h = self.decide_every_s * to_h + launch_h
@@ -505,11 +503,23 @@ class Deadlines:
             return None  # no plan fits, or any does
         return float(shortest) / to_h, float(longest) / to_h, bool(to_end)
 
+    def _job_estimate_h(self, bag: BagRun, idx: int, to_h: float) -> float:
+        """One job's estimated work (model hours), as `_own_estimates_h` gives it for
+        every job, without the array (the checkpoint timer asks at every plan)."""
+        estimate_h = bag.runtime_estimate_s * to_h
+        if not bag.spec.estimated_runtime_param:
+            return estimate_h
+        own_s = self._own_s.get(bag.id)
+        if own_s is None:
+            own_s = self._own_s[bag.id] = self._read_own_estimates_s(bag)
+        own = float(own_s[idx]) if idx < len(own_s) else math.nan
+        return estimate_h if math.isnan(own) else own * bag.estimate_scale() * to_h
+
     @staticmethod
     def _caps_checkpoints(bag: BagRun) -> bool:
-        """Whether the bag's spot attempts have their checkpoints capped by its deadline:
-        the deadline policy's bags that escalate and checkpoint (not Uniform Progress's,
-        the baseline, which plans without them)."""
+        """Whether the bag's spot attempts keep their checkpoints within its deadline's
+        bounds: the deadline policy's bags that escalate and checkpoint (not Uniform
+        Progress's, the baseline, which plans without them)."""
         spec = bag.spec
         return (
             spec.checkpointable

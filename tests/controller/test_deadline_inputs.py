@@ -248,6 +248,11 @@ async def test_jobs_own_estimates_are_planned_scaled_by_what_finished_jobs_took(
     inputs, _ = scheduler.deadlines._inputs(run, NOW)
     assert inputs.queued_work_h == pytest.approx([1.5 * h for h in own_h[1:]])
     assert inputs.spot_work_h == pytest.approx([1.5 * 2.0 - 0.9])
+    # One job's estimate (what the checkpoint bounds use) is the same figure.
+    to_h = world.time_scale / HOUR
+    every = scheduler.deadlines._own_estimates_h(run, run.runtime_estimate_s * to_h)
+    one = [scheduler.deadlines._job_estimate_h(run, i, to_h) for i in range(len(own_h))]
+    assert one == pytest.approx(list(every)) and one[0] == pytest.approx(3.0)
     # Without the parameter, the bag's one estimate (1 h) is every job's.
     plain = await scheduler_with_bag(tmp_path / "plain")
     inputs, _ = plain.deadlines._inputs(plain.world.bags[BAG], NOW)
