@@ -250,6 +250,8 @@ def slurm_failure_sections(cluster) -> list[tuple[str, str]]:
     """squeue, the nodes' states and reasons, slurmctld's log and each daemon's, tails."""
     sections = []
     if cluster is not None:
+        exited = cluster.slurmctld_exit()
+        sections.append(("slurmctld", "running" if exited is None else exit_status(exited)))
         for title, argv in (
             ("squeue", ("squeue", "-a", "-o", "%i %u %a %P %T %r %N %S %e")),
             ("sinfo", ("sinfo", "-N", "-o", "%N %T %E %H")),
@@ -285,6 +287,12 @@ def vm_host_slurmd_logs() -> list[tuple[str, str]]:
     return sections
 
 
+def exit_status(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
 def tail_of(path: Path, lines: int) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -302,6 +310,16 @@ def no_vm_host_outlives_its_test(request) -> Iterator[None]:
         yield
         return
     cluster = request.getfixturevalue("slurm_cluster")
+    exited = cluster.slurmctld_exit()
+    if exited is not None:
+        # It died during an earlier test (that test failed, its report says so): start it
+        # again on its saved state, so that one crash fails one test, not all after it.
+        cluster.start_slurmctld()
+        warnings.warn(
+            f"slurmctld had exited ({exit_status(exited)}) before {request.node.nodeid}: "
+            "started again",
+            stacklevel=1,
+        )
     before = cluster.vm_hosts()
     yield
     left = cluster.vm_hosts() - before
@@ -592,6 +610,9 @@ def pool_daemons(make_slurm_daemon, slurm_cluster) -> Iterator[Callable[..., Dae
     for daemon in made:
         if daemon.process is None or daemon.process.poll() is not None:
             continue
+        exited = slurm_cluster.slurmctld_exit()
+        if exited is not None:  # nothing can power the pool down (its test's report says so)
+            raise AssertionError(f"slurmctld exited during the test ({exit_status(exited)})")
         slurm_cluster.run("scancel", "-p", "spot", check=False)
         client = daemon.client()
         wait_until(

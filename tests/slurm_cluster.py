@@ -295,6 +295,12 @@ class SlurmCluster:
                 raise RuntimeError("slurmctld did not come back")
             time.sleep(0.05)
 
+    def slurmctld_exit(self) -> int | None:
+        """slurmctld's exit status if it has exited (a negative number: the signal that
+        ended it; Slurm 22.05.8's has been seen to die of SIGSEGV in its power-save
+        thread), else None."""
+        return self._processes[1].poll()
+
     def stop_slurmctld(self) -> None:
         ctld = self._processes[1]
         ctld.send_signal(signal.SIGTERM)
