@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,46 @@ def test_a_checkpointable_bag_runs_on_the_vms_through_slurm_across_preemptions(
         if slurm_state == "NODE_FAIL" and vm_state.get(last_vm) == "preempted":
             continue
         assert slurm_state == "COMPLETED", (names, last_vm, vm_state)
+
+
+def test_a_bag_runs_each_job_exactly_once_across_a_slurmctld_restart(
+    make_slurm_daemon, slurm_cluster, tmp_path
+):
+    """slurmctld stops for 8 s mid-bag (as when it dies and systemd restarts it,
+    docs/slurm.md) and starts again on its saved state: the daemon's Slurm calls fail
+    meanwhile and are made again; every job succeeds, each program ran exactly once
+    (a line per execution, written first), and the bag's account holds nothing."""
+    daemon = make_slurm_daemon(max_vms=2)
+    client = daemon.start()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    executions = shared / "executions"
+    bag = client.submit(
+        {
+            "account": "physics",
+            "command": f'echo "$SPOTBAG_JOB_ID $SPOTBAG_ATTEMPT" >> {executions}; sleep 2',
+            "parameters": {"i": {"range": [0, 16]}},
+            "resources": {"cpus": 1, "memory_gb": 1.0},
+            "max_runtime_s": 60,
+            "max_attempts": 5,
+            "workdir": str(shared),
+        }
+    )
+
+    def ran() -> list[str]:
+        return executions.read_text().splitlines() if executions.exists() else []
+
+    wait_until(lambda: len(ran()) >= 4, 120, 0.2, "the first executions")
+    slurm_cluster.stop_slurmctld()
+    time.sleep(8)
+    slurm_cluster.start_slurmctld()
+    done = wait_for_bag(client, bag["id"], 240)
+    assert done["state"] == "succeeded", daemon.log()[-5000:]
+    jobs = [line.split()[0] for line in ran()]
+    assert sorted(set(jobs)) == sorted(f"{bag['id']}-{i}" for i in range(16))
+    twice = [job for job in set(jobs) if jobs.count(job) > 1]
+    assert not twice, (twice, daemon.log()[-3000:])
+    account = client.account("physics")
+    assert account["reserved_cpu_h"] == pytest.approx(0, abs=1e-9)
+    assert account["charged_cpu_h"] > 0
