@@ -118,9 +118,10 @@ class BudgetMachine(RuleBasedStateMachine):
     )
     def start_attempt(self, data, price, vm_cpus):
         bag = self.bags[data.draw(st.sampled_from(sorted(self.bags)))]
-        vm = VmRun(
-            "vm-1", VmType("t", vm_cpus, 64.0, spot_price_per_hour=price), VmState.RUNNING, NOW
-        )
+        # A type's name says its size, as in a catalog (names are unique there; the
+        # budgets' worst-case cost is kept by type name and price).
+        vm_type = VmType(f"t{vm_cpus}", vm_cpus, 64.0, spot_price_per_hour=price)
+        vm = VmRun("vm-1", vm_type, VmState.RUNNING, NOW)
         self.jobs += 1
         idx, number = self.jobs, 1
         share = max(bag.shape.cpus / vm_cpus, 1.0 / 64.0)
