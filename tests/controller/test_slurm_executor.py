@@ -36,6 +36,7 @@ from controller.executors.base import (
 )
 from controller.slurm.commands import SlurmTools
 from controller.slurm.executor import SlurmExecutor, SlurmExecutorSettings
+from controller.slurm.executor.nodes import limit_h
 from drivers.base import VmType
 from drivers.bootstrap import render
 from tests.slurm_cluster import async_wait_for
@@ -445,3 +446,21 @@ async def test_a_second_recovery_while_watching_keeps_the_attempts_it_watches(ri
     assert (end.outcome, end.exit_code) == (Outcome.EXITED, 0)
     await asyncio.sleep(2)
     assert rig.end_of(spec.attempt_id) == end  # once
+
+
+@pytest.mark.parametrize(
+    ("text", "hours"),
+    [
+        ("UNLIMITED", None),
+        ("Partition_Limit", None),
+        ("30", 0.5),
+        ("2:30:00", 2.5),
+        ("1-00:00:00", 24.0),
+        ("364-00:00:00", 364 * 24.0),
+        # What backfill shows for a job without a limit (seen: a pool job refused for
+        # "8,760.00 CPU-hours" when backfill, not the main scheduler, started it).
+        ("365-00:00:00", None),
+    ],
+)
+def test_a_slurm_time_limit_in_hours_and_a_year_is_none(text, hours):
+    assert limit_h(text) == hours

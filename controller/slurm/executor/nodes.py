@@ -324,8 +324,15 @@ def _is_notice(reason: str) -> bool:
     return reason.startswith((NOTICE_REASON, REBALANCE_REASON))
 
 
+# A job without a time limit that Slurm's backfill scheduler starts is shown with one of
+# a year (backfill plans an infinite limit as YEAR_MINUTES and keeps it); the main
+# scheduler leaves it UNLIMITED. A year or more is taken as no limit.
+UNLIMITED_FROM_H = 365 * 24.0
+
+
 def limit_h(text: str) -> float | None:
-    """Slurm's time limit ("[days-]hours:minutes:seconds", "minutes", "UNLIMITED") in hours."""
+    """Slurm's time limit ("[days-]hours:minutes:seconds", "minutes", "UNLIMITED") in
+    hours; None when unlimited (or a year and more: `UNLIMITED_FROM_H`)."""
     text = text.strip()
     if not text or text in ("UNLIMITED", "Partition_Limit", "NONE"):
         return None
@@ -339,4 +346,5 @@ def limit_h(text: str) -> float | None:
         while len(parts) < 3:
             parts.insert(0, 0)
         seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return (int(days or 0) * 86400 + seconds) / 3600.0
+    hours = (int(days or 0) * 86400 + seconds) / 3600.0
+    return None if hours >= UNLIMITED_FROM_H else hours
