@@ -25,6 +25,19 @@ DEADLINE_KEYS = {
 }
 
 
+def eight_one_hour_jobs(**options) -> dict:
+    """Eight jobs of one real second (a model hour at the tests' time scale)."""
+    return {
+        "account": "lab",
+        "command": "sleep 1",
+        "parameters": {"i": list(range(8))},
+        "max_runtime_s": 20,
+        "estimated_runtime_s": 1,
+        "resources": {"cpus": 1, "memory_gb": 1.0},
+        **options,
+    }
+
+
 def test_a_tight_deadline_escalates_to_on_demand_vms_and_is_met(make_daemon):
     # One real second is a model hour; spot VMs live 0.7 model hours on average, so a
     # one-hour job that cannot checkpoint rarely finishes on one (1 in 4). Eight jobs on
@@ -33,16 +46,7 @@ def test_a_tight_deadline_escalates_to_on_demand_vms_and_is_met(make_daemon):
     # by luck (at 8 h it sometimes did, and no on-demand VM was needed).
     daemon = make_daemon(model="exponential", mttf_h=0.7, time_scale=3600.0, max_vms=2)
     client = daemon.start()
-    spec = {
-        "account": "lab",
-        "command": "sleep 1",
-        "parameters": {"i": list(range(8))},
-        "max_runtime_s": 20,
-        "estimated_runtime_s": 1,
-        "resources": {"cpus": 1, "memory_gb": 1.0},
-        "deadline": "5s",
-    }
-    bag = client.submit(spec)
+    bag = client.submit(eight_one_hour_jobs(deadline="5s"))
     assert bag["options"]["on_demand"] == "when_needed"
 
     projected: list[dict] = []
@@ -127,18 +131,7 @@ def test_a_deadline_with_ample_slack_never_escalates(make_daemon):
     ends before its deadline."""
     daemon = make_daemon(model="exponential", mttf_h=5.0, time_scale=3600.0, max_vms=2)
     client = daemon.start()
-    bag = client.submit(
-        {
-            "account": "lab",
-            "command": "sleep 1",
-            "parameters": {"i": list(range(8))},
-            "max_runtime_s": 20,
-            "estimated_runtime_s": 1,
-            "resources": {"cpus": 1, "memory_gb": 1.0},
-            "max_attempts": 20,
-            "deadline": "60s",
-        }
-    )
+    bag = client.submit(eight_one_hour_jobs(deadline="60s", max_attempts=20))
     assert bag["options"]["on_demand"] == "when_needed"
     done = wait_for_bag(client, bag["id"], 60)
     assert done["state"] == "succeeded"
