@@ -499,15 +499,17 @@ def test_learned_models_are_loaded_at_start_and_shown(make_daemon):
 
 def test_a_vms_preemption_notice_is_kept_across_a_restart(make_daemon, tmp_path):
     """notice_until is stored with the VM: GET /v1/vms shows it while the VM lives, once
-    it has ended, and after the daemon restarted."""
+    it has ended, and after the daemon restarted. The notice is long (a busy host once
+    took 20 s to list the VMs); the bag is cancelled once they are listed, and the VM,
+    drained by its notice, ends as soon as it is empty."""
     daemon = make_daemon(max_vms=1)
     client = daemon.start()
-    bag = client.submit(job_bag(tmp_path, 1, 30))
+    bag = client.submit(job_bag(tmp_path, 1, 300, max_runtime_s=600))
     job = wait_until(
         lambda: (j := client.job(f"{bag['id']}-0"))["state"] == "running" and j, 30, 0.1, "a run"
     )
     noticed_at = time.time()
-    client.preempt(job["vm_id"], notice_s=20)
+    client.preempt(job["vm_id"], notice_s=240)
 
     def view() -> dict:
         return {v["id"]: v for v in client.vms(include_ended=True)["vms"]}[job["vm_id"]]
@@ -516,9 +518,8 @@ def test_a_vms_preemption_notice_is_kept_across_a_restart(make_daemon, tmp_path)
         return view()["notice_until"]
 
     until = wait_until(shown, 10, 0.05, "the notice")
-    assert until == pytest.approx(noticed_at + 20, abs=1.0)
-    # `spotbag vms` in this process (the same command; a new Python process can take
-    # longer than the VM has left on a host the rest of the suite keeps busy).
+    assert until == pytest.approx(noticed_at + 240, abs=1.0)
+    # `spotbag vms` in this process: the same command, without a new Python's start.
     listed = CliRunner().invoke(
         cli, ["--url", client.url, "--token", client.token, "vms"], terminal_width=200
     )
@@ -526,10 +527,11 @@ def test_a_vms_preemption_notice_is_kept_across_a_restart(make_daemon, tmp_path)
     assert view()["ended_at"] is None, "the VM ended before `spotbag vms` listed it"
     ends_by = time.strftime("%H:%M:%S", time.localtime(until))
     assert f"notice: ends by {ends_by}" in listed.output, listed.output
-    wait_until(lambda: view()["ended_at"], 40, 0.1, "the VM's end")
+    client.cancel(bag["id"])
+    ended_at = wait_until(lambda: view()["ended_at"], 60, 0.1, "the VM's end")
+    assert ended_at < until
     assert shown() == until  # ended: read from the store
     assert daemon.stop() == 0
     client = daemon.start()
     assert shown() == until
-    client.cancel(bag["id"])
     assert daemon.stop() == 0
