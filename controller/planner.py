@@ -366,29 +366,19 @@ def _queue_ahead(
 ) -> None:
     """What still waits may queue on running VMs, in the executor's queue, up to their
     room for it (after launches are decided: queued work does not replace new VMs); a
-    bag with on-demand slots queues on spot VMs only within the slots it leaves to
-    spot."""
+    bag with on-demand slots splits what waits between the markets as `_pack_by_market`
+    does (on-demand VMs first; on spot VMs only within the slots it leaves to spot, and
+    not the jobs its on-demand VMs still to come are for)."""
     ahead = {vm.vm_id: vm.ahead for vm in running if vm.ahead is not None}
     if not ahead:
         return
     queue_on = [vm for vm in running if vm.vm_id in ahead]
     for group in demand:
         left = leftover.get(group.bag_id)
-        if not left:
-            continue
-        share = shares.get(group.bag_id)
-        if share is None:
-            leftover[group.bag_id] = _pack(group, left, ahead, queue_on, gpu_demand, places)
-            continue
-        on_demand = [vm for vm in queue_on if not vm.spot]
-        rest = _pack(group, left, ahead, on_demand, gpu_demand, places)
-        on_spot = min(rest, share.spot_left)
-        if on_spot and group.use_spot:
-            spot = [vm for vm in queue_on if vm.spot]
-            unplaced = _pack(group, on_spot, ahead, spot, gpu_demand, places)
-            share.spot_left -= on_spot - unplaced
-            rest -= on_spot - unplaced
-        leftover[group.bag_id] = rest
+        if left:
+            leftover[group.bag_id] = _pack_by_market(
+                group, left, ahead, queue_on, gpu_demand, places, None, shares
+            )
 
 
 def _end_idle(

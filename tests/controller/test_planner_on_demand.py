@@ -160,3 +160,9 @@ def test_jobs_queue_ahead_on_spot_vms_only_within_the_slots_left_to_spot():
     decision = plan(snap([group], full, catalog=(SMALL, BIG), max_vms=5))
     assert decision.launches == [Launch("small", 2, "b1", spot=False)]
     assert sum(p.count for p in decision.places) == 2
+    # Room on spot for all six: still only the two its on-demand VMs are not launched
+    # for queue on spot VMs (the other four wait for those VMs).
+    group = group._replace(spot_slots_left=6)
+    decision = plan(snap([group], full, catalog=(SMALL, BIG), max_vms=5))
+    assert decision.launches == [Launch("small", 2, "b1", spot=False)]
+    assert sum(p.count for p in decision.places) == 2
