@@ -466,7 +466,7 @@ class Deadlines:
             queue_ordered=True,
             # The checkpoint timer keeps spot attempts' intervals within the deadline's
             # bounds (`checkpoint_interval_bounds_s`): the policy counts on it.
-            checkpoint_h=delta_h if self._caps_checkpoints(bag) else None,
+            checkpoint_h=delta_h if self._bounds_checkpoints(bag) else None,
         )
         return inputs, times
 
@@ -486,7 +486,7 @@ class Deadlines:
         vm = self.world.vms.get(attempt.vm_id)
         if bag is None or vm is None or not vm.spot or self.book is None:
             return None
-        if bag.deadline_at is None or not self._caps_checkpoints(bag):
+        if bag.deadline_at is None or not self._bounds_checkpoints(bag):
             return None
         to_h = self.world.time_scale / 3600.0
         job_h = self._job_estimate_h(bag, attempt.idx, to_h)
@@ -516,7 +516,7 @@ class Deadlines:
         return estimate_h if math.isnan(own) else own * bag.estimate_scale() * to_h
 
     @staticmethod
-    def _caps_checkpoints(bag: BagRun) -> bool:
+    def _bounds_checkpoints(bag: BagRun) -> bool:
         """Whether the bag's spot attempts keep their checkpoints within its deadline's
         bounds: the deadline policy's bags that escalate and checkpoint (not Uniform
         Progress's, the baseline, which plans without them)."""
