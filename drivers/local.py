@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivers import bootstrap
 from drivers.base import (
@@ -47,7 +47,9 @@ from drivers.base import (
     VmStatus,
     VmType,
 )
-from drivers.local_metadata import MetadataServer
+
+if TYPE_CHECKING:
+    from drivers.local_metadata import MetadataServer
 
 log = logging.getLogger("spotbag.drivers.local")
 
@@ -325,6 +327,10 @@ class LocalDriver:
             port = int(port_file.read_text())
         except (OSError, ValueError):
             port = 0
+        # Imported here: it brings aiohttp's server (a quarter of a second), which only
+        # VM hosts with a metadata server need, not `spotbag simulate` nor plain local VMs.
+        from drivers.local_metadata import MetadataServer
+
         self._metadata = MetadataServer(hosts.vm_at)
         url = await self._metadata.start(hosts.head_address, port)
         port_file.parent.mkdir(parents=True, exist_ok=True)

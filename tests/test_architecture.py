@@ -183,6 +183,16 @@ def test_the_daemon_listens_before_it_loads_the_scheduler_numpy_or_scipy():
     assert not found, f"`spotbag serve` loads {sorted(found)} before it listens"
 
 
+@pytest.mark.processes
+def test_the_simulator_loads_no_web_server_or_client():
+    # `spotbag simulate` runs the scheduler on the sim driver (the local driver's class):
+    # aiohttp, which only the daemon's API and the VM hosts' metadata server use, cost a
+    # quarter of a second of every simulation.
+    loaded = loaded_after("import controller.simulation, drivers.sim")
+    found = reaches(loaded, ("aiohttp", "controller.api", "drivers.local_metadata"))
+    assert not found, f"`spotbag simulate` loads {sorted(found)}"
+
+
 def test_every_error_of_the_controller_derives_from_spotbag_error():
     """One root: the API and the CLI map any of spotbag's errors in one place."""
     import importlib
