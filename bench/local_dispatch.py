@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -108,11 +109,13 @@ def run_bag(client, n: int) -> float:
     return took
 
 
-def run_xargs(n: int, work: Path) -> float:
-    """Seconds `xargs -P4` takes over the same n commands, each under its own sh."""
+def run_xargs(n: int, work: Path) -> tuple[float, float]:
+    """(seconds, CPU seconds) `xargs -P4` takes over the same n commands, each under its
+    own sh: the CPU is xargs's and its shells' (reaped by it, so in its rusage)."""
     commands = "".join(f"echo {i}\n" for i in range(n)).encode()
     out = work / "xargs.log"
     out.unlink(missing_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     with out.open("ab") as log:
         subprocess.run(
@@ -123,8 +126,10 @@ def run_xargs(n: int, work: Path) -> float:
             check=True,
         )
     took = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert len(out.read_bytes().splitlines()) == n
-    return took
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return took, cpu
 
 
 def passes(client) -> tuple[int, float]:
@@ -169,7 +174,7 @@ def main() -> None:
     load_before = uptime()
     spotbag_s: list[float] = []
     xargs_s: list[float] = []
-    daemon_cpu_s = children_cpu_s = 0.0
+    daemon_cpu_s = children_cpu_s = xargs_cpu_s = 0.0
     passes_run, passes_s = 0, 0.0
     with tempfile.TemporaryDirectory(prefix="spotbag-bench-dispatch-") as tmp:
         state = Path(tmp)
@@ -193,7 +198,9 @@ def main() -> None:
                 passes_s += passes1[1] - passes0[1]
                 daemon_cpu_s += own1 - own0
                 children_cpu_s += children1 - children0
-                xargs_s.append(run_xargs(n, state))
+                took, cpu = run_xargs(n, state)
+                xargs_s.append(took)
+                xargs_cpu_s += cpu
         finally:
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
@@ -226,6 +233,20 @@ def main() -> None:
     print(
         f"daemon CPU: {1000 * daemon_cpu_s / jobs_run:.2f} ms/job of its own "
         f"(+ {1000 * children_cpu_s / jobs_run:.2f} ms/job in the job processes it reaped)",
+        file=out,
+    )
+    # What the CPU time alone allows: a run can be no shorter than its CPU time spread
+    # over every CPU of the host, however well the daemon overlaps with its jobs.
+    cpus = os.cpu_count() or 1
+    spotbag_cpu_ms = 1000 * (daemon_cpu_s + children_cpu_s) / jobs_run
+    floor_ms = spotbag_cpu_ms / cpus
+    daemon_allowed_ms = TARGET_RATIO * xargs_ms * cpus - 1000 * children_cpu_s / jobs_run
+    print(
+        f"CPU a job: spotbag {spotbag_cpu_ms:.2f} ms (daemon and jobs), xargs "
+        f"{1000 * xargs_cpu_s / jobs_run:.2f} ms (xargs and its shells); spread over {cpus} "
+        f"CPUs, spotbag's alone takes {floor_ms:.2f} ms a job = {floor_ms / xargs_ms:.2f}x "
+        f"xargs's wall time at best: {TARGET_RATIO:g}x needs the daemon's own CPU at most "
+        f"{daemon_allowed_ms:.2f} ms a job here, with jobs as costly",
         file=out,
     )
     print(
