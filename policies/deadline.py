@@ -684,11 +684,16 @@ def _last_round_fits(
     worst = times.worst_h(work, age)
     if inputs.checkpoint_h is not None:
         # Planned at its last checkpoint (`unsaved` ago, `work + unsaved` left then):
-        # the slack is the same now.
-        shortest, _, _ = deadline_checkpoint_interval_h(
-            work + unsaved, switch_by + unsaved, inputs.checkpoint_h, times.restart_h
+        # the slack is the same now. The restart is the on-demand launch, as the
+        # scheduler's bounds take it (a grid-rounded one could find bounds it has not).
+        shortest, longest, to_end = deadline_checkpoint_interval_h(
+            work + unsaved, switch_by + unsaved, inputs.checkpoint_h, launch
         )
-        worst = np.where(np.isnan(shortest), worst, np.minimum(worst, switch_by))
+        # Bounded while its next checkpoint, due by `longest` after the last, can still
+        # be written in time (or it may run to its end): past that (a checkpoint that
+        # failed, or none planned) its worst case is its own.
+        kept = to_end | (unsaved <= longest + inputs.checkpoint_h)
+        worst = np.where(~np.isnan(shortest) & kept, np.minimum(worst, switch_by), worst)
     if not len(left):
         return _attempts_end_in_time(times, work, age, switch_by, worst, risk)
     slots = np.flatnonzero(spot_slot)  # in the order of the spot attempts
@@ -726,8 +731,10 @@ def deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h: float, restart
     """The checkpoint intervals that let a spot attempt end within `hours_h` of its
     last checkpoint whatever befalls it, its retry after a preemption on an on-demand
     VM (docs/design.md#deadline-checkpoints): (shortest, longest, to_end) for `work_h`
-    left at that checkpoint, hours from it; shortest and longest nan where no plan
-    does; to_end where running to the end without another checkpoint does.
+    left at that checkpoint, hours from it; shortest and longest nan where the test
+    below finds no plan (it is sufficient, not necessary: plans of shrinking intervals
+    fit a little beyond it, about w <= s²/2δ; missing them costs on-demand hours, never
+    the deadline); to_end where running to the end without another checkpoint does.
 
     A preemption just before a checkpoint is written loses the interval i since the
     last one; the retry, after a restart R, redoes it and the rest. With s = hours − w
@@ -735,8 +742,9 @@ def deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h: float, restart
     the slack, and running to the end ends in time when w <= s (all of it lost just
     before the end). Checkpointing every τ, the worst case ends by w + τ + n·δ + R,
     n = ⌈w/τ⌉ − 1 <= w/τ, so a plan exists when τ + w·δ/τ <= s for some τ:
-    s² >= 4·w·δ (then τ = √(w·δ) fits). Longest: the largest root, τ = (s + √(s² −
-    4·w·δ))/2, and at most s − δ (its own segment fits). Shortest: the checkpoint must
+    s² >= 4·w·δ (then τ = √(w·δ) fits). Longest: the largest root of that even
+    plan's condition, τ = (s + √(s² − 4·w·δ))/2, and at most s − δ (its own segment
+    fits). Shortest: the checkpoint must
     leave a plan for what is left, (s − δ)² >= 4·(w − i)·δ, so i >= w − (s − δ)²/(4·δ);
     when that is above the longest, only running to the end fits (and does). Any
     choice between them, made afresh at every checkpoint, keeps the bound: the

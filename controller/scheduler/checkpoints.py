@@ -125,9 +125,11 @@ class CheckpointTimer:
                 due = now + left_s  # review
             else:
                 interval_s = min(max(wanted_s, shortest_s), longest_s)
-                due = max(
-                    attempt.mark_at + interval_s, now, attempt.mark_at + settings.min_interval_s
-                )
+                # The floor between checkpoints (`min_interval_s`, real s) gives way to the
+                # longest bound: at a large time_scale one real second is many model
+                # minutes, and the policy counts on a checkpoint by the bound.
+                interval_s = min(max(interval_s, settings.min_interval_s), longest_s)
+                due = max(attempt.mark_at + interval_s, now)
                 interval_h = interval_s * to_h
         elif interval_h is None:
             due = now + left_s  # review

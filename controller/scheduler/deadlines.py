@@ -167,6 +167,9 @@ class Deadlines:
         self.project_every_s = PROJECT_EVERY_S
         # How long a decision stands when nothing changes (real s): the policy's lag.
         self.decide_every_s = min(DECIDE_EVERY_S, DECIDE_EVERY_H * 3600.0 / world.time_scale)
+        # Whether the checkpoint timer plans checkpoints (not with `checkpoint.policy =
+        # "none"`): without, no attempt keeps the deadline's bounds.
+        self.checkpoints_planned = True
 
     def forget(self) -> None:
         """Drop every bag's decision and projection (after a recovery: they are made
@@ -515,14 +518,15 @@ class Deadlines:
         own = float(own_s[idx]) if idx < len(own_s) else math.nan
         return estimate_h if math.isnan(own) else own * bag.estimate_scale() * to_h
 
-    @staticmethod
-    def _bounds_checkpoints(bag: BagRun) -> bool:
+    def _bounds_checkpoints(self, bag: BagRun) -> bool:
         """Whether the bag's spot attempts keep their checkpoints within its deadline's
         bounds: the deadline policy's bags that escalate and checkpoint (not Uniform
-        Progress's, the baseline, which plans without them)."""
+        Progress's, the baseline, which plans without them), while the checkpoint timer
+        plans checkpoints at all (`checkpoints_planned`)."""
         spec = bag.spec
         return (
-            spec.checkpointable
+            self.checkpoints_planned
+            and spec.checkpointable
             and spec.on_demand_mode == "when_needed"
             and spec.deadline_policy != "uniform_progress"
         )

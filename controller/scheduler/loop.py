@@ -220,6 +220,7 @@ class Scheduler:
         )
         self.deadlines.on_ready = self.inbox.wake.set  # its completion-time tables built
         self.checkpoints.interval_bounds_s = self.deadlines.checkpoint_interval_bounds_s
+        self.deadlines.checkpoints_planned = checkpointing.policy != "none"
         self.planning = Planning(
             world=self.world,
             executor=executor,

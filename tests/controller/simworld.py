@@ -102,6 +102,7 @@ async def world(
     driver=None,
     executor=None,
     ids=None,
+    checkpointing=None,
 ) -> Scheduler:
     """A scheduler on `path`'s database; pass a driver/executor to keep them across a restart."""
     if store is None:
@@ -132,6 +133,7 @@ async def world(
         controller_id=f"test-{seed}",
         book=book,
         ledger=cfg.ledger,
+        checkpointing=checkpointing,
     )
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from controller.bags.admission import admit
 from controller.clock import SimClock
+from controller.config import CheckpointConfig
 from controller.executors.base import CheckpointEvent
 from controller.scheduler.runs import AttemptRun, VmRun, capacity_of
 from controller.store import WriteBatch
@@ -34,10 +35,10 @@ def deadline_config():
     return config(**{"preemption.model": "exponential", "preemption.mttf_h": 3.0})
 
 
-async def scheduler_with_bag(tmp_path, **extra):
+async def scheduler_with_bag(tmp_path, checkpointing=None, **extra):
     cfg = deadline_config()
     clock = SimClock(START)
-    scheduler = await world(tmp_path, clock, 1, cfg)
+    scheduler = await world(tmp_path, clock, 1, cfg, checkpointing=checkpointing)
     spec = bag(8, runtime_s=HOUR, deadline="10h", **extra)
     spec["resources"]["vm_types"] = ["small"]
     await admit(
@@ -305,6 +306,14 @@ async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines
         else:
             assert bounds[0] < bounds[1] < dp_s
             assert planned_s == pytest.approx(bounds[1])
+            # The floor between checkpoints gives way to the bound (a floor of real
+            # seconds is long in model time at a large time_scale).
+            timer = scheduler.checkpoints
+            floor = timer.settings
+            timer.settings = floor.model_copy(update={"min_interval_s": 2 * bounds[1]})
+            timer.plan(attempt, at)
+            assert attempt.due_at - attempt.mark_at == pytest.approx(bounds[1])
+            timer.settings = floor
     inputs, _ = deadlines._inputs(run, at)
     assert inputs.checkpoint_h == pytest.approx(1 / 60)
     # On an on-demand VM: no bounds (never preempted).
@@ -312,9 +321,15 @@ async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines
     od_attempt = place(scheduler, od_vm, at, batch)
     assert deadlines.checkpoint_interval_bounds_s(od_attempt, at) is None
 
-    for extra in ({"on_demand": "never"}, {"deadline_policy": "uniform_progress"}):
+    # Nor for a bag that does not escalate, Uniform Progress's, or with a checkpoint timer
+    # that plans no checkpoint (`checkpoint.policy = "none"`).
+    for extra in (
+        {"on_demand": "never"},
+        {"deadline_policy": "uniform_progress"},
+        {"checkpointing": CheckpointConfig(policy="none")},
+    ):
         other = await scheduler_with_bag(
-            tmp_path / next(iter(extra.values())),
+            tmp_path / str(next(iter(extra))),
             checkpointable=True,
             checkpoint_cost_s=60,
             **extra,

@@ -403,6 +403,75 @@ def test_the_last_round_counts_on_the_deadlines_checkpoint_cap() -> None:
     )
 
 
+def test_an_attempt_past_its_checkpoint_bound_is_not_counted_as_bounded() -> None:
+    """Twenty running one-hour jobs, each `unsaved` hours past its last checkpoint (so 1 h
+    was left there), 0.4 h of slack beyond a retry's worst case from that checkpoint:
+    the longest interval the deadline allows is 0.28 h. An attempt within it (0.2 h
+    unsaved) has its checkpoint due in time and counts its worst case as ending by the
+    switch; one past it, 0.4 h > longest + δ (its checkpoint failed, or its timer plans
+    none), may lose all of that and more: it counts its own worst case, and the bag is
+    at risk."""
+    _, times = plan()
+    lag = 10 / 60
+    from_mark_h = 2 * LAUNCH_H + 1.0 + lag + 0.4  # the deadline, hours from the checkpoint
+    _, longest, _ = deadline_checkpoint_interval_h(
+        1.0, from_mark_h - lag - LAUNCH_H, STEP_H, LAUNCH_H
+    )
+    assert float(longest) == pytest.approx(0.282, abs=0.001)
+
+    def decision(unsaved_h: float):
+        inputs = inputs_for(
+            np.array([]),
+            20,
+            from_mark_h - unsaved_h,
+            checkpoint_h=STEP_H,
+            spot_work_h=np.full(20, 1.0 - unsaved_h),
+            spot_age_h=np.full(20, 1.0),
+            spot_unsaved_h=np.full(20, unsaved_h),
+        )
+        return decide(inputs, times, project=False)
+
+    assert not decision(0.2).at_risk
+    assert decision(0.4).at_risk
+
+
+def test_the_policy_finds_bounds_only_where_the_scheduler_does() -> None:
+    """The scheduler bounds checkpoints with the on-demand launch as the restart; the
+    completion-time tables round theirs to the grid (4 min here, the launch 5). Where
+    the launch leaves no plan, the policy must not count the attempt as bounded: it
+    decides as if no checkpoint were bounded (with the tables' restart it found a plan,
+    trusted bounds the timer never applied, and kept 20 slots on spot)."""
+    _, times = plan()
+    lag, launch = 10 / 60, 5 / 60
+    assert times.restart_h == pytest.approx(LAUNCH_H) and launch > LAUNCH_H
+    to_switch_h, unsaved_h = 1.44, 0.1  # from the last checkpoint, 1 h left there
+    shortest, _, _ = deadline_checkpoint_interval_h(1.0, to_switch_h, STEP_H, launch)
+    assert math.isnan(float(shortest))
+    assert not math.isnan(
+        float(deadline_checkpoint_interval_h(1.0, to_switch_h, STEP_H, LAUNCH_H)[0])
+    )
+
+    def decision(checkpoint_h: float | None):
+        inputs = inputs_for(
+            np.array([]),
+            20,
+            to_switch_h + lag + launch - unsaved_h,
+            checkpoint_h=checkpoint_h,
+            on_demand_launch_h=launch,
+            spot_work_h=np.full(20, 1.0 - unsaved_h),
+            spot_age_h=np.full(20, 1.0),
+            spot_unsaved_h=np.full(20, unsaved_h),
+        )
+        return decide(inputs, times, project=False)
+
+    bounded, unbounded = decision(STEP_H), decision(None)
+    assert unbounded.at_risk
+    assert (bounded.on_demand_slots, bounded.at_risk) == (
+        unbounded.on_demand_slots,
+        unbounded.at_risk,
+    )
+
+
 def test_list_schedule() -> None:
     assert list_schedule_h([3, 3, 2, 2, 2], [0, 0]) == 7  # 3 + 2 + 2 and 3 + 2
     assert list_schedule_h([], [1.0, 2.0]) == 2.0
