@@ -138,7 +138,10 @@ class CheckpointTimer:
         attempt.due_at = due
         heapq.heappush(self._due, (due, attempt.id, interval_h is not None))
         log.debug(
-            "%s: %s in %.1f s", attempt.id, "checkpoint" if interval_h else "review", due - now
+            "%s: %s in %.1f s",
+            attempt.id,
+            "checkpoint" if interval_h is not None else "review",
+            due - now,
         )
 
     def next_due(self) -> float | None:
