@@ -731,37 +731,51 @@ def deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h: float, restart
     """The checkpoint intervals that let a spot attempt end within `hours_h` of its
     last checkpoint whatever befalls it, its retry after a preemption on an on-demand
     VM (docs/design.md#deadline-checkpoints): (shortest, longest, to_end) for `work_h`
-    left at that checkpoint, hours from it; shortest and longest nan where the test
-    below finds no plan (it is sufficient, not necessary: plans of shrinking intervals
-    fit a little beyond it, about w <= s²/2δ; missing them costs on-demand hours, never
-    the deadline); to_end where running to the end without another checkpoint does.
+    left at that checkpoint, hours from it; shortest and longest nan where no plan
+    does; to_end where running to the end without another checkpoint does.
 
     A preemption just before a checkpoint is written loses the interval i since the
     last one; the retry, after a restart R, redoes it and the rest. With s = hours − w
-    − R the slack, that ends in time when i + δ <= s; each checkpoint (δ) takes δ of
-    the slack, and running to the end ends in time when w <= s (all of it lost just
-    before the end). Checkpointing every τ, the worst case ends by w + τ + n·δ + R,
-    n = ⌈w/τ⌉ − 1 <= w/τ, so a plan exists when τ + w·δ/τ <= s for some τ:
-    s² >= 4·w·δ (then τ = √(w·δ) fits). Longest: the largest root of that even
-    plan's condition, τ = (s + √(s² − 4·w·δ))/2, and at most s − δ (its own segment
-    fits). Shortest: the checkpoint must
-    leave a plan for what is left, (s − δ)² >= 4·(w − i)·δ, so i >= w − (s − δ)²/(4·δ);
-    when that is above the longest, only running to the end fits (and does). Any
-    choice between them, made afresh at every checkpoint, keeps the bound: the
-    scheduler clips the checkpoint DP's interval to them
-    (controller/scheduler/checkpoints.py). Vectorised over `work_h` and `hours_h`."""
+    − R the slack, that ends in time when i + δ <= s; a checkpoint leaves the slack
+    s − δ for the work w − i left, and running to the end ends in time when w <= s
+    (all of it lost just before the end). So n more checkpoints cover at most
+    Σ_{k=1..n} (s − k·δ) + (s − n·δ) of work, and a plan exists when w <= F(s),
+    F(s) = max over n >= 0 of (n + 1)·s − δ·n·(n + 3)/2 (`_most_work_h`). Longest:
+    s − δ (its own segment fits). Shortest: the checkpoint must leave a plan for what
+    is left, w − i <= F(s − δ); when that is above the longest, only running to the
+    end fits (and then does: F(s) = max(s, s − δ + F(s − δ))). Any choice between
+    them, made afresh at every checkpoint, keeps the bound: the scheduler clips the
+    checkpoint DP's interval to them (controller/scheduler/checkpoints.py).
+    Vectorised over `work_h` and `hours_h`."""
     work = np.asarray(work_h, dtype=float)
     slack = np.asarray(hours_h, dtype=float) - work - restart_h
-    disc = slack * slack - 4.0 * work * checkpoint_h
-    # (An interval at the shortest bound leaves the next discriminant 0 up to rounding.)
-    feasible = (slack > 0) & (disc >= -1e-12 * (slack * slack + 1.0))
-    root = (slack + np.sqrt(np.maximum(disc, 0.0))) / 2
-    longest = np.where(feasible, np.minimum(root, slack - checkpoint_h), np.nan)
-    after = np.maximum(slack - checkpoint_h, 0.0)
-    least = np.maximum(0.0, work - after * after / (4.0 * checkpoint_h))
+    most = _most_work_h(slack, checkpoint_h)
+    # An interval at the shortest bound leaves the next checks equalities, up to rounding.
+    feasible = (slack > 0) & (work <= most + 1e-12 * (1.0 + np.abs(most)))
+    longest = np.where(feasible, slack - checkpoint_h, np.nan)
+    least = np.maximum(0.0, work - _most_work_h(slack - checkpoint_h, checkpoint_h))
+    to_end = feasible & (work <= slack + 1e-12 * (1.0 + np.abs(slack)))
+    # Where the end does not fit, a plan that exists has shortest <= longest: above it
+    # only by rounding (intervals at the bound all along), it is the longest.
+    least = np.where(to_end, least, np.minimum(least, longest))
     shortest = np.where(feasible, least, np.nan)
-    to_end = feasible & (work <= slack)
     return shortest, longest, to_end
+
+
+def _most_work_h(slack_h, checkpoint_h: float) -> np.ndarray:
+    """F(s) = max over n >= 0 of (n + 1)·s − δ·n·(n + 3)/2: the most work a plan of n
+    more checkpoints, each interval the longest its slack allows (s − δ, s − 2δ, ...),
+    then the run to the end, keeps within slack s whatever befalls it. Concave in n:
+    the best n is next to s/δ − 3/2. Without a checkpoint cost, unbounded."""
+    s = np.asarray(slack_h, dtype=float)
+    if checkpoint_h <= 0:
+        return np.where(s > 0, np.inf, s)
+    low = np.floor(np.maximum(s / checkpoint_h - 1.5, 0.0))
+    high = low + 1.0
+    return np.maximum(
+        (low + 1.0) * s - checkpoint_h * low * (low + 3.0) / 2.0,
+        (high + 1.0) * s - checkpoint_h * high * (high + 3.0) / 2.0,
+    )
 
 
 def _dispatch_order(inputs: DeadlineInputs) -> np.ndarray:

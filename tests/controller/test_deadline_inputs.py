@@ -269,7 +269,7 @@ async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines
     switch (deadline − lag − launch) from its last checkpoint: the bound the policy's
     last round counts on (`DeadlineInputs.checkpoint_h`). With 1.32 h to go the DP's
     interval is too long (a preemption just before it would leave the retry too little
-    time) and the longest bound (10 min) is taken; with 1.25 h no plan fits, and the
+    time) and the longest bound (15 min) is taken; with 1.2 h no plan fits, and the
     DP's stands. Early in the bag, on an on-demand VM, for a bag that does not
     escalate, and for Uniform Progress's, there are no bounds."""
     scheduler = await scheduler_with_bag(tmp_path, checkpointable=True, checkpoint_cost_s=60)
@@ -279,7 +279,7 @@ async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines
     assert deadlines.checkpoint_interval_bounds_s(early, START) is None
     launch_h = deadlines.book.launch_h
     lag_h = deadlines.decide_every_s / HOUR + launch_h
-    for to_go_h, expect in ((1.8, "dp"), (1.32, "longest"), (1.25, "none")):
+    for to_go_h, expect in ((1.8, "dp"), (1.32, "longest"), (1.2, "none")):
         at = START + (10 - to_go_h) * HOUR
         vm = running_vm(scheduler, f"vm-{to_go_h}", "small", at)
         attempt = place(scheduler, vm, at, batch)

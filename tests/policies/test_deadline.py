@@ -347,16 +347,20 @@ def test_checkpoint_intervals_within_the_deadlines_bounds_keep_the_worst_case_in
     where; 1.0 runs to the end where that is allowed) ends within the hours whatever
     befalls it: its VM dying just before each checkpoint is written, or just before
     the end, and its retry redoing the work since the last one, and the rest, after a
-    restart. Where there are no bounds, no plan could: even one checkpoint every
-    √(w·δ) would not."""
+    restart. Where there are no bounds, no plan could: not even the one that takes the
+    longest interval its slack allows at every checkpoint (s − δ, s − 2δ, ...), for any
+    number of checkpoints."""
     shortest, longest, _ = (
         float(x) for x in deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h, restart_h)
     )
     slack = hours_h - work_h - restart_h
     if math.isnan(shortest):
         assert math.isnan(longest)
-        assert slack <= 0 or 2 * math.sqrt(work_h * checkpoint_h) > slack - 1e-9
+        n = np.arange(0, 5000)
+        most = np.max((n + 1) * slack - checkpoint_h * n * (n + 3) / 2)
+        assert slack <= 0 or work_h > most - 1e-9
         return
+    assert longest == pytest.approx(slack - checkpoint_h)
     at, left, worst = 0.0, work_h, work_h
     for pick in [*picks, 1.0] * 50:
         low, high, to_end = (
@@ -375,16 +379,14 @@ def test_checkpoint_intervals_within_the_deadlines_bounds_keep_the_worst_case_in
     assert left == 0.0
     assert worst <= hours_h + 1e-9
     assert at <= hours_h + 1e-9
-    if longest < slack - checkpoint_h - 1e-9:  # the largest root: longer fails τ + w·δ/τ <= s
-        assert longest + work_h * checkpoint_h / longest == pytest.approx(slack)
 
 
 def test_the_last_round_counts_on_the_deadlines_checkpoint_cap() -> None:
     """Twenty one-hour jobs, one per slot, the deadline at each spot attempt's own 0.99
     quantile: planned with the DP's checkpoints, a VM dying late leaves its retry no
     time, and 19 slots go on-demand. With the scheduler capping each attempt's interval
-    by the deadline (`checkpoint_h`: a checkpoint every 0.575 h, 2 min each), the worst
-    case (lose 0.575 h, a launch, the whole hour again) still ends in time: none do."""
+    by the deadline (`checkpoint_h`: 2-min checkpoints), the worst case (lose an
+    interval, a launch, the whole hour again) still ends in time: none do."""
     _, times = plan()
     works = np.full(20, 1.0)
     lag = 10 / 60
@@ -406,18 +408,18 @@ def test_the_last_round_counts_on_the_deadlines_checkpoint_cap() -> None:
 def test_an_attempt_past_its_checkpoint_bound_is_not_counted_as_bounded() -> None:
     """Twenty running one-hour jobs, each `unsaved` hours past its last checkpoint (so 1 h
     was left there), 0.4 h of slack beyond a retry's worst case from that checkpoint:
-    the longest interval the deadline allows is 0.28 h. An attempt within it (0.2 h
-    unsaved) has its checkpoint due in time and counts its worst case as ending by the
-    switch; one past it, 0.4 h > longest + δ (its checkpoint failed, or its timer plans
-    none), may lose all of that and more: it counts its own worst case, and the bag is
-    at risk."""
+    the longest interval the deadline allows is 0.37 h (the slack less a checkpoint).
+    An attempt within it (0.2 h unsaved) has its checkpoint due in time and counts its
+    worst case as ending by the switch; one past it, 0.45 h > longest + δ = 0.4 h (its
+    checkpoint failed, or its timer plans none), may lose all of that and more: it
+    counts its own worst case, and the bag is at risk."""
     _, times = plan()
     lag = 10 / 60
     from_mark_h = 2 * LAUNCH_H + 1.0 + lag + 0.4  # the deadline, hours from the checkpoint
     _, longest, _ = deadline_checkpoint_interval_h(
         1.0, from_mark_h - lag - LAUNCH_H, STEP_H, LAUNCH_H
     )
-    assert float(longest) == pytest.approx(0.282, abs=0.001)
+    assert float(longest) == pytest.approx(0.4 - STEP_H)
 
     def decision(unsaved_h: float):
         inputs = inputs_for(
@@ -432,7 +434,7 @@ def test_an_attempt_past_its_checkpoint_bound_is_not_counted_as_bounded() -> Non
         return decide(inputs, times, project=False)
 
     assert not decision(0.2).at_risk
-    assert decision(0.4).at_risk
+    assert decision(0.45).at_risk
 
 
 def test_the_policy_finds_bounds_only_where_the_scheduler_does() -> None:
@@ -444,7 +446,7 @@ def test_the_policy_finds_bounds_only_where_the_scheduler_does() -> None:
     _, times = plan()
     lag, launch = 10 / 60, 5 / 60
     assert times.restart_h == pytest.approx(LAUNCH_H) and launch > LAUNCH_H
-    to_switch_h, unsaved_h = 1.44, 0.1  # from the last checkpoint, 1 h left there
+    to_switch_h, unsaved_h = 1.345, 0.1  # from the last checkpoint, 1 h left there
     shortest, _, _ = deadline_checkpoint_interval_h(1.0, to_switch_h, STEP_H, launch)
     assert math.isnan(float(shortest))
     assert not math.isnan(
