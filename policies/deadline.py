@@ -132,6 +132,9 @@ class DeadlineInputs:
     `queued_work_h`: jobs waiting (work left each); `spot_work_h` / `spot_age_h`: jobs
     running on spot VMs (work left, VM age), `spot_unsaved_h` their work since their
     last checkpoint (what a preemption now would lose; empty: unknown, taken as 0);
+    `spot_since_mark_h`: their time since their last checkpoint, not capped by their
+    estimate as `spot_unsaved_h` is (a job may outrun it): what the checkpoint timer
+    bounds their checkpoints from (`checkpoint_h`); None: `spot_unsaved_h`;
     `on_demand_left_h`: time left of the jobs running on on-demand VMs;
     `free_spot_age_h`: ages of the live spot VMs free slots hold (their next spot
     attempts reuse them, planned at those ages; empty: every next attempt on a fresh
@@ -153,6 +156,7 @@ class DeadlineInputs:
     spot_work_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_unsaved_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spot_since_mark_h: np.ndarray | None = None
     free_spot_age_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     on_demand_left_h: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spot_price_per_hour: float = 0.0
@@ -479,6 +483,10 @@ def fallback_on_demand(
     # ahead of the fresh jobs (retries go first).
     unsaved = _array(inputs.spot_unsaved_h)
     running_unsaved = unsaved if len(unsaved) == len(spot_work) else np.zeros(len(spot_work))
+    since = (
+        running_unsaved if inputs.spot_since_mark_h is None else _array(inputs.spot_since_mark_h)
+    )
+    running_since = since if len(since) == len(spot_work) else running_unsaved
     worst, retry = -1, np.zeros(0)
     if len(unsaved) == len(spot_work) and len(unsaved) and unsaved.max() > 0:
         i = int(np.argmax(unsaved))
@@ -535,7 +543,7 @@ def fallback_on_demand(
                 np.concatenate([_array(inputs.spot_age_h), spot_age_next]),
                 # a launch before a next attempt on a fresh VM
                 np.concatenate([np.zeros(len(spot_work)), np.where(spot_age_next > 0, 0, launch)]),
-                np.concatenate([running_unsaved, np.zeros(len(spot_next))]),
+                np.concatenate([running_since, np.zeros(len(spot_next))]),
             )
             if not _last_round_fits(inputs, times, free_at, spot_slot, spot, left, limit):
                 return False
@@ -670,12 +678,12 @@ def _last_round_fits(
     (a) alone when no job is left. A slot may take two short jobs in turn, which
     counting slots free by limit − w_max, one a job (an earlier (b)), did not see: it
     bought on-demand VMs a bag at 1.1× did not need. `spot`: the spot attempts' work
-    left, VM age, launch before them and work since their last checkpoint.
+    left, VM age, launch before them and time since their last checkpoint (`spot_since_mark_h`).
 
     With `checkpoint_h` set the scheduler keeps each spot attempt's checkpoints within
     the deadline's bounds where there are some (`deadline_checkpoint_interval_h`): its
     worst case then ends by its time to switch, F'_j = 1 there."""
-    work, age, before, unsaved = spot
+    work, age, before, since = spot
     launch = inputs.on_demand_launch_h
     risk = 1.0 - inputs.confidence
     # Each attempt's own time to the switch (a): with its checkpoints within the
@@ -683,16 +691,16 @@ def _last_round_fits(
     switch_by = limit - before - launch
     worst = times.worst_h(work, age)
     if inputs.checkpoint_h is not None:
-        # Planned at its last checkpoint (`unsaved` ago, `work + unsaved` left then):
-        # the slack is the same now. The restart is the on-demand launch, as the
-        # scheduler's bounds take it (a grid-rounded one could find bounds it has not).
+        # Planned at its last checkpoint (`since` ago, `work + since` left then), as
+        # the checkpoint timer plans it: the slack is the same now. The restart is the
+        # on-demand launch, as the timer's bounds take it.
         shortest, longest, to_end = deadline_checkpoint_interval_h(
-            work + unsaved, switch_by + unsaved, inputs.checkpoint_h, launch
+            work + since, switch_by + since, inputs.checkpoint_h, launch
         )
         # Bounded while its next checkpoint, due by `longest` after the last, can still
         # be written in time (or it may run to its end): past that (a checkpoint that
         # failed, or none planned) its worst case is its own.
-        kept = to_end | (unsaved <= longest + inputs.checkpoint_h)
+        kept = to_end | (since <= longest + inputs.checkpoint_h)
         worst = np.where(~np.isnan(shortest) & kept, np.minimum(worst, switch_by), worst)
     if not len(left):
         return _attempts_end_in_time(times, work, age, switch_by, worst, risk)
@@ -727,6 +735,13 @@ def _attempts_end_in_time(
     return float(np.prod(in_time)) >= 1.0 - risk
 
 
+# How far past a bound `deadline_checkpoint_interval_h` still counts as on it (hours):
+# 3.6 ms. A plan at its shortest bound leaves every later check an equality, and hours
+# computed from epoch seconds carry ~1e-10 h of rounding a step (one in six such plans
+# lost its bounds mid-tail with a relative 1e-12); the worst case may end that much late.
+BOUNDS_TOLERANCE_H = 1e-6
+
+
 def deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h: float, restart_h: float):
     """The checkpoint intervals that let a spot attempt end within `hours_h` of its
     last checkpoint whatever befalls it, its retry after a preemption on an on-demand
@@ -750,11 +765,12 @@ def deadline_checkpoint_interval_h(work_h, hours_h, checkpoint_h: float, restart
     work = np.asarray(work_h, dtype=float)
     slack = np.asarray(hours_h, dtype=float) - work - restart_h
     most = _most_work_h(slack, checkpoint_h)
-    # An interval at the shortest bound leaves the next checks equalities, up to rounding.
-    feasible = (slack > 0) & (work <= most + 1e-12 * (1.0 + np.abs(most)))
+    # An interval at the shortest bound leaves the next checks equalities, up to the
+    # rounding of the clock's epoch seconds (BOUNDS_TOLERANCE_H).
+    feasible = (slack > 0) & (work <= most + BOUNDS_TOLERANCE_H)
     longest = np.where(feasible, slack - checkpoint_h, np.nan)
     least = np.maximum(0.0, work - _most_work_h(slack - checkpoint_h, checkpoint_h))
-    to_end = feasible & (work <= slack + 1e-12 * (1.0 + np.abs(slack)))
+    to_end = feasible & (work <= slack + BOUNDS_TOLERANCE_H)
     # Where the end does not fit, a plan that exists has shortest <= longest: above it
     # only by rounding (intervals at the bound all along), it is the longest.
     least = np.where(to_end, least, np.minimum(least, longest))

@@ -421,7 +421,7 @@ class Deadlines:
             return None
         # One sweep over the attempts gives the running ones, each with its work left
         # (`_work_left_h`).
-        spot_work, spot_age, spot_unsaved, od_left = [], [], [], []
+        spot_work, spot_age, spot_unsaved, spot_since, od_left = [], [], [], [], []
         for attempt in world.attempts.values():
             if attempt.bag_id != bag.id or attempt.cancelling:
                 continue
@@ -438,6 +438,7 @@ class Deadlines:
                 # work since its last checkpoint, at most the job's estimate left (as
                 # the simulator's min(done, work) − saved).
                 spot_unsaved.append(max(0.0, min(since_mark_h, job_h - saved_h)))
+                spot_since.append(since_mark_h)  # as the checkpoint timer's bounds take it
             else:
                 od_left.append(left_h)
         slots = max(1, min(bag.open_jobs, self.max_vms * spot_slots))
@@ -451,6 +452,7 @@ class Deadlines:
             spot_work_h=np.asarray(spot_work, dtype=float),
             spot_age_h=np.asarray(spot_age, dtype=float),
             spot_unsaved_h=np.asarray(spot_unsaved, dtype=float),
+            spot_since_mark_h=np.asarray(spot_since, dtype=float),
             free_spot_age_h=np.asarray(
                 self._reusable_spot_ages_h(bag, now, estimate_h, slots), dtype=float
             ),

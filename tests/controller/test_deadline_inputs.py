@@ -339,3 +339,35 @@ async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines
         assert other.deadlines.checkpoint_interval_bounds_s(attempt, at) is None
         other_inputs = other.deadlines._inputs(other.world.bags[BAG], at)
         assert other_inputs is None or other_inputs[0].checkpoint_h is None
+
+
+async def test_the_policy_bounds_a_job_past_its_estimate_as_the_timer_does(tmp_path):
+    """A spot attempt running 1.15 h of a 1-h estimate, 0.27 h from the deadline: what a
+    preemption loses counts at most the estimate (`spot_unsaved_h`), but the checkpoint
+    bounds are planned from the real time since its last checkpoint
+    (`spot_since_mark_h`), as the checkpoint timer plans them: from those inputs the
+    policy finds the timer's bounds (with the capped time, a shortest of 0 where the
+    timer's is 9 min)."""
+    scheduler = await scheduler_with_bag(tmp_path, checkpointable=True, checkpoint_cost_s=60)
+    deadlines, batch = scheduler.deadlines, WriteBatch()
+    run = scheduler.world.bags[BAG]
+    started = run.deadline_at - (1.15 + 0.27) * HOUR
+    attempt = place(scheduler, running_vm(scheduler, "vm-late", "small", started), started, batch)
+    now = started + 1.15 * HOUR
+    inputs, _ = deadlines._inputs(run, now)
+    assert inputs.spot_unsaved_h[0] == pytest.approx(1.0)
+    assert inputs.spot_since_mark_h[0] == pytest.approx(1.15)
+    launch_h = deadlines.book.launch_h
+    lag_h = deadlines.decide_every_s / HOUR + launch_h
+    to_switch_h = (run.deadline_at - now) / HOUR - lag_h - launch_h
+
+    def bounds_from(since_h: float) -> tuple[float, float]:
+        shortest, longest, _ = deadline_checkpoint_interval_h(
+            float(inputs.spot_work_h[0]) + since_h, to_switch_h + since_h, 1 / 60, launch_h
+        )
+        return float(shortest) * HOUR, float(longest) * HOUR
+
+    timer = deadlines.checkpoint_interval_bounds_s(attempt, now)
+    assert timer is not None
+    assert timer[:2] == pytest.approx(bounds_from(float(inputs.spot_since_mark_h[0])))
+    assert timer[0] > 0 and bounds_from(float(inputs.spot_unsaved_h[0]))[0] == 0

@@ -381,6 +381,32 @@ def test_checkpoint_intervals_within_the_deadlines_bounds_keep_the_worst_case_in
     assert at <= hours_h + 1e-9
 
 
+def test_a_plan_at_its_shortest_bound_keeps_its_bounds_on_an_epoch_clock() -> None:
+    """An attempt that takes the shortest interval at every checkpoint leaves each later
+    check an equality (its work exactly what its slack allows). The scheduler computes
+    the hours from epoch seconds, whose rounding is ~1e-10 h a step: the bounds must
+    survive it to the end (with a relative tolerance of 1e-12 they vanished mid-tail,
+    and the DP's uncapped plan stood)."""
+    # (A case a review found: work on the edge of what its slack allows, from the start.)
+    delta, restart = 2.8769570381693383e-05, 0.5099656357073844
+    switch_s = 1_800_000_000.0 + 4.232891339393145 * 3600.0
+    at_s, left = 1_800_000_000.0, 3.708304078856172
+    steps = 0
+    while left > 0:
+        hours_h = (switch_s - at_s) / 3600.0
+        low, high, to_end = (
+            float(x) for x in deadline_checkpoint_interval_h(left, hours_h, delta, restart)
+        )
+        assert not math.isnan(low), f"bounds lost after {steps} checkpoints"
+        if low > high or low >= left:
+            assert to_end
+            break
+        at_s += (low + delta) * 3600.0
+        left -= low
+        steps += 1
+    assert steps > 40
+
+
 def test_the_last_round_counts_on_the_deadlines_checkpoint_cap() -> None:
     """Twenty one-hour jobs, one per slot, the deadline at each spot attempt's own 0.99
     quantile: planned with the DP's checkpoints, a VM dying late leaves its retry no
