@@ -505,9 +505,17 @@ def test_a_vms_preemption_notice_is_kept_across_a_restart(make_daemon, tmp_path)
     daemon = make_daemon(max_vms=1)
     client = daemon.start()
     bag = client.submit(job_bag(tmp_path, 1, 300, max_runtime_s=600))
-    job = wait_until(
-        lambda: (j := client.job(f"{bag['id']}-0"))["state"] == "running" and j, 30, 0.1, "a run"
-    )
+
+    def running() -> dict | None:
+        # Its program running, not only its attempt handed to the executor: a notice
+        # moves an attempt still waiting there elsewhere at once, and its VM, empty,
+        # ends (a CI run met this).
+        job = client.job(f"{bag['id']}-0")
+        attempts = job.get("attempt_list") or []
+        ran = attempts and attempts[-1]["state"] == "running" and attempts[-1]["ran_at"]
+        return job if job["state"] == "running" and ran else None
+
+    job = wait_until(running, 30, 0.1, "a run")
     noticed_at = time.time()
     client.preempt(job["vm_id"], notice_s=240)
 
