@@ -264,7 +264,7 @@ async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines
     tmp_path,
 ):
     """With the deadline near (1 h jobs, 1.8 h to go), a spot attempt's next checkpoint
-    is the DP's (19 min: the exponential fit's MTTF is 3 h) clipped to the bounds
+    is the DP's (19-20 min: the exponential fit's MTTF is 3 h) clipped to the bounds
     `deadline_checkpoint_interval_h` gives for its work and the hours to the policy's
     switch (deadline − lag − launch) from its last checkpoint: the bound the policy's
     last round counts on (`DeadlineInputs.checkpoint_h`). With 1.32 h to go the DP's
@@ -290,7 +290,10 @@ async def test_a_spot_attempt_near_its_deadline_checkpoints_within_the_deadlines
         scheduler.checkpoints.interval_bounds_s = None  # the DP's own plan
         scheduler.checkpoints.plan(attempt, at)
         dp_s = attempt.due_at - attempt.mark_at
-        assert dp_s == pytest.approx(19 * 60)
+        # The DP's interval on its 1-min grid: 19 min on the machines this was written
+        # on, 20 on another with the same code and packages (2026-11-27: a near tie the
+        # CPU's floating-point path decides). What matters here is how bounds clip it.
+        assert 19 * 60 <= dp_s <= 20 * 60
         scheduler.checkpoints.interval_bounds_s = deadlines.checkpoint_interval_bounds_s
         scheduler.checkpoints.plan(attempt, at)
         planned_s = attempt.due_at - attempt.mark_at
