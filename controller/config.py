@@ -476,7 +476,9 @@ class ExecutorConfig(_Section):
         description="Local executor: attempts handed to it beyond what a VM runs at once, as "
         "a fraction of the VM's capacity (1: one more VM-full waits in the daemon), so that "
         "the next starts the moment a job ends, without waiting for a scheduler pass; they "
-        "count as starting, not running, and a cancel ends them at once. 0: only what fits.",
+        "count as starting, not running, and a cancel ends them at once. 0: only what fits. "
+        "For jobs too short for it to last until the next pass, the queue holds two pass "
+        "intervals' worth (at most 16 VM-fulls; docs/architecture.md#local-queue).",
     )
     run_as: str = Field(
         "",

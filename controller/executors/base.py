@@ -24,6 +24,11 @@ Executors differ in three ways the scheduler asks about (class attributes):
   their attempts themselves, at once (local, sim), do not.
 - `queue_ahead`: how much more than a VM's capacity (a fraction of it) may be handed
   to the executor's queue, so that the executor refills a slot the moment it frees.
+- `backlog_pass_interval_s` and `backlogged()`: an executor whose queue refills its
+  slots without the scheduler (the local one) lets the scheduler space its passes by
+  up to this many seconds while `backlogged()` (every VM it runs on has attempts
+  waiting in its queue: no slot goes idle meanwhile); the planner then queues enough
+  short jobs to last that long (docs/architecture.md#local-queue). 0: passes as usual.
 - `vms_settling()`: VMs where an attempt has ended (its program's exit status is in)
   but the engine has not yet said its job did (Slurm: the batch script's end reaches
   slurmctld a moment after the program's). Such a VM is not idle yet: ended now, its
@@ -197,6 +202,10 @@ class Executor(Protocol):
     attempts_outlive_controller: bool
     confirms_ends: bool
     queue_ahead: float
+    backlog_pass_interval_s: float
+
+    def backlogged(self) -> bool:
+        """Whether every VM it runs attempts on has more waiting in its queue."""
 
     def subscribe(self, listener: AttemptListener) -> None: ...
 

@@ -38,6 +38,7 @@ class SimExecutor:
     attempts_outlive_controller = False
     confirms_ends = False  # vm_lost kills the attempts at once
     queue_ahead = 0.0
+    backlog_pass_interval_s = 0.0
 
     def __init__(
         self,
@@ -170,6 +171,9 @@ class SimExecutor:
 
     def vms_settling(self) -> tuple[str, ...]:
         return ()  # an attempt ends when its timer does
+
+    def backlogged(self) -> bool:
+        return False  # it queues nothing
 
     async def shutdown(self) -> None:
         for _, timer in self._timers.values():

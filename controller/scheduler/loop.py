@@ -13,7 +13,8 @@ the only writer of job, attempt and VM state. Each pass (`tick`):
    records the results (the daemon's local starts: with the next pass, `tick`).
 
 The daemon runs `run()`, which ticks when woken by an event or a submission
-(at most every MIN_PASS_INTERVAL_S) and at least every `poll_interval_s`; the
+(at most every MIN_PASS_INTERVAL_S; while the executor's queue keeps every VM busy, at
+most every `executor.backlog_pass_interval_s`) and at least every `poll_interval_s`; the
 simulator calls `tick()` itself while it moves a virtual clock. `recover()` rebuilds
 memory from the store after a restart.
 
@@ -368,8 +369,9 @@ class Scheduler:
             too_soon_s = last_pass_at + MIN_PASS_INTERVAL_S - time.monotonic()
             if too_soon_s > 0:  # at most one pass every MIN_PASS_INTERVAL_S
                 await asyncio.sleep(too_soon_s)
-                if self._stopping:
-                    break
+            await self._while_backlogged(last_pass_at)
+            if self._stopping:
+                break
             last_pass_at = time.monotonic()
             try:
                 if must_recover:
@@ -408,6 +410,21 @@ class Scheduler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.inbox.wake.wait(), timeout)
             self.inbox.wake.clear()
+
+    async def _while_backlogged(self, last_pass_at: float) -> None:
+        """Wait while the executor's queue keeps every VM busy, up to its
+        `backlog_pass_interval_s` after the last pass: what the next pass records
+        (ends, starts) waits a little and comes in one transaction, not a few each, and
+        no slot waits for it (the executor starts the next queued attempt itself).
+        Looked at every MIN_PASS_INTERVAL_S: once a VM's queue runs dry, the pass comes."""
+        interval_s = self.executor.backlog_pass_interval_s
+        while (
+            interval_s > 0
+            and not self._stopping
+            and (left_s := last_pass_at + interval_s - time.monotonic()) > 0
+            and self.executor.backlogged()
+        ):
+            await asyncio.sleep(min(left_s, MIN_PASS_INTERVAL_S))
 
     async def _pause(self, seconds: float) -> None:
         """Sleep `seconds`, or less if the scheduler is stopped meanwhile."""

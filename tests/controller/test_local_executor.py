@@ -538,6 +538,26 @@ async def test_waiting_attempts_end_at_once_when_cancelled_or_their_vm_is_lost(e
     assert executor.running_pids() == {}
 
 
+async def test_backlogged_while_every_vm_has_attempts_waiting_for_room(executor):
+    """backlogged(): every VM it knows has attempts waiting here (the scheduler may
+    then space its passes: nothing would start sooner for one); not with a VM whose
+    queue ran dry, nor with no VM."""
+    assert not executor.backlogged()
+    await executor.vm_started("vm-1", VmType("one", cpus=1, memory_gb=2.0))
+    await executor.vm_started("vm-2", VmType("one", cpus=1, memory_gb=2.0))
+    for i, vm_id in enumerate(("vm-1", "vm-1", "vm-2", "vm-2")):
+        await executor.start(spec("sleep 30", attempt_id=f"b0000000001-{i}.1", vm_id=vm_id))
+    await _until(lambda: len(executor.started) == 2)
+    assert executor.backlogged()
+    await executor.cancel("b0000000001-3.1")  # vm-2's only waiting attempt
+    assert not executor.backlogged()
+    await executor.vm_lost("vm-2")
+    assert executor.backlogged()  # vm-1 still has one waiting
+    await executor.vm_lost("vm-1")
+    assert not executor.backlogged()
+    await _until(lambda: len(_ends(executor)) == 4)
+
+
 async def test_a_rebuild_keeps_the_attempts_waiting_here(executor):
     """recover() while the daemon runs (a pass failed): attempts running or waiting for
     room are the executor's still; one it never had is not."""

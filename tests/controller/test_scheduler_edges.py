@@ -448,6 +448,66 @@ async def test_the_daemons_loop_runs_a_pass_at_most_every_min_pass_interval(tmp_
     assert 5 <= passes <= took_s / scheduler_module.MIN_PASS_INTERVAL_S + 1
 
 
+class Backlogged(SimExecutor):
+    """The sim executor as one whose queue refills VMs without the scheduler (the local
+    one), `backlogged` as a test sets it."""
+
+    backlog_pass_interval_s = 0.05
+    backlog = True
+
+    def backlogged(self) -> bool:
+        return self.backlog
+
+
+async def passes_while_woken(scheduler, seconds: float) -> tuple[int, float]:
+    """(passes, seconds) of the daemon's loop woken all the time for `seconds`."""
+    import time
+
+    began, ticks = time.monotonic(), scheduler.ticks
+    while time.monotonic() - began < seconds:
+        scheduler.inbox.wake.set()  # what every attempt event does
+        await asyncio.sleep(0)
+    return scheduler.ticks - ticks, time.monotonic() - began
+
+
+async def test_the_daemons_loop_spaces_its_passes_while_the_executors_queue_keeps_vms_busy(
+    tmp_path,
+):
+    """Woken all the time, the loop passes at most every backlog_pass_interval_s while
+    the executor is backlogged (every VM has attempts waiting in its queue), and every
+    MIN_PASS_INTERVAL_S again the moment it is not."""
+    cfg = config(**{"scheduler.max_vms": 1})
+    clock = SimClock(0.0)
+    executor = Backlogged(now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(2))
+    scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
+    running = asyncio.create_task(scheduler.run(describe=False))
+    await asyncio.sleep(0.05)
+    spaced, spaced_s = await passes_while_woken(scheduler, 0.4)
+    executor.backlog = False
+    paced, paced_s = await passes_while_woken(scheduler, 0.3)
+    scheduler.stop()
+    await asyncio.wait_for(running, 5)
+    await scheduler.store.close()
+    assert 2 <= spaced <= spaced_s / executor.backlog_pass_interval_s + 1
+    # Unspaced, the same waking gives several times as many passes.
+    assert paced / paced_s > 3 * spaced / spaced_s
+
+
+def test_short_jobs_get_a_queue_that_lasts_until_the_next_spaced_pass():
+    """queue_ahead_for: the configured queue_ahead, or for jobs so short that it would
+    run dry before the next pass at the executor's backlog spacing, two intervals' worth
+    (at most MAX_QUEUE_AHEAD VM-fulls); executors that do not space passes, and a
+    queue_ahead of 0 (only what fits), are left as they are."""
+    from controller.scheduler.planning import MAX_QUEUE_AHEAD, queue_ahead_for
+
+    assert queue_ahead_for(1.0, 0.05, 60.0) == 1.0  # a minute's jobs: as configured
+    assert queue_ahead_for(1.0, 0.05, 0.025) == pytest.approx(4.0)  # 2 * 0.05 / 0.025
+    assert queue_ahead_for(1.0, 0.05, 0.001) == MAX_QUEUE_AHEAD
+    assert queue_ahead_for(0.0, 0.05, 0.001) == 0.0
+    assert queue_ahead_for(1.0, 0.0, 0.001) == 1.0  # Slurm's, the simulator's
+    assert queue_ahead_for(2.5, 0.05, 0.1) == 2.5  # 1.0 of its own would be less
+
+
 async def test_nodes_that_break_in_successive_passes_are_each_terminated(tmp_path):
     """VMs to terminate at once reach the pass through one list the event handlers
     append to: a node that breaks after an earlier pass took that list is terminated

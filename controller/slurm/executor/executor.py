@@ -33,6 +33,7 @@ class SlurmExecutor:
     queues_attempts = True
     attempts_outlive_controller = True
     confirms_ends = True  # an attempt ends once squeue (or jobcomp) says its job did
+    backlog_pass_interval_s = 0.0  # Slurm's queue is not watched between passes
 
     def __init__(
         self,
@@ -193,6 +194,9 @@ class SlurmExecutor:
     def vms_settling(self) -> set[str]:
         """VMs with a job whose program ended but whose batch script Slurm still runs."""
         return self._state.vms_settling()
+
+    def backlogged(self) -> bool:
+        return False  # passes are not spaced (backlog_pass_interval_s 0)
 
     async def shutdown(self) -> None:
         """Stop watching; the jobs run on (they outlive the controller)."""
