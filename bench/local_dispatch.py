@@ -16,6 +16,10 @@ target, the CPU time the daemon process spent per job (its own, from
 /proc/<pid>/stat, polls of the status included; its reaped children apart), and the
 host's load (`uptime`). Target (issue 24): spotbag <= 2x xargs's wall time.
 
+The daemon's state directory, where the jobs' logs go, and xargs's log are in a new
+temporary directory (TMPDIR): the filesystem it is on is printed, since every job
+creates files there (`filesystem_of`).
+
 `--profile FILE` records the daemon with py-spy (if installed) during the spotbag
 rounds: a flame graph (SVG) or, for FILE ending in .txt, collapsed stacks.
 """
@@ -23,6 +27,7 @@ rounds: a flame graph (SVG) or, for FILE ending in .txt, collapsed stacks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -144,6 +149,27 @@ def passes(client) -> tuple[int, float]:
     return int(count), total_s
 
 
+def filesystem_of(path: Path) -> str:
+    """`ext4 at / (/dev/vda, no journal)`: the filesystem `path` is on, from /proc/mounts.
+    It weighs here: every job creates files (its log, exit status and checkpoint
+    directory), and ext4 without a journal skips, one by one, the inodes freed in the
+    last 5-300 s each time it allocates one (kernel: fs/ext4/ialloc.c recently_deleted),
+    so that a run after thousands of files were deleted costs much more CPU a job."""
+    best = ("", "", "?")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        device, mount, fstype = line.split()[:3]
+        inside = str(path).startswith(mount.rstrip("/") + "/") or str(path) == mount
+        if inside and len(mount) >= len(best[1]):
+            best = (device, mount, fstype)
+    device, mount, fstype = best
+    journal = ""
+    if fstype == "ext4":
+        task = Path("/sys/fs/ext4") / Path(device).name / "journal_task"
+        with contextlib.suppress(OSError):
+            journal = ", no journal" if task.read_text().strip() == "<none>" else ", journal"
+    return f"{fstype} at {mount} ({device}{journal})"
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -178,6 +204,7 @@ def main() -> None:
     passes_run, passes_s = 0, 0.0
     with tempfile.TemporaryDirectory(prefix="spotbag-bench-dispatch-") as tmp:
         state = Path(tmp)
+        state_fs = filesystem_of(state.resolve())
         (state / "spotbag.toml").write_text(CONFIG)
         daemon = Daemon(state, state / "spotbag.toml", "bench")
         client = daemon.start()
@@ -254,6 +281,7 @@ def main() -> None:
         f"{1000 * passes_s / max(1, passes_run):.2f} ms each (their own time, store writes included)",
         file=out,
     )
+    print(f"state directory on {state_fs}", file=out)
     print(f"load before: {load_before}", file=out)
     print(f"load after:  {load_after}", file=out)
     if args.jobs == N_JOBS and args.rounds == ROUNDS and not args.profile:
