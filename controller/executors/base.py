@@ -7,7 +7,7 @@ An executor reports what happens to attempts as `AttemptEvent`s (and the
 checkpoints it was asked for as `CheckpointEvent`s) pushed to its subscribers.
 It never decides retries or states: the scheduler does.
 
-Executors differ in three ways the scheduler asks about (class attributes):
+Executors differ in these ways the scheduler asks about (class attributes):
 
 - `joins_vms`: a VM runs attempts only once it has joined the executor's cluster
   (a Slurm node registered); the executor says so with a `NodeEvent`. Until then

@@ -274,6 +274,9 @@ class LocalExecutor:
         self._listeners: list[AttemptListener] = []
         self._to_spawn: list[_Spawn] = []  # starts gathered for one spawner-thread trip
         self._hosts: dict[str, _Host] = {}  # by VM id, as vm_started announced them
+        # The host each attempt waiting for room waits on, by attempt id: a cancel finds
+        # it without a look through every VM's queue (a bag's cancel: one per attempt).
+        self._waiting: dict[str, _Host] = {}
         self._spawning: dict[str, _Spawn] = {}  # by attempt id: processes being started
         self._trips: set[asyncio.Future[None]] = set()  # spawner-thread trips under way
         self._pidfds: _PidfdWatch | None = None  # the running loop's, made at the first start
@@ -354,6 +357,7 @@ class LocalExecutor:
             await asyncio.shield(request.done)
             return ""
         host.waiting.append(request)
+        self._waiting[spec.attempt_id] = host
         self._fill(host)
         return ""
 
@@ -362,6 +366,7 @@ class LocalExecutor:
         planner's, which packed them)."""
         while host.waiting and (host.fits(host.waiting[0].spec) or host.empty()):
             request = host.waiting.popleft()
+            del self._waiting[request.spec.attempt_id]
             host.take(request.spec)
             request.host = host
             request.done.add_done_callback(functools.partial(self._queued_start_failed, request))
@@ -593,14 +598,14 @@ class LocalExecutor:
         """SIGTERM now, SIGKILL after the grace period; returns at once (the end is an
         event). One still waiting for room ends at once; one being started is stopped
         once it is."""
-        for host in self._hosts.values():
-            for request in host.waiting:
+        host = self._waiting.pop(attempt_id, None)
+        if host is not None:
+            for position, request in enumerate(host.waiting):
                 if request.spec.attempt_id == attempt_id:
-                    host.waiting.remove(request)
-                    self._emit(
-                        AttemptEvent(attempt_id, self._now(), Outcome.KILLED, None, "cancelled")
-                    )
-                    return
+                    del host.waiting[position]
+                    break
+            self._emit(AttemptEvent(attempt_id, self._now(), Outcome.KILLED, None, "cancelled"))
+            return
         starting = self._spawning.get(attempt_id)
         if starting is not None:
             starting.stop_reason = starting.stop_reason or "cancelled"
@@ -614,6 +619,7 @@ class LocalExecutor:
         for host in hosts:
             waiting, host.waiting = list(host.waiting), collections.deque()
             for request in waiting:
+                del self._waiting[request.spec.attempt_id]
                 event = AttemptEvent(
                     request.spec.attempt_id, self._now(), Outcome.KILLED, None, reason
                 )

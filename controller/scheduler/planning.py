@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from itertools import islice
 
 from controller.bags.job_command import render_command
 from controller.bags.waiting_jobs import JobQueue
@@ -63,6 +64,21 @@ def queue_ahead_for(queue_ahead: float, backlog_pass_interval_s: float, runtime_
     if queue_ahead <= 0 or backlog_pass_interval_s <= 0 or runtime_s <= 0:
         return queue_ahead
     return max(queue_ahead, min(MAX_QUEUE_AHEAD, 2.0 * backlog_pass_interval_s / runtime_s))
+
+
+# A bag's last this many successes bound its jobs' runtime for the queue's depth.
+LATEST_RUNTIMES = 20
+
+
+def _runtime_bound_s(bag: BagRun) -> float:
+    """A bag's jobs' runtime as the queue's depth takes it: its estimate (the 90th
+    percentile of its recent successes, re-read every 50; before 5, its hint or its
+    max_runtime_s), or the longest of its last LATEST_RUNTIMES successes if longer, so
+    that jobs turning long end a deep queue at once, while one slow job among trivial
+    ones (7.7 ms at the 99th percentile of 2,000 `echo`s, 0.9 ms at the median) leaves
+    it deep for long."""
+    latest = islice(reversed(bag.runtimes_s.order), LATEST_RUNTIMES)
+    return max(bag.runtime_estimate_s, max(latest, default=0.0))
 
 
 def _queue_room(vm: VmRun, queue_ahead: float) -> Shape:
@@ -134,10 +150,13 @@ class Planning:
         )
         queue_ahead = 0.0
         if demand:
+            # One depth for every VM's queue, which takes the oldest bag's jobs first:
+            # deep only while every waiting bag's jobs are short.
+            waiting = [world.bags[group.bag_id] for group in demand if group.queued]
             queue_ahead = queue_ahead_for(
                 self.executor.queue_ahead,
                 self.executor.backlog_pass_interval_s,
-                min(world.bags[group.bag_id].runtime_estimate_s for group in demand),
+                max((_runtime_bound_s(bag) for bag in waiting), default=0.0),
             )
         if queue_ahead:  # full VMs may take attempts to queue too
             usable = [

@@ -396,6 +396,9 @@ async def test_a_cancel_waits_for_the_starts_under_way_so_none_runs_after_it(tmp
     check_store_consistent(tmp_path)
 
 
+HOUR_S = 3600.0
+
+
 class QueuedStarts(SimExecutor):
     """The sim executor as an executor that queues attempts (the local one): what start()
     returns is no run yet, and gives no reference; the start comes as AttemptStarted."""
@@ -506,6 +509,37 @@ def test_short_jobs_get_a_queue_that_lasts_until_the_next_spaced_pass():
     assert queue_ahead_for(0.0, 0.05, 0.001) == 0.0
     assert queue_ahead_for(1.0, 0.0, 0.001) == 1.0  # Slurm's, the simulator's
     assert queue_ahead_for(2.5, 0.05, 0.1) == 2.5  # 1.0 of its own would be less
+
+
+async def test_the_executors_queue_is_deep_only_while_every_waiting_bag_is_short(tmp_path):
+    """The queue's depth is one for every VM, whose queue takes the oldest bag's jobs
+    first: an older bag of hour-long jobs waiting beside a bag of 2-ms jobs keeps it at
+    queue_ahead (else a VM would take 16 VM-fulls of hours, review of 4743a49); alone,
+    the short bag's queue is deep; and its jobs turning long end that at once, before
+    its estimate is next re-read."""
+    cfg = config(**{"scheduler.max_vms": 1})
+    clock = SimClock(0.0)
+    executor = Backlogged(now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(2))
+    scheduler = await world(tmp_path, clock, 1, cfg, executor=executor)
+    resources = {"cpus": 1, "memory_gb": 0.5, "vm_types": ["small"]}
+    await submit(scheduler, cfg, bag(40, runtime_s=HOUR_S, resources=resources))
+    await submit(scheduler, cfg, bag(400, runtime_s=1, resources=resources), "b0000000002")
+    await run_until(scheduler, clock, 120)  # the VM runs the long bag's first jobs
+    executor.queue_ahead = 1.0  # as the local executor's
+
+    def depth() -> float:
+        (view,) = [v for v in scheduler.planning.snapshot(clock.now()).vms if v.ahead]
+        return (view.ahead.cpus + max(0, -view.free.cpus)) / view.capacity.cpus
+
+    short = scheduler.world.bags["b0000000002"]
+    short.runtimes_s.extend([0.002] * 30)  # 2-ms jobs succeeded
+    short.refresh_estimate()
+    assert depth() == 1.0  # the hour-long bag waits too
+    scheduler.world.bags.pop("b0000000001")  # as if it had finished
+    assert depth() == 16.0  # 2 * 0.05 s / 2 ms > 16: at most 16 VM-fulls
+    short.runtimes_s.append(5.0)  # its latest success took 5 s
+    assert short.runtime_estimate_s == 0.002  # not re-read yet
+    assert depth() == 1.0
 
 
 async def test_nodes_that_break_in_successive_passes_are_each_terminated(tmp_path):
