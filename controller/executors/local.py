@@ -77,8 +77,8 @@ QUEUE_AHEAD = 1.0  # [executor] queue_ahead's default
 # While every VM has attempts waiting here, the scheduler may space its passes by this
 # much (`backlogged`): a pass records the ends and hands over more, and nothing waits
 # for it meanwhile. 2,000 trivial jobs on 4 slots (bench/local_dispatch.py, state on
-# tmpfs, load 2-3.5): a pass every 5 ms, 0.30 passes and 1.52-1.58 ms of the daemon's
-# CPU a job; spaced by 50 ms with 8 VM-fulls queued, 0.03 passes and 0.99 ms.
+# tmpfs, load 1-3): a pass every 5 ms, 0.30 passes and 1.52-1.58 ms of the daemon's
+# CPU a job; spaced by 50 ms with 16 VM-fulls queued, 0.03 passes and 0.98-1.11 ms.
 BACKLOG_PASS_INTERVAL_S = 0.05
 
 

@@ -56,8 +56,8 @@ MAX_QUEUE_AHEAD = 16.0
 
 def queue_ahead_for(queue_ahead: float, backlog_pass_interval_s: float, runtime_s: float) -> float:
     """How much an executor's queue may hold beyond what a VM runs, as a fraction of
-    its capacity: `queue_ahead`, or for jobs of `runtime_s` (real seconds, the shortest
-    estimate among the bags that wait) so short that a VM would run through that before
+    its capacity: `queue_ahead`, or for jobs of `runtime_s` (real seconds: the longest
+    among the waiting bags', `_runtime_bound_s`) so short that a VM would run through it before
     the next pass at the executor's backlog spacing, enough for two such intervals
     (2 * interval / runtime), at most MAX_QUEUE_AHEAD. 2,000 jobs of `echo` (1-3 ms):
     16 VM-fulls."""

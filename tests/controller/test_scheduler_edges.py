@@ -492,8 +492,8 @@ async def test_the_daemons_loop_spaces_its_passes_while_the_executors_queue_keep
     await asyncio.wait_for(running, 5)
     await scheduler.store.close()
     assert 2 <= spaced <= spaced_s / executor.backlog_pass_interval_s + 1
-    # Unspaced, the same waking gives several times as many passes.
-    assert paced / paced_s > 3 * spaced / spaced_s
+    # Unspaced, the same waking gives many more passes (up to one every 5 ms).
+    assert paced / paced_s > 2 * spaced / spaced_s
 
 
 def test_short_jobs_get_a_queue_that_lasts_until_the_next_spaced_pass():
