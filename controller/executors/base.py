@@ -38,6 +38,7 @@ Executors differ in these ways the scheduler asks about (class attributes):
 from __future__ import annotations
 
 import errno
+import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -46,6 +47,10 @@ from controller.bags.job_command import ParamValue
 from controller.bags.spec import SimulationHints
 from controller.errors import SpotbagError
 from drivers.base import VmType
+
+# A job's exit code when its program died of the checkpoint signal (SIGUSR1): the
+# wrappers report a program killed by signal N as 128 + N, as a shell does.
+CHECKPOINT_SIGNAL_EXIT_CODE = 128 + signal.SIGUSR1
 
 
 class Outcome(StrEnum):

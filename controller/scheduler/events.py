@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 
 from controller.executors.base import (
+    CHECKPOINT_SIGNAL_EXIT_CODE,
     AttemptEvent,
     AttemptStarted,
     CallbackNoted,
@@ -358,6 +359,19 @@ class Events:
             return
         if event.outcome is Outcome.EXITED and code == 0:
             world.finish_attempt(attempt, AttemptState.SUCCEEDED, at, 0, event.detail, batch)
+            return
+        if (
+            event.outcome is Outcome.EXITED
+            and code == CHECKPOINT_SIGNAL_EXIT_CODE
+            and attempt.signalled_at is not None
+            and attempt.mark_at > attempt.started_at
+        ):
+            # Our checkpoint signal killed a program that had handled it before: it came
+            # while the program was not listening (Python restores the default action
+            # as it exits, after its work). The controller's doing, not the job's: run
+            # again from its last checkpoint, not counted (docs/design.md#checkpoints).
+            reason = "killed by the checkpoint signal while not handling it (exiting?)"
+            world.finish_attempt(attempt, AttemptState.LOST, at, code, reason, batch)
             return
         if event.outcome is Outcome.TIMED_OUT:
             reason = event.detail or "timed out"

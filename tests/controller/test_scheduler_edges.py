@@ -542,6 +542,45 @@ async def test_the_executors_queue_is_deep_only_while_every_waiting_bag_is_short
     assert depth() == 1.0
 
 
+@pytest.mark.parametrize("checkpointed_before", [True, False])
+async def test_a_program_killed_by_the_checkpoint_signal_it_handled_before_is_run_again(
+    tmp_path, checkpointed_before
+):
+    """The checkpoint signal that reaches a program as it exits (Python restores the
+    default action then) kills it: exit 128 + SIGUSR1. If the attempt had checkpointed
+    before, that death is the controller's doing: LOST, not counted, and the job runs
+    again from its checkpoint (a CI run of the Slurm spot-interruption test met this:
+    exit 138 at the end of a 20-s program checkpointed every second, the bag failed).
+    A program that never handled it fails as any exit code fails."""
+    cfg = config(**{"scheduler.max_vms": 1})
+    clock = SimClock(0.0)
+    scheduler = await world(tmp_path, clock, 1, cfg)
+    await submit(scheduler, cfg, bag(1, runtime_s=HOUR_S, checkpointable=True, max_attempts=1))
+    await run_until(scheduler, clock, 120)
+    (attempt,) = scheduler.world.attempts.values()
+    if checkpointed_before:
+        attempt.mark_at = attempt.started_at + 30
+    attempt.signalled_at = clock.now()
+    scheduler.inbox.push(
+        AttemptEvent(attempt.id, clock.now(), Outcome.EXITED, 128 + signal.SIGUSR1, None)
+    )
+    await scheduler.tick()
+    (state, reason), *_ = rows(tmp_path, "SELECT state, reason FROM attempts ORDER BY number")
+    if checkpointed_before:
+        assert (state, reason.startswith("killed by the checkpoint signal")) == ("lost", True)
+        await run_until(scheduler, clock, 300)
+        # Run again though max_attempts is 1: the lost attempt does not count.
+        assert rows(tmp_path, "SELECT state, counted_attempts FROM jobs") == [("running", 0)]
+        assert rows(tmp_path, "SELECT state FROM attempts ORDER BY number") == [
+            ("lost",),
+            ("running",),
+        ]
+    else:
+        assert state == "failed"
+        assert rows(tmp_path, "SELECT state FROM jobs") == [("failed",)]
+    await scheduler.store.close()
+
+
 async def test_nodes_that_break_in_successive_passes_are_each_terminated(tmp_path):
     """VMs to terminate at once reach the pass through one list the event handlers
     append to: a node that breaks after an earlier pass took that list is terminated
