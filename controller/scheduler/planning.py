@@ -41,29 +41,13 @@ from controller.states import AttemptState, JobState
 from controller.store import WriteBatch
 from drivers.base import VmState
 from policies.packing import Shape
+from policies.queue_depth import queue_ahead_for
 
 # With a spot price feed, a type outbid now is looked at again this often (real s), as a
 # scheduler polling the market would (the feed knows no future).
 OUTBID_RECHECK_S = 300.0
 
 log = logging.getLogger("spotbag.scheduler")
-
-
-# The most an executor's queue may hold for jobs too short for `queue_ahead` to last
-# until the next pass (`queue_ahead_for`), in VM-fulls.
-MAX_QUEUE_AHEAD = 16.0
-
-
-def queue_ahead_for(queue_ahead: float, backlog_pass_interval_s: float, runtime_s: float) -> float:
-    """How much an executor's queue may hold beyond what a VM runs, as a fraction of
-    its capacity: `queue_ahead`, or for jobs of `runtime_s` (real seconds: the longest
-    among the waiting bags', `_runtime_bound_s`) so short that a VM would run through it before
-    the next pass at the executor's backlog spacing, enough for two such intervals
-    (2 * interval / runtime), at most MAX_QUEUE_AHEAD. 2,000 jobs of `echo` (1-3 ms):
-    16 VM-fulls."""
-    if queue_ahead <= 0 or backlog_pass_interval_s <= 0 or runtime_s <= 0:
-        return queue_ahead
-    return max(queue_ahead, min(MAX_QUEUE_AHEAD, 2.0 * backlog_pass_interval_s / runtime_s))
 
 
 # A bag's last this many successes bound its jobs' runtime for the queue's depth.
