@@ -710,11 +710,13 @@ class NotifyConfig(_Section):
 
 
 class SimulationConfig(_Section):
-    tick_s: float = Field(
-        1.0,
+    tick_s: float | None = Field(
+        None,
         gt=0,
         description="spotbag simulate: the scheduler acts at most once per this many "
-        "simulated seconds (events in between are handled together).",
+        "simulated seconds (events in between are handled together); unset: 1/360 of the "
+        "bag's job runtime, from 1 to 10 s (a pass's wait then costs a job at most 0.3 % of "
+        "its time; jobs of many lengths, runtime_param: 1 s).",
     )
     boot_delay_s: float = Field(
         60.0, ge=0, description="spotbag simulate: VM boot time in seconds."

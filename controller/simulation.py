@@ -3,9 +3,10 @@
 The sim driver samples VM lifetimes from the configured preemption model; the
 sim executor runs each attempt for its declared runtime. Time jumps from one
 event to the next, but the scheduler acts at most once per `simulation.tick_s`
-(as the daemon reacts at most once per pass), so events close together are
-handled together. The run ends when every bag has finished and every VM has
-been released; the summary is read back from the store like a real run's.
+(as the daemon reacts at most once per pass; unset, 1/360 of the bag's job runtime
+within 1-10 s: `auto_tick_s`), so events close together are handled together. The
+run ends when every bag has finished and every VM has been released; the summary is
+read back from the store like a real run's.
 
 With `simulation.price_trace` (`--price-trace`), the spot market follows one series of
 a price trace (controller/traces/price_trace.py TraceMarket) from `trace_start`: the
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from controller.bags.admission import admit
+from controller.bags.spec import BagSpec
 from controller.clock import SimClock
 from controller.config import Config
 from controller.costs.bag_cost import compute_bag_costs
@@ -141,7 +143,8 @@ async def simulate(
                 max_jobs=config.api.max_jobs_per_bag,
                 offload=False,
             )
-            await run_scheduler(scheduler, clock, config.simulation.tick_s)
+            tick_s = config.simulation.tick_s or auto_tick_s(BagSpec.from_stored(bag_row["spec"]))
+            await run_scheduler(scheduler, clock, tick_s)
             if market is not None:
                 # The prices the run's VMs paid, as the store's price samples: the cost
                 # reports bill each spot VM by them (∫ price dt), as the hopper's samples.
@@ -162,6 +165,31 @@ async def simulate(
             )
     finally:
         await store.close()
+
+
+# `simulation.tick_s` unset: the scheduler acts at most once per this share of a job's
+# runtime, within these bounds. A job that ends waits for the next pass for half a tick
+# on average, its VM idle meanwhile: at 1/360, 0.14 % of the job's time on average and
+# 0.28 % at most. The bench's 100,000 one-hour jobs: 35,292 passes at 10 s against 88,102
+# at 1 s, 17 % less CPU, and VM-hours 0.03 % more (bench/simulate_fleet.py).
+AUTO_TICK_SHARE = 1 / 360
+AUTO_TICK_MIN_S, AUTO_TICK_MAX_S = 1.0, 10.0
+
+
+def auto_tick_s(spec: BagSpec) -> float:
+    """The default `simulation.tick_s` for a bag: AUTO_TICK_SHARE of the runtime the sim
+    executor gives its jobs (`simulation.runtime_s`, else `estimated_runtime_s`, else
+    `max_runtime_s`), clamped to [AUTO_TICK_MIN_S, AUTO_TICK_MAX_S]; the least when
+    each job takes its own runtime (`simulation.runtime_param`: some may be short)."""
+    hints = spec.simulation
+    if hints is not None and hints.runtime_param:
+        return AUTO_TICK_MIN_S
+    runtime_s = (
+        (hints.runtime_s if hints is not None else None)
+        or spec.estimated_runtime_s
+        or spec.max_runtime_s
+    )
+    return min(AUTO_TICK_MAX_S, max(AUTO_TICK_MIN_S, runtime_s * AUTO_TICK_SHARE))
 
 
 def trace_market(config: Config) -> TraceMarket | None:

@@ -2,7 +2,8 @@
 work (issue 24): the same passes, attempts, preemptions, checkpoints, makespan, VM-hours
 and cost, in a lock-step run and in one with runtime jitter and checkpoints.
 
-The figures were printed by the code of d7824d8 (before that work). A change of the
+The figures were printed by the code of d7824d8 (before that work), with a pass at
+most every simulated second (`simulation.tick_s` 1, the default then). A change of the
 scheduler's behaviour that is meant changes them: print the new ones with `outcome()`
 and say in the commit why they moved."""
 
@@ -52,11 +53,14 @@ VARIANTS = {
 }
 
 
-async def outcome(tmp_path, runtime_cv: float, checkpointable: bool) -> dict:
+async def outcome(
+    tmp_path, runtime_cv: float, checkpointable: bool, tick_s: float | None = 1.0
+) -> dict:
     """2,000 one-hour jobs, two per VM, on at most 40 VMs that live 12 h on average."""
     config = load_config(
         None,
         **{
+            "simulation.tick_s": tick_s,
             "scheduler.max_vms": 40,
             "scheduler.idle_timeout_s": 300.0,
             "preemption.model": "exponential",
@@ -113,6 +117,23 @@ async def outcome(tmp_path, runtime_cv: float, checkpointable: bool) -> dict:
 async def test_the_outcome_for_a_seed_is_that_of_the_previous_code(tmp_path, variant):
     found = await outcome(tmp_path, **VARIANTS[variant])
     assert found == pytest.approx(BEFORE[variant], rel=1e-12)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+async def test_the_default_pass_interval_moves_the_outcome_little(tmp_path, variant):
+    """`simulation.tick_s` unset (10 s for one-hour jobs: controller/simulation.py
+    `auto_tick_s`): far fewer passes; each job that ends waits up to 10 s for the next,
+    so its VM's hours and their cost may grow by at most 10 s an attempt."""
+    before = BEFORE[variant]
+    found = await outcome(tmp_path, **VARIANTS[variant], tick_s=None)
+    assert found["ticks"] < before["ticks"]
+    assert found["succeeded"] == before["succeeded"]
+    assert abs(found["vms"] - before["vms"]) <= 2  # another preemption here or there
+    most_h = found["attempts"] * 10 / 3600
+    assert abs(found["vm_hours"] - before["vm_hours"]) <= most_h
+    assert found["vm_hours"] == pytest.approx(before["vm_hours"], rel=0.01)
+    assert found["spot_cost_usd"] == pytest.approx(before["spot_cost_usd"], rel=0.01)
+    assert found["elapsed_s"] == pytest.approx(before["elapsed_s"], rel=0.01)
 
 
 async def test_a_run_leaves_no_garbage_in_reference_cycles(tmp_path, caplog):
