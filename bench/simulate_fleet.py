@@ -3,12 +3,14 @@
 
 The real scheduler, planner, admission and SQLite store on a virtual clock.
 Each VM holds one job at a time; VM lifetimes are exponential with a 24-hour
-mean and the 24 h deadline: over the ~105 simulated hours about 6,600 VMs are
-preempted and replaced (each replacement waits out a 60 s boot). Prints the wall time (target: <= 30 s),
-the CPU time as a ratio to the pure-Python reference loop of bench/targets.py run
-before and after (target: 15 s CPU on the development machine, issue 24), the load,
-and the run's summary; a second run adds runtime jitter (cv 0.1), which turns the
-lock-step rounds into ~100,000 distinct completion times.
+mean and the 24 h deadline: over the ~105 simulated hours about 4,400 of the
+7,600 VMs are preempted and replaced (each replacement waits out a 60 s boot).
+
+Prints the wall time (target: <= 30 s) and, from a second run, the CPU time as a
+ratio to the pure-Python reference loop of bench/targets.py run beside it on its
+CPU (`LoopsAlongside`; target: 15 s CPU on the development machine, issue 24), the
+load, and the run's summary; a second case adds runtime jitter (cv 0.1), which turns
+the lock-step rounds into ~100,000 distinct completion times.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from targets import against, in_reference_loops, load_average, reference_loops
+from targets import LoopsAlongside, against, in_reference_loops, load_average
 
 from controller.cli.render import render_summary
 from controller.config import load_config
@@ -104,6 +106,14 @@ def time_cli(cv: float) -> tuple[float, float]:
         return wall_s, cpu_s
 
 
+def simulate_once(cv: float) -> tuple[float, float, object]:
+    """Wall and CPU seconds of one simulation in this process, and its result."""
+    with tempfile.TemporaryDirectory(prefix="spotbag-sim-") as tmp:
+        started, cpu_started = time.perf_counter(), time.process_time()
+        result = asyncio.run(simulate(bag(cv), CONFIG, seed=1, state_dir=Path(tmp)))
+        return time.perf_counter() - started, time.process_time() - cpu_started, result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -111,43 +121,39 @@ def main() -> None:
     )
     args = parser.parse_args()
     for cv in (0.0, 0.1):
-        times, cpu_times, ratios = [], [], []
-        # The reference loop right before and after each run: on a shared host its CPU
-        # time moves by half within minutes, so each run is set against its own.
-        before = reference_loops(3)
+        times, ratios = [], []
         for _ in range(args.repeat):
-            with tempfile.TemporaryDirectory(prefix="spotbag-sim-") as tmp:
-                started, cpu_started = time.perf_counter(), time.process_time()
-                result = asyncio.run(simulate(bag(cv), CONFIG, seed=1, state_dir=Path(tmp)))
-                times.append(time.perf_counter() - started)
-                cpu_times.append(time.process_time() - cpu_started)
-            after = reference_loops(3)
-            around = [statistics.median(before), statistics.median(after)]
-            ratios.append((cpu_times[-1], around))
-            before = after
+            # Its wall time alone; then its CPU time beside the reference loops on its CPU.
+            wall_s, _, result = simulate_once(cv)
+            times.append(wall_s)
+            with LoopsAlongside() as loops:
+                _, cpu_s, _ = simulate_once(cv)
+            ratios.append((cpu_s, loops.times_s))
         runs = ", ".join(f"{t:.1f}" for t in times)
         print(
             f"simulate 100,000 one-hour jobs on 1,000 VMs (runtime cv {cv}): median "
             f"{statistics.median(times):.1f} s wall (runs: {runs} s), {result.ticks:,} scheduler "
             f"passes {against(statistics.median(times), 30, 's')}"
         )
-        # The run whose ratio is the median: its CPU against the loops around it.
-        cpu_s, around = sorted(ratios, key=lambda r: r[0] / statistics.mean(r[1]))[len(ratios) // 2]
-        each = ", ".join(f"{c / statistics.mean(a):.0f}" for c, a in ratios)
+        # The run whose ratio is the median: its CPU against the loops beside it.
+        cpu_s, beside = sorted(ratios, key=lambda r: r[0] / statistics.median(r[1]))[
+            len(ratios) // 2
+        ]
+        each = ", ".join(f"{c / statistics.median(b):.1f}" for c, b in ratios)
         print(
-            f"  its CPU: median run {in_reference_loops(cpu_s, around, 15.0)}"
-            f" (CPU runs: {', '.join(f'{t:.1f}' for t in cpu_times)} s = {each} loops); "
-            f"{load_average()}"
+            f"  its CPU: median run {in_reference_loops(cpu_s, beside, 15.0)}, "
+            f"{len(beside)} loops beside it on its CPU, {min(beside):.3f}-{max(beside):.3f} s "
+            f"(runs: {each} loops); {load_average()}"
         )
         print(render_summary(result.bag, result.fleet))
         print()
-    loops = reference_loops()
-    cli_s, cli_cpu_s = time_cli(0.0)
-    loops += reference_loops()
+    cli_s, _ = time_cli(0.0)
+    with LoopsAlongside() as loops:
+        _, cli_cpu_s = time_cli(0.0)
     print(
         f"the `spotbag simulate` command (new process, runtime cv 0.0): {cli_s:.1f} s wall "
-        f"{against(cli_s, 30, 's')}; {in_reference_loops(cli_cpu_s, loops, 15.0)}; "
-        f"{load_average()}"
+        f"{against(cli_s, 30, 's')}; {in_reference_loops(cli_cpu_s, loops.times_s, 15.0)}, "
+        f"{len(loops.times_s)} loops beside it on its CPU; {load_average()}"
     )
 
 

@@ -72,3 +72,52 @@ def load_average() -> str:
     """`load 1.23 / 2.00 / 3.10 on 2 CPUs`: the 1-, 5- and 15-minute load averages."""
     one, five, fifteen = os.getloadavg()
     return f"load {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+class LoopsAlongside:
+    """The reference loop run over and over in a process of its own while something is
+    measured, both held to one CPU, which they share: the loops see the same CPU, at the
+    same moments, as what is measured. On a shared host the loop's CPU time moves by
+    half within seconds (0.29-0.58 s here), so a few loops before and after a 30-s run
+    may fall in another phase than most of the run; ~60 loops spread over it do not.
+    Each process's CPU time is its own, so sharing the CPU doubles the wall time only.
+
+        with LoopsAlongside() as loops:
+            ...  # measured: CPU seconds of this process (or of its children)
+        loops.times_s  # each loop's CPU seconds (those that ran to their end)
+    """
+
+    def __init__(self, cpu: int | None = None) -> None:
+        allowed = sorted(os.sched_getaffinity(0))
+        self.cpu = allowed[0] if cpu is None else cpu
+        self.times_s: list[float] = []
+
+    def __enter__(self) -> "LoopsAlongside":
+        import subprocess
+        import sys
+
+        self._affinity = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {self.cpu})  # inherited by what this process starts
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _LOOPS_FOREVER, os.path.dirname(os.path.abspath(__file__))],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._process.terminate()
+        out, _ = self._process.communicate()
+        os.sched_setaffinity(0, self._affinity)
+        # A loop is printed when it ends: the one cut short by the end is not.
+        self.times_s = [float(line) for line in out.split()]
+
+
+_LOOPS_FOREVER = """
+import signal, sys
+sys.path.insert(0, sys.argv[1])
+from targets import reference_loop
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while True:
+    print(f"{reference_loop():.6f}", flush=True)
+"""
