@@ -89,6 +89,9 @@ async def simulate(
     market = await asyncio.to_thread(trace_market, config)
     store = Store(state_dir / "spotbag.db", threaded=False, durable=False, group_commit=True)
     await store.open()
+    # Only the run writes while it lasts: its indexes are built once, before the
+    # summary is read (controller/store/engine.py DEFERRABLE_INDEXES).
+    await store.defer_indexes()
     try:
         book = make_model_book(
             config, driver_name="sim", boot_delay_s=config.simulation.boot_delay_s, time_scale=1.0
@@ -145,6 +148,7 @@ async def simulate(
             )
             tick_s = config.simulation.tick_s or auto_tick_s(BagSpec.from_stored(bag_row["spec"]))
             await run_scheduler(scheduler, clock, tick_s)
+            await store.restore_indexes()
             if market is not None:
                 # The prices the run's VMs paid, as the store's price samples: the cost
                 # reports bill each spot VM by them (∫ price dt), as the hopper's samples.
@@ -164,6 +168,8 @@ async def simulate(
                 state_dir,
             )
     finally:
+        with contextlib.suppress(Exception):  # the run's own error is the one to see
+            await store.restore_indexes()  # the state directory's database stays whole
         await store.close()
 
 

@@ -10,11 +10,14 @@ and say in the commit why they moved."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 
 import pytest
 
 from controller.config import load_config
 from controller.simulation import simulate
+from controller.store import Store
+from controller.store.engine import DEFERRABLE_INDEXES
 
 BEFORE = {
     "lock-step": {
@@ -143,3 +146,29 @@ async def test_a_run_leaves_no_garbage_in_reference_cycles(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="spotbag.simulation")
     await outcome(tmp_path, **VARIANTS["jitter+checkpoints"])
     assert "simulation: 0 objects in reference cycles after the run" in caplog.messages
+
+
+def indexes(path) -> set[tuple[str, str]]:
+    with sqlite3.connect(path) as db:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'"))
+
+
+async def test_the_runs_database_has_every_index_after_the_run(tmp_path):
+    """The run writes without the indexes it never reads and builds them at its end
+    (controller/store/engine.py DEFERRABLE_INDEXES): the database it leaves has every
+    index, as defined, that a new store has, and they hold every row."""
+    fresh = Store(tmp_path / "fresh" / "spotbag.db")
+    await fresh.open()
+    await fresh.close()
+    expected = indexes(tmp_path / "fresh" / "spotbag.db")
+    assert {name for name, _ in expected} >= set(DEFERRABLE_INDEXES)
+    await outcome(tmp_path / "run", **VARIANTS["lock-step"])
+    run_db = tmp_path / "run" / "spotbag.db"
+    assert indexes(run_db) == expected
+    with sqlite3.connect(run_db) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        by_index = db.execute(
+            "SELECT count(*) FROM jobs INDEXED BY jobs_by_state WHERE bag_id = ? AND state = ?",
+            ("b0000000001", "succeeded"),
+        ).fetchone()
+        assert by_index == (2000,)
