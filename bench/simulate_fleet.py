@@ -141,7 +141,7 @@ def main() -> None:
         )
         # The run whose ratio is the median: its CPU against the loops around it.
         cpu_s, around = sorted(ratios, key=lambda r: r[0] / statistics.mean(r[1]))[len(ratios) // 2]
-        each = ", ".join(f"{c / statistics.mean(a):.1f}" for c, a in ratios)
+        each = ", ".join(f"{c:.1f} s = {c / statistics.mean(a):.1f}" for c, a in ratios)
         print(
             f"  its CPU: median run {in_reference_loops(cpu_s, around, 15.0)} "
             f"(runs: {each} loops); {load_average()}"
