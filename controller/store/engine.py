@@ -41,9 +41,9 @@ GROUP_COMMIT_ROWS = 200_000
 # Indexes a bulk writer (`spotbag simulate`) may drop while it writes and build once
 # at the end (`Engine.defer_indexes`): each row a run writes then costs its table's
 # B-tree alone, and an index is built from its sorted entries in one pass. Each is an
-# index the run itself never reads. The bench's 100,000 jobs: 29-31 -> 26.1-26.7 s CPU
-# without them. Not the unique ledger_once: a reservation charged twice still fails at
-# once; nor attempts_live, which the summary reads.
+# index the run itself never reads. The bench's 100,000 jobs: 29-31 -> 25.1-26.9 s CPU,
+# their build at the end included. Not the unique ledger_once: a reservation charged
+# twice still fails at once; nor attempts_live, which the summary reads.
 DEFERRABLE_INDEXES = (
     "transitions_by_entity",
     "ledger_by_account",
@@ -253,13 +253,14 @@ class Engine:
         if not self._deferred_indexes:
             return
         await self.flush()
-        statements, self._deferred_indexes = self._deferred_indexes, []
+        statements = list(self._deferred_indexes)
 
         def create(conn: sqlite3.Connection) -> None:
             for sql in statements:
                 conn.execute(sql)
 
         await self.write(create)
+        self._deferred_indexes = []  # only once built: a failed build may be tried again
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(conn, *args) in one write transaction on the writer thread. Raises
