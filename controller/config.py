@@ -715,8 +715,9 @@ class SimulationConfig(_Section):
         gt=0,
         description="spotbag simulate: the scheduler acts at most once per this many "
         "simulated seconds (events in between are handled together); unset: 1/360 of the "
-        "bag's job runtime, from 1 to 10 s (a pass's wait then costs a job at most 0.3 % of "
-        "its time; jobs of many lengths, runtime_param: 1 s).",
+        "bag's job runtime, from 1 to 10 s (a pass's wait then costs a job of that runtime "
+        "at most 0.3 % of its time); 1 s for jobs of many lengths (runtime_param) and for "
+        "checkpointable bags with notices or a deadline.",
     )
     boot_delay_s: float = Field(
         60.0, ge=0, description="spotbag simulate: VM boot time in seconds."

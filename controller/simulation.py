@@ -146,7 +146,9 @@ async def simulate(
                 max_jobs=config.api.max_jobs_per_bag,
                 offload=False,
             )
-            tick_s = config.simulation.tick_s or auto_tick_s(BagSpec.from_stored(bag_row["spec"]))
+            tick_s = config.simulation.tick_s or auto_tick_s(
+                BagSpec.from_stored(bag_row["spec"]), config.simulation.notice_lead_s
+            )
             await run_scheduler(scheduler, clock, tick_s)
             await store.restore_indexes()
             if market is not None:
@@ -168,27 +170,37 @@ async def simulate(
                 state_dir,
             )
     finally:
-        with contextlib.suppress(Exception):  # the run's own error is the one to see
-            await store.restore_indexes()  # the state directory's database stays whole
+        try:  # the state directory's database stays whole
+            await store.restore_indexes()
+        except Exception as exc:  # the run's own error is the one to raise
+            log.warning("simulation: its indexes were not built (%s); the next open does", exc)
         await store.close()
 
 
 # `simulation.tick_s` unset: the scheduler acts at most once per this share of a job's
 # runtime, within these bounds. A job that ends waits for the next pass for half a tick
-# on average, its VM idle meanwhile: at 1/360, 0.14 % of the job's time on average and
-# 0.28 % at most. The bench's 100,000 one-hour jobs: 35,292 passes at 10 s against 88,102
-# at 1 s, 17 % less CPU, and VM-hours 0.03 % more (bench/simulate_fleet.py).
+# on average, its VM idle meanwhile: at 1/360, 0.14 % of a job of the bag's runtime on
+# average and 0.28 % at most (more of the shorter ones when runtimes vary). The bench's
+# 100,000 one-hour jobs: 35,292 passes at 10 s against 88,102 at 1 s, 17 % less CPU, and
+# VM-hours 0.03 % more (bench/simulate_fleet.py).
 AUTO_TICK_SHARE = 1 / 360
 AUTO_TICK_MIN_S, AUTO_TICK_MAX_S = 1.0, 10.0
 
 
-def auto_tick_s(spec: BagSpec) -> float:
+def auto_tick_s(spec: BagSpec, notice_lead_s: float = 0.0) -> float:
     """The default `simulation.tick_s` for a bag: AUTO_TICK_SHARE of the runtime the sim
     executor gives its jobs (`simulation.runtime_s`, else `estimated_runtime_s`, else
-    `max_runtime_s`), clamped to [AUTO_TICK_MIN_S, AUTO_TICK_MAX_S]; the least when
-    each job takes its own runtime (`simulation.runtime_param`: some may be short)."""
+    `max_runtime_s`), clamped to [AUTO_TICK_MIN_S, AUTO_TICK_MAX_S].
+
+    The least where seconds count: each job taking its own runtime
+    (`simulation.runtime_param`: some may be short); a checkpointable bag with
+    preemption notices (a checkpoint is asked at a notice only if it can be written
+    before the VM goes: a pass 10 s late lost work that 1 s did not) or with a deadline
+    (whose checkpoint bounds the timer keeps to the second)."""
     hints = spec.simulation
     if hints is not None and hints.runtime_param:
+        return AUTO_TICK_MIN_S
+    if spec.checkpointable and (notice_lead_s > 0 or spec.deadline is not None):
         return AUTO_TICK_MIN_S
     runtime_s = (
         (hints.runtime_s if hints is not None else None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
@@ -30,9 +31,10 @@ from typing import Any, TypeVar
 
 from controller.errors import SpotbagError
 from controller.store.batch import WriteBatch, apply_batch
-from controller.store.schema import migrate
+from controller.store.schema import migrate, restore_missing_indexes
 
 T = TypeVar("T")
+log = logging.getLogger("spotbag.store")
 
 # Scheduler batches folded together under group commit are written once they hold
 # this many rows, so that memory stays bounded however long no read comes.
@@ -213,6 +215,12 @@ class Engine:
                 self._readers, thread_name_prefix="spotbag-store-reader"
             )
         self.schema_version = await self.write(migrate)
+        built = await self.write(restore_missing_indexes, DEFERRABLE_INDEXES)
+        if built:
+            log.warning(
+                "built the indexes %s, missing (a simulation stopped before it built them)",
+                ", ".join(built),
+            )
 
     async def close(self) -> None:
         """Write what is pending, stop the writer and the readers, close the connections."""

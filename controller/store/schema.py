@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import sqlite_utils
 
@@ -547,3 +547,27 @@ def migrate(conn: sqlite3.Connection) -> int:
         conn.execute(f"PRAGMA user_version = {number}")
         version = number
     return version
+
+
+def restore_missing_indexes(conn: sqlite3.Connection, names: Sequence[str]) -> list[str]:
+    """Create those of the indexes `names` the database lacks, as the migrations define
+    them today (inside the caller's transaction); the ones it created. A simulation
+    killed while it wrote without them (Engine.defer_indexes) leaves them missing, and
+    nothing else would build them again: migrations run once."""
+    present = {
+        row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+    }
+    missing = [name for name in names if name not in present]
+    if not missing:
+        return []
+    fresh = sqlite3.connect(":memory:")
+    try:
+        migrate(fresh)
+        definitions = dict(
+            fresh.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'").fetchall()
+        )
+    finally:
+        fresh.close()
+    for name in missing:
+        conn.execute(definitions[name])
+    return missing

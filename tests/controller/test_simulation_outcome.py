@@ -14,8 +14,9 @@ import sqlite3
 
 import pytest
 
+from controller.bags.spec import BagSpec
 from controller.config import load_config
-from controller.simulation import simulate
+from controller.simulation import auto_tick_s, simulate
 from controller.store import Store
 from controller.store.engine import DEFERRABLE_INDEXES
 
@@ -172,3 +173,50 @@ async def test_the_runs_database_has_every_index_after_the_run(tmp_path):
             ("b0000000001", "succeeded"),
         ).fetchone()
         assert by_index == (2000,)
+
+
+async def test_a_database_left_without_its_indexes_gets_them_at_the_next_open(tmp_path, caplog):
+    """A simulation killed while it wrote without its indexes (SIGKILL: no `finally`)
+    leaves them missing; the next open of the store builds them, as defined, and says so."""
+    path = tmp_path / "spotbag.db"
+    store = Store(path)
+    await store.open()
+    expected = indexes(path)
+    await store.defer_indexes()
+    await store.close()  # what a killed run leaves: the indexes dropped, never built
+    assert {name for name, _ in indexes(path)} & set(DEFERRABLE_INDEXES) == set()
+    caplog.set_level(logging.WARNING, logger="spotbag.store")
+    again = Store(path)
+    await again.open()
+    await again.close()
+    assert indexes(path) == expected
+    assert any("built the indexes" in m for m in caplog.messages)
+
+
+def bag_spec(**fields) -> BagSpec:
+    return BagSpec.model_validate(
+        {"account": "a", "command": "true", "resources": {"cpus": 1}, "max_runtime_s": 7200}
+        | fields
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "notice_lead_s", "tick_s"),
+    [
+        ({"estimated_runtime_s": 3600}, 0.0, 10.0),  # 1/360 of an hour
+        ({"estimated_runtime_s": 1800}, 0.0, 5.0),
+        ({"estimated_runtime_s": 100}, 0.0, 1.0),  # never below 1 s
+        ({"estimated_runtime_s": 36_000}, 0.0, 10.0),  # nor above 10 s
+        ({}, 0.0, 10.0),  # max_runtime_s without an estimate
+        ({"estimated_runtime_s": 3600, "simulation": {"runtime_s": 720}}, 0.0, 2.0),
+        ({"estimated_runtime_s": 3600, "simulation": {"runtime_param": "t"}}, 0.0, 1.0),
+        ({"estimated_runtime_s": 3600, "checkpointable": True}, 0.0, 10.0),
+        ({"estimated_runtime_s": 3600, "checkpointable": True}, 30.0, 1.0),  # notices
+        ({"estimated_runtime_s": 3600}, 30.0, 10.0),  # notices, nothing to checkpoint
+        ({"estimated_runtime_s": 3600, "checkpointable": True, "deadline": "4h"}, 0.0, 1.0),
+    ],
+)
+def test_the_default_pass_interval_follows_the_bag(fields, notice_lead_s, tick_s):
+    if "simulation" in fields and "runtime_param" in fields["simulation"]:
+        fields = fields | {"parameters": {"t": {"values": [60, 600]}}}
+    assert auto_tick_s(bag_spec(**fields), notice_lead_s) == tick_s
