@@ -568,6 +568,9 @@ def restore_missing_indexes(conn: sqlite3.Connection, names: Sequence[str]) -> l
         )
     finally:
         fresh.close()
-    for name in missing:
+    # One that a later migration dropped is not missing (tests/controller/
+    # test_simulation_outcome.py checks that every deferrable index is defined).
+    built = [name for name in missing if name in definitions]
+    for name in built:
         conn.execute(definitions[name])
-    return missing
+    return built
