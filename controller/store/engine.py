@@ -174,7 +174,6 @@ class Engine:
         self.path = Path(path)
         self._group_commit = group_commit
         self._pending = WriteBatch()
-        self._deferred_indexes: list[str] = []  # their CREATE statements (defer_indexes)
         self._threaded = threaded
         self._synchronous = "FULL" if durable else "OFF"
         self._readers = readers
@@ -241,34 +240,21 @@ class Engine:
             self._conn = None
 
     async def defer_indexes(self) -> None:
-        """Drop DEFERRABLE_INDEXES until `restore_indexes` builds them again from the
-        definitions kept here (a bulk load: nothing reads through them meanwhile)."""
+        """Drop DEFERRABLE_INDEXES until `restore_indexes` (a bulk load: nothing reads
+        through them meanwhile)."""
 
-        def drop(conn: sqlite3.Connection) -> list[str]:
-            marks = ", ".join("?" * len(DEFERRABLE_INDEXES))
-            found = conn.execute(
-                f"SELECT name, sql FROM sqlite_master WHERE type = 'index' AND name IN ({marks})",
-                DEFERRABLE_INDEXES,
-            ).fetchall()
-            for name, _sql in found:
-                conn.execute(f"DROP INDEX {name}")
-            return [sql for _name, sql in found]
+        def drop(conn: sqlite3.Connection) -> None:
+            for name in DEFERRABLE_INDEXES:
+                conn.execute(f"DROP INDEX IF EXISTS {name}")
 
-        self._deferred_indexes += await self.write(drop)
+        await self.write(drop)
 
     async def restore_indexes(self) -> None:
-        """Build the indexes `defer_indexes` dropped, after what is pending is written."""
-        if not self._deferred_indexes:
-            return
+        """Build those of DEFERRABLE_INDEXES that are missing, as the migrations define
+        them, after what is pending is written (again after a failed build; nothing when
+        none is missing)."""
         await self.flush()
-        statements = list(self._deferred_indexes)
-
-        def create(conn: sqlite3.Connection) -> None:
-            for sql in statements:
-                conn.execute(sql)
-
-        await self.write(create)
-        self._deferred_indexes = []  # only once built: a failed build may be tried again
+        await self.write(restore_missing_indexes, DEFERRABLE_INDEXES)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(conn, *args) in one write transaction on the writer thread. Raises
