@@ -648,11 +648,34 @@ def _no_processes_in_the_fast_tier(monkeypatch):
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under `--dist loadgroup`, a Slurm test whose id lacks its group ("@slurm", how
+    xdist's scheduler sees the group) fails before its cluster starts: the grouping has
+    failed silently before (the mark added after xdist read the marks; pytest 9.2
+    ignores the id xdist rewrites, pytest-dev/pytest-xdist#1386), and two workers then
+    ran two clusters at once."""
+    if (
+        getattr(item.config.option, "loadgroup", False)
+        and item.get_closest_marker("slurm") is not None
+        and not item.nodeid.endswith("@slurm")
+    ):
+        pytest.fail(
+            "--dist loadgroup does not group the Slurm tests (no @slurm in the test's id): "
+            "check the pytest and pytest-xdist versions (pyproject.toml)",
+            pytrace=False,
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tests on a real Slurm cluster run one at a time, on one xdist worker (`make test`
     passes `--dist loadgroup`): two clusters, their VM hosts and daemons at once on a
     2-CPU host made VM boots, job launches and notices take 5-10 times their time alone,
     past what the tests allow. One cluster per session also starts once, not twice.
+    First among the hooks: pytest-xdist reads the group marks in its own
+    pytest_collection_modifyitems, and one added after it groups nothing
+    (`pytest_runtest_setup` fails a Slurm test it did not group).
 
     In the fast tier, property tests try a fifth of their examples (at least 10):
     the tier is the edit-test loop, `make test` runs every example."""
