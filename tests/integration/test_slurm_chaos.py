@@ -160,7 +160,7 @@ def test_every_job_runs_exactly_once_through_preemptions_and_a_controller_crash(
         f'read up _ < /proc/uptime; echo "$SPOTBAG_JOB_ID $SPOTBAG_ATTEMPT $up $SLURMD_NODENAME" >> {executions}; '
         "sleep {secs}"
     )
-    points = [{"i": i, "secs": round(rng.uniform(1.0, 4.0), 1)} for i in range(JOBS)]
+    points = [{"i": i, "secs": round(rng.uniform(0.5, 2.0), 1)} for i in range(JOBS)]
     bag = client.submit(
         {
             "account": "physics",
