@@ -234,6 +234,8 @@ class SlurmPools:
             if run is not None and run["restart"] >= event.restart:
                 self._tell(event, "repeat")  # or out of order
                 return
+            if run is not None:  # Slurm starts a run only after the last one ended
+                self._end_unreported(run, batch, now)
             cpus = event.cpus or pool.cpus
             reserved = cpus * (event.limit_h or pool.reserve_hours)
             key = run_key(event.job_id, event.restart, event.job_name)
@@ -276,6 +278,9 @@ class SlurmPools:
         started = event.started_at if event.started_at is not None else now
         ended = max(started, event.ended_at if event.ended_at is not None else now)
         state = RUN_STATES.get(event.state, "failed")
+        # Told once written (`carry_out` answers after the pass's batch is): the hook
+        # forgets an end only the store holds (controller/slurm/events.py).
+        self._tell(event, "ended")
         refused = self._refused.pop(ident, None)
         if run is None and refused is not None:  # cancelled before it ran: nothing to pay
             return
@@ -331,6 +336,22 @@ class SlurmPools:
             "exit_code": event.exit_code,
         }
         batch.slurm_run(ended_run)
+
+    def _end_unreported(self, run: SlurmRunRow, batch: WriteBatch, now: float) -> None:
+        """A run whose end never came, now that the job's next run starts: settled as
+        preempted (Slurm starts the next run of a job whose node failed), charged until
+        this start (the most it can have run), its reservation's rest released. Only a
+        callback lost for good comes here: one answered before it was recorded, with
+        the daemon killed in between, by a daemon older than the one that answers an
+        end only once it is written."""
+        del self.runs[(run["job_id"], run["job_name"])]
+        reason = "its end was not reported: taken as preempted when its next run started"
+        log.warning("Slurm job %s, run %s: %s", run["job_id"], run["restart"], reason)
+        entries = self.accounts.settle_run(
+            run["key"], run["cpus"], now - run["started_at"], preempted=True
+        )
+        batch.ledger_entries(now, entries, f"Slurm job {run['job_id']} ended unreported")
+        batch.slurm_run(run | {"ended_at": now, "state": "preempted", "reason": reason})
 
     def _run_account(
         self, event: PoolRunEvent, batch: WriteBatch, now: float

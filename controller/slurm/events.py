@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable
 
 from controller.clock import RealClock
+from controller.errors import ApiError
 from controller.executors.base import CallbackNoted
 from controller.scheduler import PoolRunEvent, Scheduler
 from controller.slurm.callbacks import POWER_EVENTS, SlurmEvent
@@ -108,7 +109,21 @@ class SlurmCallbacks:
                 ended_at=event.end,
             )
         )
-        return ended is not None
+        if ended is None:
+            return False
+        # Answered once written: a hook told it was taken forgets it, and a daemon
+        # killed before writing it would leave the run open for ever (reserved, never
+        # charged). Not written in time: 503, and the hook sends it again (a duplicate
+        # if it was written meanwhile).
+        try:
+            await asyncio.wait_for(asyncio.shield(ended), POOL_VERDICT_WAIT_S)
+        except TimeoutError:
+            raise ApiError(
+                f"the end of Slurm job {event.job_id} is not recorded yet: send it again",
+                status=503,
+                code="not_recorded",
+            ) from None
+        return True
 
     async def _pool_run_started(self, event: SlurmEvent, scheduler: Scheduler) -> None:
         """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then

@@ -5,10 +5,13 @@ slurmdbd), never an account created unlimited from Slurm's input.
 The refusal path (a job cancelled, the reason in its comment) and the "create" option
 are run on real Slurm in tests/integration/test_slurm_power_saving.py; here the real
 scheduler and store (the sim world) take what is hard to make happen there: the end of a
-run whose start was never reported (its prolog callback lost), and reservations in
-"create" mode."""
+run whose start was never reported (its prolog callback lost), the start of a run whose
+last run's end never came, when an end is answered, and reservations in "create"
+mode."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -58,16 +61,16 @@ def test_unknown_accounts_are_created_only_when_configured_and_only_with_a_name(
     assert create.credit_for_unknown(run_account("bad name", "alice")) is None
 
 
-async def pool_world(tmp_path, **unknown):
+async def pool_world(tmp_path, clock: SimClock | None = None, **unknown):
     cfg = config()
-    scheduler = await world(tmp_path, SimClock(1000.0), 1, cfg)
+    scheduler = await world(tmp_path, clock or SimClock(1000.0), 1, cfg)
     pool = SlurmPoolConfig(partition="spot", nodes="spot-[0-1]", vm_types=("small",))
     scheduler.pools = PoolBook([pool], cfg.catalog(), **unknown)
     return scheduler
 
 
 async def take(scheduler, event: PoolRunEvent) -> str | None:
-    """One pass with the event; a start's verdict (an end has none)."""
+    """One pass with the event; its verdict."""
     verdict = scheduler.pool_run(event)
     assert verdict is not None
     await scheduler.tick()
@@ -138,3 +141,57 @@ async def test_create_opens_a_limited_account_with_its_credit(tmp_path):
     carol = scheduler.accounts.view("carol")
     assert (carol["allocation_cpu_h"], carol["charged_cpu_h"]) == (5.0, pytest.approx(1.0))
     assert not scheduler.accounts.exists("(null)")
+
+
+async def test_an_end_is_answered_only_by_the_pass_that_writes_it(tmp_path):
+    """The hook forgets an event once answered: an end answered before it was written,
+    the daemon killed in between, left its run open for ever, reserved and never
+    charged (the chaos test, tests/integration/test_slurm_chaos.py, saw it). The
+    answer comes from the pass, after its batch is written."""
+    scheduler = await pool_world(tmp_path)
+    scheduler.accounts.create("alice", False, 10.0, 0.0)
+    start = PoolRunEvent(
+        "start", "45", "job", "spot", "spot-0", user="alice", account="", cpus=2, limit_h=1.0
+    )
+    assert await take(scheduler, start) == "reserved"
+    end = dataclasses.replace(lost_start_end("45", "alice"), started_at=1000.0, ended_at=1900.0)
+    answer = scheduler.pool_run(end)
+    assert answer is not None and not answer.done()  # queued, not yet written
+    await scheduler.tick()
+    assert answer.result() == "ended"
+    assert rows(tmp_path, "SELECT state FROM slurm_runs") == [("succeeded",)]
+    assert scheduler.accounts.view("alice")["charged_cpu_h"] == pytest.approx(0.5)
+
+
+async def test_a_run_whose_end_never_came_is_settled_when_the_next_run_starts(tmp_path):
+    """Slurm starts a job's next run (a requeue) only after its last one ended: that
+    run is settled then, as preempted, charged until the new start (the most it can
+    have run) and its reservation's rest released, not left reserved for ever."""
+    clock = SimClock(1000.0)
+    scheduler = await pool_world(tmp_path, clock)
+    scheduler.accounts.create("alice", False, 10.0, 0.0)
+
+    def start(restart: int) -> PoolRunEvent:
+        return PoolRunEvent(
+            "start", "46", "job", "spot", "spot-0", user="alice", account="",
+            restart=restart, cpus=2, limit_h=1.0,
+        )  # fmt: skip
+
+    assert await take(scheduler, start(0)) == "reserved"
+    clock.advance_to(1000.0 + 1800.0)  # its end (a node failure) is never told
+    assert await take(scheduler, start(1)) == "reserved"
+    await scheduler.store.flush()
+    assert rows(
+        tmp_path, "SELECT restart, state, started_at, ended_at, reason FROM slurm_runs "
+        "ORDER BY restart"
+    ) == [
+        (0, "preempted", 1000.0, 2800.0,
+         "its end was not reported: taken as preempted when its next run started"),
+        (1, "running", 2800.0, None, ""),
+    ]  # fmt: skip
+    alice = scheduler.accounts.view("alice")
+    assert alice["charged_cpu_h"] == pytest.approx(1.0)  # 2 CPUs for half an hour
+    assert alice["reserved_cpu_h"] == pytest.approx(2.0)  # the new run's only
+    assert rows(tmp_path, "SELECT kind FROM ledger WHERE account = 'alice' ORDER BY id") == [
+        ("reserve",), ("charge",), ("release",), ("reserve",),
+    ]  # fmt: skip
