@@ -22,11 +22,13 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/mypy --strict --follow-imports=silent controller/scheduler/
-	# Two workers (pytest-xdist): each test is independent (its own state directory,
-	# daemon port), and the suite takes half the time. The Slurm tests share one worker
-	# (one cluster at a time: tests/conftest.py pytest_collection_modifyitems). The 25
-	# slowest are listed at the end: the suite is to stay well under 15 minutes.
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
+	# Three workers (pytest-xdist): each test is independent (its own state directory,
+	# daemon port). The Slurm tests share one worker (one cluster at a time:
+	# tests/conftest.py pytest_collection_modifyitems), mostly waiting on Slurm and VM
+	# boots: with two workers a third of a 2-CPU host's time went idle (15 min 20 s),
+	# with three 13 min. The 25 slowest are listed at the end: the suite is to stay well
+	# under 15 minutes.
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup --durations=25
 
 # Unit and policy tests: no daemon, no Slurm, no processes (tests/conftest.py enforces it).
 test-fast: $(STAMP)
