@@ -195,3 +195,39 @@ async def test_a_run_whose_end_never_came_is_settled_when_the_next_run_starts(tm
     assert rows(tmp_path, "SELECT kind FROM ledger WHERE account = 'alice' ORDER BY id") == [
         ("reserve",), ("charge",), ("release",), ("reserve",),
     ]  # fmt: skip
+
+
+async def test_the_hook_is_told_an_end_was_taken_only_once_it_is_written(tmp_path, monkeypatch):
+    """The callback route's side (controller/slurm/events.py): a jobcomp of a pool run
+    is answered after the pass that writes it, and with 503 (the hook spools it and
+    sends it again) when no pass has written it in time."""
+    import asyncio
+
+    from controller.clock import RealClock
+    from controller.errors import ApiError
+    from controller.slurm import events
+    from controller.slurm.callbacks import SlurmEvent
+
+    scheduler = await pool_world(tmp_path)
+    scheduler.accounts.create("alice", False, 10.0, 0.0)
+    # Only the pool path runs here: it asks nothing of the Slurm executor.
+    taken = events.SlurmCallbacks(None, lambda: scheduler, RealClock())  # type: ignore[arg-type]
+
+    def jobcomp(job_id: str) -> SlurmEvent:
+        return SlurmEvent(
+            event="jobcomp", job_id=job_id, job_name="job", partition="spot", nodes="spot-0",
+            user="alice", state="COMPLETED", exit_code="0:0", start=1000.0, end=1900.0,
+        )  # fmt: skip
+
+    monkeypatch.setattr(events, "POOL_VERDICT_WAIT_S", 0.2)
+    with pytest.raises(ApiError) as refused:  # no pass meanwhile
+        await taken._pool_job(jobcomp("48"), scheduler)
+    assert refused.value.status == 503 and "send it again" in refused.value.message
+    assert rows(tmp_path, "SELECT count(*) FROM slurm_runs") == [(0,)]
+
+    answered = asyncio.ensure_future(taken._pool_job(jobcomp("49"), scheduler))
+    await asyncio.sleep(0)
+    assert not answered.done()
+    await scheduler.tick()  # writes both ends, then answers
+    assert await answered is True
+    assert rows(tmp_path, "SELECT job_id FROM slurm_runs ORDER BY job_id") == [("48",), ("49",)]
