@@ -84,7 +84,10 @@ class Chaos:
             self.errors.append(exc)
 
     def preempt_pool_job_twice(self, cluster, runs_file: Path) -> None:
-        """Preempt the pool job's VM each time it has run a second, twice."""
+        """Preempt the pool job's VM each time it has run a second, twice. Its runs
+        last 15 s: the preemption lands also when it has to wait out the controller's
+        restart (a run of 6 s ended first under a loaded host, and Slurm restarted the
+        job once)."""
         try:
             for run in (1, 2):
                 wait_until(lambda n=run: lines(runs_file) >= n, 240, 0.2, f"pool run {run}")
@@ -173,7 +176,7 @@ def test_every_job_runs_exactly_once_through_preemptions_and_a_controller_crash(
         }
     )
     pool_job = submit_as(
-        slurm_cluster, "nobody", shared, "--wrap", f"echo run >> {pool_runs}; sleep 6"
+        slurm_cluster, "nobody", shared, "--wrap", f"echo run >> {pool_runs}; sleep 15"
     )
 
     chaos = Chaos(daemon, client)
