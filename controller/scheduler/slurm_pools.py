@@ -340,10 +340,10 @@ class SlurmPools:
     def _end_unreported(self, run: SlurmRunRow, batch: WriteBatch, now: float) -> None:
         """A run whose end never came, now that the job's next run starts: settled as
         preempted (Slurm starts the next run of a job whose node failed), charged until
-        this start (the most it can have run), its reservation's rest released. Only a
-        callback lost for good comes here: one answered before it was recorded, with
-        the daemon killed in between, by a daemon older than the one that answers an
-        end only once it is written."""
+        this start (the most it can have run), its reservation's rest released. Only an
+        end lost on its way comes here: the daemon answers the hook once an end is
+        written (controller/slurm/events.py), as it did not before, when a daemon killed
+        in between lost the end and left the run reserved for ever."""
         del self.runs[(run["job_id"], run["job_name"])]
         reason = "its end was not reported: taken as preempted when its next run started"
         log.warning("Slurm job %s, run %s: %s", run["job_id"], run["restart"], reason)

@@ -39,12 +39,22 @@ class SlurmCallbacks:
         # Pool jobs whose start is being taken (Slurm asked for its limits): their end
         # waits for it, so that the start is queued first.
         self._pool_starts: dict[tuple[str, str], asyncio.Event] = {}
+        # Ends of pool runs answered 503 (not written in time), by callback key, until
+        # written: the hook's next copy is a repeat, answered only once it is.
+        self._unwritten_ends: dict[str, asyncio.Future[str]] = {}
 
     def seen(self, key: str) -> bool:
         return self.executor.seen(key)
 
     def remember(self, key: str) -> None:
         self.executor.remember(key)
+
+    async def repeat_written(self, key: str) -> None:
+        """A repeat of a callback: if it is a pool run's end that was answered 503, once
+        that end is written (503 again if it still is not)."""
+        unwritten = self._unwritten_ends.get(key)
+        if unwritten is not None:
+            await self._end_written(key, unwritten)
 
     async def take(self, event: SlurmEvent) -> bool:
         """A verified, new callback. True when it is acted on."""
@@ -111,19 +121,25 @@ class SlurmCallbacks:
         )
         if ended is None:
             return False
-        # Answered once written: a hook told it was taken forgets it, and a daemon
-        # killed before writing it would leave the run open for ever (reserved, never
-        # charged). Not written in time: 503, and the hook sends it again (a duplicate
-        # if it was written meanwhile).
+        await self._end_written(event.key, ended)
+        return True
+
+    async def _end_written(self, key: str, ended: asyncio.Future[str]) -> None:
+        """Return once the pass wrote a pool run's end (its verdict): a hook told it was
+        taken forgets it, and a daemon killed before writing it left the run open for
+        ever (reserved, never charged). Not written in time: 503, and the hook sends it
+        again; that copy waits on the same end (`repeat_written`)."""
         try:
             await asyncio.wait_for(asyncio.shield(ended), POOL_VERDICT_WAIT_S)
         except TimeoutError:
+            if key not in self._unwritten_ends:
+                self._unwritten_ends[key] = ended
+                ended.add_done_callback(lambda _: self._unwritten_ends.pop(key, None))
             raise ApiError(
-                f"the end of Slurm job {event.job_id} is not recorded yet: send it again",
+                f"a Slurm job's end ({key}) is not recorded yet: send it again",
                 status=503,
                 code="not_recorded",
             ) from None
-        return True
 
     async def _pool_run_started(self, event: SlurmEvent, scheduler: Scheduler) -> None:
         """A pool job was allocated: what it may use (Slurm's CPUs and time limit), then

@@ -47,6 +47,7 @@ async def slurm_event(request: web.Request) -> web.Response:
         raise ApiError(f"malformed Slurm event: {problems}", code="invalid_event") from None
     key = event.key
     if slurm.seen(key):
+        await slurm.repeat_written(key)  # a pool run's end answered 503: once written
         return json_response({"key": key, "duplicate": True, "applied": False})
     # Taken from here on: a copy sent while the store is asked (a hook that gave up
     # waiting spools and sends it again) is a duplicate too.
@@ -91,6 +92,11 @@ ROUTES: tuple[Route, ...] = (
             ),
             401: ("A bad signature or a timestamp outside the window.", ERR),
             409: ("The daemon does not run the Slurm executor.", ERR),
+            503: (
+                "The end of a pool job's run, not written within 3 s: send it again (the "
+                "hook spools it); the copy is answered once it is written.",
+                ERR,
+            ),
         },
     ),
 )

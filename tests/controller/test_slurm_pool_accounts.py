@@ -200,7 +200,8 @@ async def test_a_run_whose_end_never_came_is_settled_when_the_next_run_starts(tm
 async def test_the_hook_is_told_an_end_was_taken_only_once_it_is_written(tmp_path, monkeypatch):
     """The callback route's side (controller/slurm/events.py): a jobcomp of a pool run
     is answered after the pass that writes it, and with 503 (the hook spools it and
-    sends it again) when no pass has written it in time."""
+    sends it again) when no pass has written it in time; the copy sent again waits on
+    the same end, not answered as a duplicate before it is written."""
     import asyncio
 
     from controller.clock import RealClock
@@ -220,14 +221,22 @@ async def test_the_hook_is_told_an_end_was_taken_only_once_it_is_written(tmp_pat
         )  # fmt: skip
 
     monkeypatch.setattr(events, "POOL_VERDICT_WAIT_S", 0.2)
+    late = jobcomp("48")
     with pytest.raises(ApiError) as refused:  # no pass meanwhile
-        await taken._pool_job(jobcomp("48"), scheduler)
+        await taken._pool_job(late, scheduler)
     assert refused.value.status == 503 and "send it again" in refused.value.message
     assert rows(tmp_path, "SELECT count(*) FROM slurm_runs") == [(0,)]
+    # The hook's next copy (a repeat: the route saw its key) waits on the same end.
+    with pytest.raises(ApiError) as again:
+        await taken.repeat_written(late.key)
+    assert again.value.status == 503
 
     answered = asyncio.ensure_future(taken._pool_job(jobcomp("49"), scheduler))
+    repeat = asyncio.ensure_future(taken.repeat_written(late.key))
     await asyncio.sleep(0)
-    assert not answered.done()
+    assert not answered.done() and not repeat.done()
     await scheduler.tick()  # writes both ends, then answers
     assert await answered is True
+    await repeat  # answered (a duplicate) now that it is written
     assert rows(tmp_path, "SELECT job_id FROM slurm_runs ORDER BY job_id") == [("48",), ("49",)]
+    await taken.repeat_written(late.key)  # written: a repeat is answered at once
