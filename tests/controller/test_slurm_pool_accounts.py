@@ -6,13 +6,14 @@ The refusal path (a job cancelled, the reason in its comment) and the "create" o
 are run on real Slurm in tests/integration/test_slurm_power_saving.py; here the real
 scheduler and store (the sim world) take what is hard to make happen there: the end of a
 run whose start was never reported (its prolog callback lost), the start of a run whose
-last run's end never came, when an end is answered, and reservations in "create"
-mode."""
+last run's end never came, when an end is answered, a pool VM lost in a restart, and
+reservations in "create" mode."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from controller.clock import SimClock
@@ -240,3 +241,38 @@ async def test_the_hook_is_told_an_end_was_taken_only_once_it_is_written(tmp_pat
     await repeat  # answered (a duplicate) now that it is written
     assert rows(tmp_path, "SELECT job_id FROM slurm_runs ORDER BY job_id") == [("48",), ("49",)]
     await taken.repeat_written(late.key)  # written: a repeat is answered at once
+
+
+async def test_a_pool_vm_lost_in_a_restart_has_its_node_let_go_at_once(tmp_path):
+    """The daemon killed while a pool VM boots: the restarted daemon does not find the VM
+    and tells the executor its node's VM is gone (the Slurm executor downs and powers
+    the node down, and Slurm requeues its users' jobs at once), as for a pool VM found
+    gone while running. Telling nothing left the node powering up and its job waiting
+    out ResumeTimeout (the chaos test, tests/integration/test_slurm_chaos.py)."""
+    from controller.executors.sim import SimExecutor
+
+    lost: list[tuple[str, str]] = []
+
+    class Watched(SimExecutor):  # the sim executor, its vm_lost calls noted
+        async def vm_lost(self, vm_id: str, pool_node: str = "") -> None:
+            lost.append((vm_id, pool_node))
+            await super().vm_lost(vm_id, pool_node)
+
+    clock = SimClock(1000.0)
+    scheduler = await pool_world(tmp_path, clock)
+    assert scheduler.pool_power("resume", ["spot-0"]) == 1
+    await scheduler.tick()  # the VM is launched for spot-0, and boots
+    ((vm_id, pool_node),) = rows(tmp_path, "SELECT id, pool_node FROM vms")
+    assert pool_node == "spot-0" and lost == []
+
+    # A new daemon on the same database, whose driver has no such VM (it died with the
+    # old one): its recovery lets the node go.
+    cfg = config()
+    executor = Watched(now=clock.now, call_at=clock.call_at, rng=np.random.default_rng(2))
+    again = await world(tmp_path, clock, 2, cfg, store=scheduler.store, executor=executor)
+    again.pools = scheduler.pools
+    await again.recover()
+    assert lost == [(vm_id, "spot-0")]
+    assert rows(tmp_path, f"SELECT state, reason FROM vms WHERE id = '{vm_id}'") == [
+        ("terminated", "not found after controller restart")
+    ]
