@@ -152,7 +152,7 @@ class Events:
             # Whatever ran there is dead; an executor with a cluster forgets the node (a
             # pool node is powered down by force: Slurm requeues its users' jobs), unless
             # Slurm itself let go of it (a pool node it suspended or gave up on).
-            if not (vm.pool_node and vm.terminating):
+            if not vm.released_by_slurm:
                 await self.calls.starts_settled()  # attempts being started there are lost too
                 await self.calls.call(self.executor.vm_lost(vm.id, vm.pool_node))
             # When we terminated it, our reason ("idle for 60 s") says more than the driver's.

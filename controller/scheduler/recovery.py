@@ -110,11 +110,9 @@ class Recovery:
         gone_vms = self._reconcile_attempts(attempts, adopted, missing, now, batch)
         for vm in missing:
             # As for a VM found gone while running (Events._on_status): a cluster
-            # forgets its node, and a pool node is downed and powered down by force
-            # (unless Slurm let go of it), so that Slurm requeues its users' jobs now: a
-            # pool VM lost while it booted left its node powering up, and its job
-            # waiting out ResumeTimeout.
-            pool_node_held = bool(vm.pool_node) and not vm.terminating
+            # forgets its node, and a pool node is let go at once (a pool VM lost while
+            # it booted left its node powering up, its job waiting out ResumeTimeout).
+            pool_node_held = bool(vm.pool_node) and not vm.released_by_slurm
             if (self.executor.confirms_ends and vm.attempts) or pool_node_held:
                 await self.calls.call(self.executor.vm_lost(vm.id, vm.pool_node))
             self.world.end_vm(

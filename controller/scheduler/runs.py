@@ -225,6 +225,14 @@ class VmRun:
     def __post_init__(self) -> None:
         self.capacity = capacity_of(self.vm_type)
 
+    @property
+    def released_by_slurm(self) -> bool:
+        """A pool VM being terminated because Slurm let go of its node (suspended it, or
+        gave up on it): Slurm needs telling nothing more when it is gone. Any other pool
+        VM that is gone has its node downed and powered down, so that Slurm requeues its
+        users' jobs at once."""
+        return bool(self.pool_node) and self.terminating
+
     def row(self, driver: str, time_scale: float = 1.0) -> dict[str, Any]:
         t = self.vm_type
         return {

@@ -11,14 +11,19 @@ reservations in "create" mode."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import numpy as np
 import pytest
 
-from controller.clock import SimClock
+from controller.clock import RealClock, SimClock
 from controller.config import SlurmPoolConfig
+from controller.errors import ApiError
+from controller.executors.sim import SimExecutor
 from controller.scheduler.inputs import PoolRunEvent
+from controller.slurm import events
+from controller.slurm.callbacks import SlurmEvent
 from controller.slurm.pools import PoolBook, run_account
 from tests.controller.simworld import config, rows, world
 
@@ -203,12 +208,6 @@ async def test_the_hook_is_told_an_end_was_taken_only_once_it_is_written(tmp_pat
     is answered after the pass that writes it, and with 503 (the hook spools it and
     sends it again) when no pass has written it in time; the copy sent again waits on
     the same end, not answered as a duplicate before it is written."""
-    import asyncio
-
-    from controller.clock import RealClock
-    from controller.errors import ApiError
-    from controller.slurm import events
-    from controller.slurm.callbacks import SlurmEvent
 
     scheduler = await pool_world(tmp_path)
     scheduler.accounts.create("alice", False, 10.0, 0.0)
@@ -249,8 +248,6 @@ async def test_a_pool_vm_lost_in_a_restart_has_its_node_let_go_at_once(tmp_path)
     the node down, and Slurm requeues its users' jobs at once), as for a pool VM found
     gone while running. Telling nothing left the node powering up and its job waiting
     out ResumeTimeout (the chaos test, tests/integration/test_slurm_chaos.py)."""
-    from controller.executors.sim import SimExecutor
-
     lost: list[tuple[str, str]] = []
 
     class Watched(SimExecutor):  # the sim executor, its vm_lost calls noted
