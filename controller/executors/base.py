@@ -230,6 +230,12 @@ class Executor(Protocol):
         """Start the attempt; returns the executor's reference for it ("" if none).
         Raises ExecutorError if it cannot start."""
 
+    def enqueue(self, spec: AttemptSpec) -> bool:
+        """Hand the attempt to the executor's own queue without waiting, as `start` would
+        with no reference to give back: True; or False, and nothing done, when it must be
+        started with `start` (an executor without such a queue always says False).
+        Raises ExecutorError as `start` does."""
+
     async def signal_checkpoint(self, attempt_id: str, timeout_s: float) -> None:
         """Ask a running attempt to write a checkpoint now; returns at once. Whether it
         did (within `timeout_s`) is reported as a CheckpointEvent."""

@@ -25,6 +25,8 @@ import asyncio
 import collections
 import contextlib
 import functools
+import heapq
+import itertools
 import os
 import queue
 import select
@@ -69,6 +71,16 @@ RUN_KEY = "SPOTBAG_RUN_KEY"
 # hundred at once still start on several threads (SPAWNER_THREADS).
 SPAWNS_PER_TRIP = 8
 SPAWNER_THREADS = 4
+# But as many as this are started on the event loop itself, which then waits for their
+# fork and exec (the time vfork holds the caller: 0.9 ms median, 1.5 ms p90, 3 ms at
+# most over 500 spawns beside 4 running jobs on this 2-CPU host; a pass holds the loop
+# ~15 ms): a slot freed by a job's end is refilled at once, and the trip to a thread
+# cost the loop more than it saved. 2,000 trivial jobs on 4 slots
+# (bench/local_dispatch.py, tmpfs, load 2-2.5), alternated, 3 rounds each: the
+# daemon's CPU 1.03-1.15 ms a job with every start on a thread, 0.84-0.96 with up to 2
+# on the loop (8.4 context switches a job -> 3.5), the ratio to xargs 2.08-2.30x ->
+# 1.89-2.01x; up to 4, or every start on the loop: no better.
+SPAWNS_ON_THE_LOOP = 2
 # After a start failed for want of the host's resources (descriptors, memory,
 # processes), starts are refused this long (ExecutorUnavailable), so that the
 # scheduler backs off instead of handing over attempts that fail again at once.
@@ -119,9 +131,58 @@ class _PidfdWatch:
         self._epoll.close()
 
 
+class _Deadlines:
+    """When each running attempt's max_runtime_s runs out, in one heap with one timer of
+    the loop's for the earliest, rather than a timer each (a TimerHandle made and
+    cancelled for each attempt: 6 % of the daemon's time holding the GIL with trivial
+    jobs, py-spy --gil on bench/local_dispatch.py). An attempt that ended stays in the
+    heap until its time comes or the heap is rebuilt: its `_Running` says it ended."""
+
+    def __init__(self, time_out: Callable[[_Running], None]) -> None:
+        self._time_out = time_out
+        self._heap: list[tuple[float, int, _Running]] = []
+        self._order = itertools.count()  # ties: first watched, first timed out
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self.live = 0  # attempts watched that have not ended
+
+    def add(self, running: _Running, loop: asyncio.AbstractEventLoop) -> None:
+        at = loop.time() + running.spec.max_runtime_s
+        self.live += 1
+        if len(self._heap) > 2 * self.live + 64:  # mostly attempts long ended: rebuild
+            self._heap = [entry for entry in self._heap if not entry[2].ended]
+            heapq.heapify(self._heap)
+        heapq.heappush(self._heap, (at, next(self._order), running))
+        if self._timer is None or at < self._timer_at:
+            self._arm(loop, at)
+
+    def ended(self) -> None:
+        self.live -= 1
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(at, self._due, loop), at
+
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        while self._heap and self._heap[0][0] <= now:
+            running = heapq.heappop(self._heap)[2]
+            if not running.ended:
+                self._time_out(running)
+        if self._heap:
+            self._arm(loop, self._heap[0][0])
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class _Child:
-    """A job's wrapper process, spawned by `subprocess.Popen` on a spawner thread (the
-    event loop never waits for a fork and an exec) and watched from the loop: its
+    """A job's wrapper process, spawned by `subprocess.Popen` (on a spawner thread, or on
+    the loop for one or two at a time: SPAWNS_ON_THE_LOOP) and watched from the loop: its
     end wakes the loop through a pidfd (`_PidfdWatch`; on a thread of its own where
     there are no pidfds, or none left), and the loop reaps it. The Popen object is kept
     to the end: only it reaps this process (subprocess reaps on its own only the
@@ -192,7 +253,9 @@ class _Spawn:
     checkpoint_dir: str
     env: dict[str, str]
     user: JobUser | None
-    done: asyncio.Future[None]  # set once its process is watched, or with its error
+    # For a start() that waits (a VM never announced): set once its process is watched,
+    # or with its error. A queued attempt's error ends it (`_queued_start_failed`).
+    done: asyncio.Future[None] | None = None
     host: _Host | None = None  # the VM whose room it takes, once it leaves the queue
     stop_reason: str = ""  # stopped while its process was being started
 
@@ -234,7 +297,7 @@ class _Running:
     spec: AttemptSpec
     process: _Child
     host: _Host | None = None  # whose room it takes
-    deadline: asyncio.TimerHandle | None = None  # its max_runtime_s, until it ends
+    ended: bool = False  # its end reported (its max_runtime_s no longer counts)
     timed_out: bool = False
     stop_reason: str = ""  # set when we stopped it on purpose
     checkpoint: asyncio.Task | None = None  # waiting for a checkpoint it was asked for
@@ -280,6 +343,8 @@ class LocalExecutor:
         self._spawning: dict[str, _Spawn] = {}  # by attempt id: processes being started
         self._trips: set[asyncio.Future[None]] = set()  # spawner-thread trips under way
         self._pidfds: _PidfdWatch | None = None  # the running loop's, made at the first start
+        self._deadlines: _Deadlines | None = None  # the running loop's, likewise
+        self._deadlines_loop: asyncio.AbstractEventLoop | None = None
         self._unavailable_until = 0.0  # loop time; and why:
         self._unavailable = ""
         # Jobs inherit the daemon's environment minus its own settings (the API token
@@ -327,6 +392,31 @@ class LocalExecutor:
         return self._checkpoints / bag_id / job_id
 
     async def start(self, spec: AttemptSpec) -> str:
+        if self.enqueue(spec):
+            return ""
+        # A VM never announced: at once, and its error is the start's.
+        request = self._request(spec)
+        request.done = asyncio.get_running_loop().create_future()
+        self._gather(request)
+        await asyncio.shield(request.done)
+        return ""
+
+    def enqueue(self, spec: AttemptSpec) -> bool:
+        """Hand the attempt to its VM's queue without waiting: True, or False for a VM
+        never announced (`start` it). Raises ExecutorError as `start` does. The
+        scheduler's background starts take this way (no task an attempt: 7-9 % of the
+        daemon's time holding the GIL with trivial jobs, bench/local_dispatch.py)."""
+        host = self._hosts.get(spec.vm_id)
+        if host is None:
+            return False
+        request = self._request(spec)
+        host.waiting.append(request)
+        self._waiting[spec.attempt_id] = host
+        self._fill(host)
+        return True
+
+    def _request(self, spec: AttemptSpec) -> _Spawn:
+        """What starting the attempt takes: its files' paths, environment and user."""
         log_path = self.log_path(spec.bag_id, spec.job_id, spec.number)
         checkpoint_dir = os.path.join(self._checkpoints_dir, spec.bag_id, spec.job_id)
         env = dict(self._base_env)
@@ -347,19 +437,9 @@ class LocalExecutor:
             raise ExecutorError(str(exc)) from None
         if user is not None:  # its own identity, not the daemon's
             env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
-        loop = asyncio.get_running_loop()
-        if loop.time() < self._unavailable_until:
+        if asyncio.get_running_loop().time() < self._unavailable_until:
             raise ExecutorUnavailable(self._unavailable)
-        request = _Spawn(spec, log_path, checkpoint_dir, env, user, loop.create_future())
-        host = self._hosts.get(spec.vm_id)
-        if host is None:  # a VM never announced: at once, and its error is the start's
-            self._gather(request)
-            await asyncio.shield(request.done)
-            return ""
-        host.waiting.append(request)
-        self._waiting[spec.attempt_id] = host
-        self._fill(host)
-        return ""
+        return _Spawn(spec, log_path, checkpoint_dir, env, user)
 
     def _fill(self, host: _Host) -> None:
         """Start the attempts waiting for this VM while the first fits (in order: the
@@ -369,15 +449,11 @@ class LocalExecutor:
             del self._waiting[request.spec.attempt_id]
             host.take(request.spec)
             request.host = host
-            request.done.add_done_callback(functools.partial(self._queued_start_failed, request))
             self._gather(request)
 
-    def _queued_start_failed(self, request: _Spawn, done: asyncio.Future[None]) -> None:
+    def _queued_start_failed(self, request: _Spawn, exc: BaseException) -> None:
         """A queued attempt that could not start ends so (an event: its start() returned
         long ago); its room goes to the next."""
-        exc = done.exception()
-        if exc is None:
-            return
         assert request.host is not None
         request.host.take(request.spec, -1)
         if isinstance(exc, ExecutorUnavailable):
@@ -400,6 +476,9 @@ class LocalExecutor:
     def _spawn_gathered(self) -> None:
         gathered, self._to_spawn = self._to_spawn, []
         loop = asyncio.get_running_loop()
+        if len(gathered) <= SPAWNS_ON_THE_LOOP:
+            self._spawned(None, gathered, self._spawn_all(gathered))
+            return
         # Each spawn waits for its child's exec: many at once (a big VM's first pass)
         # go on several threads.
         for first in range(0, len(gathered), SPAWNS_PER_TRIP):
@@ -420,24 +499,30 @@ class LocalExecutor:
 
     def _spawned(
         self,
-        trip: asyncio.Future[None],
+        trip: asyncio.Future[None] | None,
         requests: list[_Spawn],
         results: list[subprocess.Popen[bytes] | BaseException],
     ) -> None:
         """Watch the processes started (here, on the loop, even if a start() that waits
-        for one was cancelled meanwhile: none runs unwatched), and wake their starts."""
-        self._trips.discard(trip)
-        trip.set_result(None)
+        for one was cancelled meanwhile: none runs unwatched), and wake their starts.
+        `trip`: the spawner thread's trip that started them (None: the loop did)."""
+        if trip is not None:
+            self._trips.discard(trip)
+            trip.set_result(None)
         for request, result in zip(requests, results, strict=True):
             self._spawning.pop(request.spec.attempt_id, None)
             if isinstance(result, BaseException):
-                request.done.set_exception(result)
+                if request.done is not None:  # its start() waits for it
+                    request.done.set_exception(result)
+                elif request.host is not None:
+                    self._queued_start_failed(request, result)
                 continue
             running = _Running(request.spec, _Child(result, self._pidfd_watch), request.host)
             self._watch(running)
             # Before its end can be: the end comes through the loop's next poll.
             self._emit(AttemptStarted(request.spec.attempt_id, self._now()))
-            request.done.set_result(None)
+            if request.done is not None:
+                request.done.set_result(None)
             if request.stop_reason:  # cancelled or its VM lost while it was started
                 self._stop_soon(running, request.stop_reason, self._grace_s)
 
@@ -493,7 +578,9 @@ class LocalExecutor:
         the loop, not a task an attempt)."""
         self._running[running.spec.attempt_id] = running
         loop = asyncio.get_running_loop()
-        running.deadline = loop.call_later(running.spec.max_runtime_s, self._time_out, running)
+        if self._deadlines is None or self._deadlines_loop is not loop:  # a new loop: tests
+            self._deadlines, self._deadlines_loop = _Deadlines(self._time_out), loop
+        self._deadlines.add(running, loop)
         running.process.on_end(functools.partial(self._ended, running))
 
     def _time_out(self, running: _Running) -> None:
@@ -511,8 +598,9 @@ class LocalExecutor:
     def _ended(self, running: _Running) -> None:
         """Whatever happened, the scheduler hears of the end exactly once."""
         spec = running.spec
-        if running.deadline is not None:
-            running.deadline.cancel()
+        running.ended = True
+        if self._deadlines is not None:
+            self._deadlines.ended()
         self._running.pop(spec.attempt_id, None)
         if running.host is not None:  # its room goes to the next waiting there
             running.host.take(spec, -1)
@@ -703,6 +791,8 @@ class LocalExecutor:
         if self._pidfds is not None:
             self._pidfds.close()
             self._pidfds = None
+        if self._deadlines is not None:
+            self._deadlines.close()
 
     def running_pids(self) -> dict[str, int]:
         return {attempt_id: r.process.pid for attempt_id, r in self._running.items()}

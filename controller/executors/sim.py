@@ -87,6 +87,9 @@ class SimExecutor:
         z = self._normals.pop()
         return math.exp(math.log(mean) - sigma2 / 2 + math.sqrt(sigma2) * z)
 
+    def enqueue(self, spec: AttemptSpec) -> bool:
+        return False  # no queue: a start runs the attempt at once
+
     async def start(self, spec: AttemptSpec) -> str:
         runtime_s = max(0.0, self._runtime_s(spec) - spec.resume_work_s)
         hints = spec.simulation

@@ -134,6 +134,23 @@ async def test_max_runtime_kills_the_whole_process_group(executor, tmp_path):
     assert not _alive(child), "the background child must die with its job"
 
 
+async def test_each_attempt_times_out_at_its_own_max_runtime(executor):
+    """One timer serves every attempt's limit: a later attempt with a shorter limit is
+    stopped first, one that ended is left alone, and one with a long limit runs on."""
+    await executor.start(spec("sleep 60", attempt_id="b0000000001-0.1", max_runtime_s=1.2))
+    await executor.start(spec("exit 4", attempt_id="b0000000001-1.1", max_runtime_s=0.2))
+    await executor.start(spec("sleep 60", attempt_id="b0000000001-2.1", max_runtime_s=0.4))
+    await executor.start(spec("sleep 2.5", attempt_id="b0000000001-3.1", max_runtime_s=30))
+    await run(executor, executor.events, 4, timeout_s=10)
+    assert [(e.attempt_id, e.outcome) for e in executor.events] == [
+        ("b0000000001-1.1", Outcome.EXITED),
+        ("b0000000001-2.1", Outcome.TIMED_OUT),
+        ("b0000000001-0.1", Outcome.TIMED_OUT),
+        ("b0000000001-3.1", Outcome.EXITED),
+    ]
+    assert executor.events[0].exit_code == 4
+
+
 async def test_cancel_and_vm_loss_stop_attempts(executor):
     await executor.start(
         spec("trap 'exit 0' TERM; sleep 60 & wait", attempt_id="b0000000001-0.1", vm_id="vm-a")
@@ -519,6 +536,22 @@ async def test_attempts_beyond_a_vms_capacity_start_as_others_end(executor):
         ended_before = [e for e in ends.values() if e.at <= started.at]
         running_then = sum(1 for s in executor.started if s.at <= started.at) - len(ended_before)
         assert running_then <= 2
+
+
+async def test_a_queued_attempt_that_cannot_start_ends_so_and_frees_its_room(executor, tmp_path):
+    """An attempt taken from a VM's queue whose process cannot start (its workdir is
+    gone) ends START_FAILED (an event: its start() returned long ago) and the next
+    waiting there takes its room."""
+    await executor.vm_started("vm-1", VmType("one", cpus=1, memory_gb=2.0))
+    doomed, next_one = "b0000000001-0.1", "b0000000001-1.1"
+    assert executor.enqueue(spec("true", attempt_id=doomed, workdir=str(tmp_path / "gone")))
+    assert executor.enqueue(spec("exit 5", attempt_id=next_one))
+    await _until(lambda: len(_ends(executor)) == 2)
+    ends = _ends(executor)
+    assert ends[doomed].outcome is Outcome.START_FAILED
+    assert "gone" in ends[doomed].detail
+    assert (ends[next_one].outcome, ends[next_one].exit_code) == (Outcome.EXITED, 5)
+    assert [s.attempt_id for s in executor.started] == [next_one]
 
 
 async def test_waiting_attempts_end_at_once_when_cancelled_or_their_vm_is_lost(executor):

@@ -126,6 +126,9 @@ class SlurmExecutor:
 
     # --- attempts ------------------------------------------------------------------
 
+    def enqueue(self, spec: AttemptSpec) -> bool:
+        return False  # each start submits a Slurm job: `start`
+
     async def start(self, spec: AttemptSpec) -> str:
         """Submit the attempt as a Slurm job on its VM's node (submission.py); its job id,
         or "" when Slurm's answer was lost and the job is looked for later."""
