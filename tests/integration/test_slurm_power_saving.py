@@ -18,6 +18,7 @@ the tests read that line, not the first word of the output.
 from __future__ import annotations
 
 import shutil
+import signal
 import sqlite3
 import tempfile
 import time
@@ -309,3 +310,51 @@ def test_an_idle_pool_vm_the_reuse_policy_distrusts_is_handed_back(
     wait_until(lambda: job_field(slurm_cluster, second, "%T") == "COMPLETED", 90, 0.2, "job 2")
     (fresh,) = job_hosts(out_dir, second)
     assert fresh != warm
+
+
+def test_a_pool_vm_lost_in_a_controller_crash_gives_its_job_back_at_once(
+    pool_daemons, slurm_cluster, out_dir
+):
+    """The daemon is killed (SIGKILL) while the VM it launched for a resumed pool node
+    boots (4 s here): that VM dies with it (the local driver's VMs live in the daemon
+    until they have booted). At restart it is missing, and the daemon downs and powers
+    down its node, as for a pool VM lost while it ran: Slurm requeues the job, resumes the
+    node again, and the job runs on a new VM within a minute, not after ResumeTimeout
+    (600 s), which it waited out before (the node left powering up)."""
+    daemon = pool_daemons(max_vms=2)
+    text = daemon.config_path.read_text().replace("boot_delay_s = 0.1\n", "boot_delay_s = 4.0\n")
+    assert "boot_delay_s = 4.0" in text
+    daemon.config_path.write_text(text)
+    client = daemon.start()
+    client.create_account("chem", cpu_hours=1000)
+    job = submit_as_user(slurm_cluster, out_dir, "-A", "chem", "--wrap", SAY_HOST)
+
+    def booting() -> list[dict]:
+        return [v for v in pool_vms_alive(client) if v["state"] == "pending"]
+
+    (lost,) = wait_until(booting, 60, 0.05, "a pool VM booting")
+    assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+    began = time.monotonic()
+    client = daemon.start()
+    record = wait_until(
+        lambda: (vm := vm_record(client, lost["id"]))["state"] != "pending" and vm,
+        30,
+        0.1,
+        "the lost VM recorded",
+    )
+    assert (record["state"], record["reason"]) == (
+        "terminated",
+        "not found after controller restart",
+    ), record
+    wait_until(lambda: job_field(slurm_cluster, job, "%T") == "COMPLETED", 90, 0.2, "the job")
+    took_s = time.monotonic() - began
+    (host,) = job_hosts(out_dir, job)
+    assert host != lost["id"] and vm_record(client, host)["pool_node"]
+    # Slurm had started the job on the lost VM's node (allocated it while the node
+    # resumed): that run ended preempted, at the restart; the next one ran.
+    lost_run, run = wait_until(
+        lambda: len(ended_runs(daemon, job)) == 2 and ended_runs(daemon, job), 30, 0.1, "its end"
+    )
+    assert (lost_run["state"], lost_run["node"]) == ("preempted", lost["pool_node"])
+    assert (run["state"], run["account"], run["vm_id"]) == ("succeeded", "chem", host)
+    print(f"the job ran {took_s:.1f} s after the restart")
