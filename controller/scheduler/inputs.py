@@ -69,7 +69,8 @@ class PoolRunEvent:
     limit_h: float | None = None  # its time limit (None: unlimited or unknown)
     state: str = ""
     exit_code: int | None = None
-    started_at: float | None = None  # Slurm's START and END (jobcomp)
+    # Slurm's START and END (jobcomp); a start's: when its prolog hook was sent.
+    started_at: float | None = None
     ended_at: float | None = None
     # Resolved, once the pass that took it is done (a refused job cancelled), with
     # "reserved", "refused: <why>" or "repeat": the prolog hook waits for it.

@@ -43,6 +43,9 @@ from policies.ledger_rules import InsufficientCredit
 from policies.packing import Shape
 
 log = logging.getLogger("spotbag.scheduler")
+# How much before the open run's prolog hook was sent a jobcomp's START may say it began
+# and still be that run's (START is in whole seconds).
+RUN_START_SLACK_S = 2.0
 
 
 class SlurmPools:
@@ -68,6 +71,10 @@ class SlurmPools:
         self._terminate = terminate  # a VM to terminate in this pass
         self.book = PoolBook((), ())  # power-saving pools (controller/slurm/pools.py)
         self.runs: dict[tuple[str, str], SlurmRunRow] = {}  # (job id, name) -> run
+        # When each open run began as slurmctld's clock says (its prolog hook's sending),
+        # which a jobcomp's START is compared with (`_older_runs_end`). Not kept across a
+        # restart: the open runs then recovered are told apart from older ones no more.
+        self._begun: dict[tuple[str, str], float] = {}
         self._launches: list[VmRun] = []
         self._refusals: list[tuple[str, str]] = []  # (Slurm job id, why) to cancel
         self._refused: dict[tuple[str, str], str] = {}  # (job id, name) -> why
@@ -78,10 +85,12 @@ class SlurmPools:
     def load_runs(self, runs: list[SlurmRunRow]) -> None:
         """The open runs, as the store has them (recovery)."""
         self.runs = {(r["job_id"], r["job_name"]): r for r in runs}
+        self._begun.clear()
 
     def forget(self) -> None:
         """Forget the open runs and the VMs let go (recovery rebuilds them)."""
         self.runs.clear()
+        self._begun.clear()
         self._released.clear()
 
     def take_launches(self) -> list[VmRun]:
@@ -273,6 +282,8 @@ class SlurmPools:
                 "reason": "",
             }
             self.runs[ident] = run
+            if event.started_at is not None:
+                self._begun[ident] = event.started_at
             batch.slurm_run(run)
             return
         started = event.started_at if event.started_at is not None else now
@@ -281,6 +292,8 @@ class SlurmPools:
         # Told once written (`carry_out` answers after the pass's batch is): the hook
         # forgets an end only the store holds (controller/slurm/events.py).
         self._tell(event, "ended")
+        if run is not None and self._older_runs_end(ident, event):
+            return
         refused = self._refused.pop(ident, None)
         if run is None and refused is not None:  # cancelled before it ran: nothing to pay
             return
@@ -320,6 +333,7 @@ class SlurmPools:
             }
         else:
             del self.runs[ident]
+            self._begun.pop(ident, None)
             cpus = event.cpus or run["cpus"]
             if not run["vm_id"]:  # allocated before Slurm resumed its node
                 vm = self.vm_of(event.node)
@@ -337,6 +351,27 @@ class SlurmPools:
         }
         batch.slurm_run(ended_run)
 
+    def _older_runs_end(self, ident: tuple[str, str], event: PoolRunEvent) -> bool:
+        """Whether this end is of a run before the open one: one that began (Slurm's
+        START) before the open run did, come after the open run's start had settled it
+        (`_end_unreported`: charged until then, the most it can have run). It must not
+        end the open run. START is in whole seconds and a run's own START is at or after
+        its allocation, when its prolog hook was sent, hence the slack."""
+        begun = self._begun.get(ident)
+        if begun is None or event.started_at is None:
+            return False
+        if event.started_at >= begun - RUN_START_SLACK_S:
+            return False
+        log.warning(
+            "Slurm job %s: an end (%s) of a run that began at %.0f, before the open run "
+            "(%.0f), came late: that run was settled when the open one started",
+            event.job_id,
+            event.state,
+            event.started_at,
+            begun,
+        )
+        return True
+
     def _end_unreported(self, run: SlurmRunRow, batch: WriteBatch, now: float) -> None:
         """A run whose end never came, now that the job's next run starts: settled as
         preempted (Slurm starts the next run of a job whose node failed), charged until
@@ -345,6 +380,7 @@ class SlurmPools:
         written (controller/slurm/events.py), as it did not before, when a daemon killed
         in between lost the end and left the run reserved for ever."""
         del self.runs[(run["job_id"], run["job_name"])]
+        self._begun.pop((run["job_id"], run["job_name"]), None)
         reason = "its end was not reported: taken as preempted when its next run started"
         log.warning("Slurm job %s, run %s: %s", run["job_id"], run["restart"], reason)
         entries = self.accounts.settle_run(

@@ -161,6 +161,9 @@ class SlurmCallbacks:
                     restart=event.restart_count,
                     cpus=cpus or event.cpus,
                     limit_h=limit_h,
+                    # When slurmctld's hook sent it (a copy sent again keeps it): the
+                    # run's start by the clock of jobcomp's START.
+                    started_at=event.sent_at,
                 )
             )
         finally:

@@ -203,6 +203,42 @@ async def test_a_run_whose_end_never_came_is_settled_when_the_next_run_starts(tm
     ]  # fmt: skip
 
 
+async def test_an_older_runs_end_that_comes_late_leaves_the_open_run_be(tmp_path):
+    """A run's end that comes after the job's next run started (resent from the hook's
+    spool) is told apart by Slurm's START, earlier than the open run's prolog: it was
+    settled at that start, and the open run runs on until its own end."""
+    clock = SimClock(1000.0)
+    scheduler = await pool_world(tmp_path, clock)
+    scheduler.accounts.create("alice", False, 10.0, 0.0)
+
+    def start(restart: int, sent_at: float) -> PoolRunEvent:
+        return PoolRunEvent(
+            "start", "46", "job", "spot", "spot-0", user="alice", account="",
+            restart=restart, cpus=2, limit_h=1.0, started_at=sent_at,
+        )  # fmt: skip
+
+    def end(state: str, began: float, ended: float) -> PoolRunEvent:
+        return PoolRunEvent(
+            "end", "46", "job", "spot", "spot-0", user="alice", account="", cpus=2,
+            state=state, exit_code=0, started_at=began, ended_at=ended,
+        )  # fmt: skip
+
+    assert await take(scheduler, start(0, 1000.3)) == "reserved"
+    clock.advance_to(2800.0)
+    assert await take(scheduler, start(1, 2799.6)) == "reserved"  # run 0 settled
+    clock.advance_to(2810.0)
+    assert await take(scheduler, end("NODE_FAIL", 1000.0, 1900.0)) == "ended"  # run 0's
+    clock.advance_to(4600.0)
+    assert await take(scheduler, end("COMPLETED", 2799.0, 4599.0)) == "ended"  # run 1's
+    await scheduler.store.flush()
+    assert rows(
+        tmp_path, "SELECT restart, state, started_at, ended_at FROM slurm_runs ORDER BY restart"
+    ) == [(0, "preempted", 1000.0, 2800.0), (1, "succeeded", 2799.0, 4599.0)]
+    alice = scheduler.accounts.view("alice")
+    assert alice["charged_cpu_h"] == pytest.approx(2 * (1800 + 1800) / 3600)
+    assert alice["reserved_cpu_h"] == pytest.approx(0.0)
+
+
 async def test_the_hook_is_told_an_end_was_taken_only_once_it_is_written(tmp_path, monkeypatch):
     """The callback route's side (controller/slurm/events.py): a jobcomp of a pool run
     is answered after the pass that writes it, and with 503 (the hook spools it and
