@@ -192,7 +192,9 @@ class _Child:
         self._popen = popen
         self.pid = popen.pid
         loop = asyncio.get_running_loop()
-        self._ended: asyncio.Future[int] = loop.create_future()
+        # Made only for a caller of `wait` (a stop, a shutdown): most jobs just end.
+        self._ended: asyncio.Future[int] | None = None
+        self._settled = False
         self._on_end: list[Callable[[], None]] = []
         try:
             pidfd = os.pidfd_open(popen.pid)
@@ -217,6 +219,10 @@ class _Child:
     def wait(self) -> asyncio.Future[int]:
         """Its exit status (Popen's: -N when a signal N killed it), once it ended: a
         future that a caller's cancellation leaves alone."""
+        if self._ended is None:
+            self._ended = asyncio.get_running_loop().create_future()
+            if self._settled:
+                self._ended.set_result(self._popen.returncode)
         return asyncio.shield(self._ended)
 
     def on_end(self, callback: Callable[[], None]) -> None:
@@ -235,13 +241,15 @@ class _Child:
 
     def settle(self) -> None:
         """Report its end: the callbacks of `on_end`, then those waiting in `wait`."""
-        if not self._ended.done():
+        if not self._settled:
+            self._settled = True
             code = self._popen.returncode
             assert code is not None
             callbacks, self._on_end = self._on_end, []
             for callback in callbacks:
                 callback()
-            self._ended.set_result(code)
+            if self._ended is not None:
+                self._ended.set_result(code)
 
 
 @dataclass
