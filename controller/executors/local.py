@@ -77,9 +77,9 @@ SPAWNER_THREADS = 4
 # ~15 ms): a slot freed by a job's end is refilled at once, and the trip to a thread
 # cost the loop more than it saved. 2,000 trivial jobs on 4 slots
 # (bench/local_dispatch.py, tmpfs, load 2-2.5), alternated, 3 rounds each: the
-# daemon's CPU 1.03-1.15 ms a job with every start on a thread, 0.84-0.96 with up to 2
-# on the loop (8.4 context switches a job -> 3.5), the ratio to xargs 2.08-2.30x ->
-# 1.89-2.01x; up to 4, or every start on the loop: no better.
+# daemon's CPU 1.09-1.15 ms a job with every start on a thread, 0.94-0.96 with up to 2
+# on the loop (8.4 context switches a job -> 3.5), the ratio to xargs 2.08-2.11x ->
+# 1.95-2.01x; up to 4, or every start on the loop: no better.
 SPAWNS_ON_THE_LOOP = 2
 # After a start failed for want of the host's resources (descriptors, memory,
 # processes), starts are refused this long (ExecutorUnavailable), so that the
@@ -412,8 +412,8 @@ class LocalExecutor:
     def enqueue(self, spec: AttemptSpec) -> bool:
         """Hand the attempt to its VM's queue without waiting: True, or False for a VM
         never announced (`start` it). Raises ExecutorError as `start` does. The
-        scheduler's background starts take this way (no task an attempt: 7-9 % of the
-        daemon's time holding the GIL with trivial jobs, bench/local_dispatch.py)."""
+        scheduler hands its passes' starts over this way, without a task each
+        (`Actions._enqueue_all`)."""
         host = self._hosts.get(spec.vm_id)
         if host is None:
             return False

@@ -158,8 +158,8 @@ class Actions:
     ) -> tuple[list[StartResult], list[AttemptSpec]]:
         """Hand attempts to the executor's queue here and now (`Executor.enqueue`): what
         each returned, and the attempts it must `start` instead. No task an attempt, as
-        `run_all` makes (7-9 % of the daemon's time holding the GIL with trivial jobs,
-        py-spy --gil on bench/local_dispatch.py)."""
+        `run_all` makes (its tasks and gather ~5 % of the daemon's samples holding the GIL
+        with trivial jobs, py-spy --gil on bench/local_dispatch.py)."""
         queued: list[StartResult] = []
         rest: list[AttemptSpec] = []
         for spec in starts:
