@@ -5,7 +5,7 @@ attempts and VMs. They mirror rows in the store; the scheduler's `World`
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,7 +50,9 @@ class RecentRuntimes:
     def append(self, runtime_s: float) -> None:
         if len(self.order) == RECENT_RUNTIMES:
             oldest = self.order.popleft()
-            del self.ascending[bisect_left(self.ascending, oldest)]
+            # The last of its equals: with equal runtimes (a bag of identical jobs) the
+            # list's end, not its start, whose deletion moves every other value along.
+            del self.ascending[bisect_right(self.ascending, oldest) - 1]
         self.order.append(runtime_s)
         insort(self.ascending, runtime_s)
 
