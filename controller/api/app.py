@@ -38,7 +38,7 @@ from controller.api import (
     reports,
     vms,
 )
-from controller.api.base import CONTROLLER, Handler, Route, json_response
+from controller.api.base import CONTROLLER, PRINCIPAL, Handler, Route, json_response
 from controller.api.limits import request_limits
 from controller.errors import ApiError, Forbidden, SpotbagError, Unauthorized
 from controller.slurm import routes as slurm_routes
@@ -199,7 +199,7 @@ def auth_middleware(controller: Controller) -> Callable:
                         f"to account {principal.account!r}"
                     )
                 )
-            request["principal"] = principal
+            request[PRINCIPAL] = principal
         return await handler(request)
 
     return check

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from controller.store.rows import BagDetail
 
 CONTROLLER: web.AppKey[Controller] = web.AppKey("controller")
+# Who a request's token belongs to, set by the auth middleware (controller/api/app.py).
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -63,7 +65,7 @@ def controller_of(request: web.Request) -> Controller:
 
 
 def principal_of(request: web.Request) -> Principal:
-    return request.get("principal", ADMIN)
+    return request.get(PRINCIPAL, ADMIN)
 
 
 def require_account(request: web.Request, account: str) -> None:
