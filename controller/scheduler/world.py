@@ -56,6 +56,14 @@ _JOB_TERMINAL = JobState.terminal()
 _ATTEMPT_COUNTED = AttemptState.counted()
 
 
+def _count(children: dict[Any, Any], family: Any, state: AttemptState | JobState) -> None:
+    """Count one in `family`'s child for `state`, looked up once into `children`."""
+    child = children.get(state)
+    if child is None:
+        child = children[state] = family.labels(state=str(state))
+    child.inc()
+
+
 class World:
     """The open bags, jobs, attempts and VMs, their indexes, and their state changes
     (see the module docstring)."""
@@ -228,11 +236,7 @@ class World:
             ),
         )
         if self.metrics is not None:
-            counter = self._attempts_ended.get(state)
-            if counter is None:
-                counter = self.metrics.attempts.labels(state=str(state))
-                self._attempts_ended[state] = counter
-            counter.inc()
+            _count(self._attempts_ended, self.metrics.attempts, state)
 
         job = self.jobs.get((attempt.bag_id, attempt.idx))
         if job is None or job.state is not JobState.RUNNING:
@@ -345,11 +349,7 @@ class World:
             elif state is JobState.CANCELLED:
                 bag.cancelled_jobs += 1
             if self.metrics is not None:
-                finished = self._jobs_finished.get(state)
-                if finished is None:
-                    finished = self.metrics.jobs_finished.labels(state=str(state))
-                    self._jobs_finished[state] = finished
-                finished.inc()
+                _count(self._jobs_finished, self.metrics.jobs_finished, state)
             if bag.done:
                 self.finish_bag(bag, at, batch)
 

@@ -27,6 +27,9 @@ SIGNATURE_HEADER = "X-Spotbag-Signature"
 TIMESTAMP_HEADER = "X-Spotbag-Timestamp"
 JOB_EVENTS = ("jobcomp", "prolog_slurmctld", "epilog_slurmctld")
 POWER_EVENTS = ("resume", "suspend", "resume_fail")
+# A pool job's start waits this long at most for its verdict, its end for being written
+# (controller/slurm/events.py): the hook's answer, or 503 for an end not written yet.
+POOL_VERDICT_WAIT_S = 3.0
 
 
 class CallbackRejected(SpotbagError):

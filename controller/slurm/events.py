@@ -16,11 +16,9 @@ from controller.clock import RealClock
 from controller.errors import ApiError
 from controller.executors.base import CallbackNoted
 from controller.scheduler import PoolRunEvent, Scheduler
-from controller.slurm.callbacks import POWER_EVENTS, SlurmEvent
+from controller.slurm.callbacks import POOL_VERDICT_WAIT_S, POWER_EVENTS, SlurmEvent
 from controller.slurm.commands import exit_status, hostlist_expand
 from controller.slurm.executor import SlurmExecutor
-
-POOL_VERDICT_WAIT_S = 3.0  # the prolog hook's answer waits this long at most
 
 
 class SlurmCallbacks:

@@ -93,8 +93,9 @@ ROUTES: tuple[Route, ...] = (
             401: ("A bad signature or a timestamp outside the window.", ERR),
             409: ("The daemon does not run the Slurm executor.", ERR),
             503: (
-                "The end of a pool job's run, not written within 3 s: send it again (the "
-                "hook spools it); the copy is answered once it is written.",
+                f"The end of a pool job's run, not written within "
+                f"{callbacks.POOL_VERDICT_WAIT_S:g} s: send it again (the hook spools it); "
+                "the copy is answered once it is written.",
                 ERR,
             ),
         },
