@@ -222,11 +222,13 @@ def test_every_job_runs_exactly_once_through_preemptions_and_a_controller_crash(
 
     with sqlite3.connect(daemon.state_dir / "spotbag.db") as db:
         attempts = {
-            (f"{bag_id}-{idx}", number): (state, ended_at, reason, started_at)
-            for bag_id, idx, number, state, ended_at, reason, started_at in db.execute(
-                "SELECT bag_id, idx, number, state, ended_at, reason, started_at "
-                "FROM attempts WHERE bag_id = ?",
-                (bag["id"],),
+            (f"{bag_id}-{idx}", number): (state, ended_at, reason, started_at, vm_id, ran_at)
+            for bag_id, idx, number, state, ended_at, reason, started_at, vm_id, ran_at in (
+                db.execute(
+                    "SELECT bag_id, idx, number, state, ended_at, reason, started_at, vm_id, "
+                    "ran_at FROM attempts WHERE bag_id = ?",
+                    (bag["id"],),
+                )
             )
         }
         started = {
@@ -238,9 +240,23 @@ def test_every_job_runs_exactly_once_through_preemptions_and_a_controller_crash(
         }
     succeeded = [key for key, (state, *_) in attempts.items() if state == "succeeded"]
     assert sorted(k[0] for k in succeeded) == sorted(f"{bag['id']}-{i}" for i in range(JOBS))
-    # Executions counted by the programs == attempts spotbag recorded as started.
-    assert set(ran) == started, (set(ran) - started, started - set(ran))
-    never = [k for k, (_, _, reason, _) in attempts.items() if "never started" in reason]
+    # Executions counted by the programs == attempts spotbag recorded as started, but
+    # for a program its VM's preemption killed as it began: the batch script writes the
+    # start marker, then execs the program, whose first line is its execution's line.
+    # A preemption in between leaves a start with no line, on a VM the chaos preempted,
+    # ended within moments of its start (CI saw it once, in attempt 3 of a job).
+    assert not set(ran) - started, set(ran) - started
+    cut_short = {
+        key: attempts[key]
+        for key in started - set(ran)
+        if not (
+            attempts[key][0] == "preempted"
+            and attempts[key][4] in chaos.preempted
+            and attempts[key][1] - attempts[key][5] < 2.0
+        )
+    }
+    assert not cut_short, cut_short
+    never = [k for k, (_, _, reason, *_) in attempts.items() if "never started" in reason]
     assert never, "no preemption caught an attempt queued ahead"
     assert not set(never) & set(ran)
     # No execution began after spotbag ended its attempt (the uptime clock: 10 ms).
