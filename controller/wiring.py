@@ -26,6 +26,40 @@ if TYPE_CHECKING:  # imported where used: each pulls in a cloud SDK or Slurm's t
     from drivers.aws import AwsSettings
     from drivers.gce import GceSettings
     from drivers.local_hosts import NamespaceHosts
+    from policies.preemption import LifetimeModel
+
+LIFETIMES_DRAWN = 256  # uniform draws made at once for VM lifetimes (LifetimeDraws)
+
+
+class LifetimeDraws:
+    """VM lifetimes for the local and sim drivers: each takes the next uniform draw of
+    `rng` through its model's inverse transform, as `model.sample_h(rng, 1)` would (the
+    same lifetimes for a seed), but a block of LIFETIMES_DRAWN draws is transformed at
+    once per model: numpy costs ~40 µs a call whatever its size (7,600 VMs: 2 % of the
+    100,000-job simulation)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._uniforms: np.ndarray = np.empty(0)
+        self._next = 0  # the next unused draw of the block
+        self._lifetimes_h: dict[LifetimeModel, list[float]] = {}  # of the block, per model
+        self._without_draws: dict[LifetimeModel, float] = {}  # models that draw nothing
+
+    def lifetime_h(self, model: LifetimeModel) -> float:
+        if not model.draws:
+            known = self._without_draws.get(model)
+            if known is None:
+                known = self._without_draws[model] = float(model.lifetimes_h(np.zeros(1))[0])
+            return known
+        if self._next == len(self._uniforms):
+            self._uniforms = self._rng.random(LIFETIMES_DRAWN)
+            self._next = 0
+            self._lifetimes_h.clear()
+        block = self._lifetimes_h.get(model)
+        if block is None:
+            block = self._lifetimes_h[model] = model.lifetimes_h(self._uniforms).tolist()
+        self._next += 1
+        return block[self._next - 1]
 
 
 def make_model_book(
@@ -67,11 +101,12 @@ def make_driver(
             credentials=_anonymous() if config.gce.anonymous_credentials else None,
         )
     if name in ("local", "sim"):
+        draws = LifetimeDraws(rng)
 
         def lifetime_h(vm_type: VmType) -> float:
             """One lifetime (model hours) from the configured model for this type and moment."""
             when = dt.datetime.fromtimestamp(now(), dt.UTC)
-            return float(book.configured(vm_type, when).model.sample_h(rng, 1)[0])
+            return draws.lifetime_h(book.configured(vm_type, when).model)
 
         hosts = None
         if name == "local" and config.driver.hosts == "netns":

@@ -50,6 +50,7 @@ class LifetimeModel:
     """Shared machinery; subclasses give `_cdf_c` and `_pdf_c` (the continuous part)."""
 
     name = "model"
+    draws = True  # each lifetime takes one uniform draw (`sample_h`, `lifetimes_h`)
     L: float | None
 
     # --- the continuous part (subclasses) ---------------------------------------
@@ -224,8 +225,13 @@ class LifetimeModel:
         return np.interp(u, cdf, t)
 
     def sample_h(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """n lifetimes by inverse transform; draws beyond F_c(L-) land on the deadline."""
-        u = rng.random(n)
+        """n lifetimes: `lifetimes_h` of n uniform draws."""
+        return self.lifetimes_h(rng.random(n))
+
+    def lifetimes_h(self, u: np.ndarray) -> np.ndarray:
+        """The lifetimes of uniform draws `u` in [0, 1) by inverse transform; draws
+        beyond F_c(L-) land on the deadline. (Element by element: the lifetimes of a
+        block of draws are those of each draw alone.)"""
         top = 1.0 - self.deadline_mass() if self.L is not None else 1.0
         lifetimes = self._ppf_c(np.minimum(u, top))
         if self.L is not None:
@@ -347,8 +353,13 @@ class NoPreemption(LifetimeModel):
     def expected_lifetime_h(self) -> float:
         return math.inf
 
+    draws = False  # its lifetimes take no random draw
+
     def sample_h(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, math.inf)
+
+    def lifetimes_h(self, u: np.ndarray) -> np.ndarray:
+        return np.full(len(u), math.inf)
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ class Planning:
             ]
         )
         queue_ahead = 0.0
-        if demand:
+        if demand and self.executor.queue_ahead > 0:  # (0: only what fits, whatever waits)
             # One depth for every VM's queue, which takes the oldest bag's jobs first:
             # deep only while every waiting bag's jobs are short.
             waiting = [world.bags[group.bag_id] for group in demand if group.queued]

@@ -114,7 +114,9 @@ class BagRun:
         self.successes += 1
         if self.successes <= 20 or self.successes % 50 == 0:
             self.refresh_estimate()
-        estimate_s = self.job_estimate_s(params) if params is not None else None
+        if params is None or not self.spec.estimated_runtime_param:
+            return
+        estimate_s = self.job_estimate_s(params)
         if estimate_s is not None:
             self.estimated_jobs += 1
             self.estimated_runtime_sum_s += runtime_s

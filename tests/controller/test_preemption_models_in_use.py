@@ -232,3 +232,25 @@ def test_fitted_mode_samples_from_the_shipped_model_for_the_type_key():
     assert book.table(belief.model) is not None
     lives = belief.model.sample_h(np.random.default_rng(0), 20_000)
     assert np.mean(lives == 24.0) == pytest.approx(belief.model.deadline_mass(), abs=0.02)
+
+
+def test_lifetimes_drawn_in_blocks_are_those_drawn_one_at_a_time():
+    """The local and sim drivers' lifetimes (controller/wiring.py LifetimeDraws): each VM
+    takes the next uniform draw through its model, whichever model comes, across blocks
+    of draws, as `sample_h(rng, 1)` per VM gives them; a model without preemptions takes
+    no draw."""
+    from controller.wiring import LIFETIMES_DRAWN, LifetimeDraws
+    from policies.preemption import Exponential, NoPreemption, Weibull
+
+    models = [
+        Exponential(mttf_h=24.0, L=24.0),
+        Weibull(k=0.7, lam=10.0, L=24.0),
+        NoPreemption(),
+        Bathtub(A=0.4, tau1=1.0, tau2=0.8, b=23.5, L=24.0),
+    ]
+    sequence = [models[(i * 7 + i // 5) % len(models)] for i in range(3 * LIFETIMES_DRAWN + 5)]
+    one_at_a_time = np.random.default_rng(11)
+    expected = [float(m.sample_h(one_at_a_time, 1)[0]) for m in sequence]
+    draws = LifetimeDraws(np.random.default_rng(11))
+    assert [draws.lifetime_h(m) for m in sequence] == expected
+    assert any(v == float("inf") for v in expected) and len(set(expected)) > LIFETIMES_DRAWN

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import tempfile
 
 import pytest
 
@@ -173,6 +174,32 @@ async def test_the_runs_database_has_every_index_after_the_run(tmp_path):
             ("b0000000001", "succeeded"),
         ).fetchone()
         assert by_index == (2000,)
+
+
+async def test_a_run_not_kept_leaves_nothing_behind_and_says_the_same(tmp_path, monkeypatch):
+    """Without a state directory (`spotbag simulate` without --keep) the run's database
+    lives in a temporary directory that goes with the run (it once stayed in /tmp: ~90 MB
+    for the bench's bag, every run), and its summary is the kept run's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    config = load_config(
+        None,
+        **{"scheduler.max_vms": 4, "preemption.model": "exponential", "preemption.mttf_h": 2.0},
+    )
+    bag = {
+        "account": "a",
+        "command": "run {i}",
+        "parameters": {"i": {"range": [0, 40]}},
+        "resources": {"cpus": 1},
+        "max_runtime_s": 7200,
+        "estimated_runtime_s": 1800,
+    }
+    kept = await simulate(bag, config, seed=3, state_dir=tmp_path / "kept")
+    gone = await simulate(bag, config, seed=3)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert gone.state_dir is None and kept.state_dir == tmp_path / "kept"
+    assert gone.bag["usage"] == kept.bag["usage"] and gone.fleet == kept.fleet
+    assert gone.bag["usage"]["interrupted_attempts"] > 0  # preemptions, retried
 
 
 async def test_a_database_left_without_its_indexes_gets_them_at_the_next_open(tmp_path, caplog):
