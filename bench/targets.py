@@ -27,17 +27,22 @@ def against(value: float, limit: float, unit: str, *, at_least: bool = False) ->
 REFERENCE_LOOP_DEV_S = 0.26
 
 
-def reference_loop() -> float:
+REFERENCE_LOOP_STEPS = 1_000_000
+
+
+def reference_loop(steps: int = REFERENCE_LOOP_STEPS) -> float:
     """CPU seconds of a fixed pure-Python workload of the scheduler's kind (dict look-ups
     and updates, tuples, float sums, a method call per step): what a faster or slower
-    interpreter or CPU, or a busier machine, changes for spotbag's own Python as well."""
+    interpreter or CPU, or a busier machine, changes for spotbag's own Python as well.
+    (`steps` fewer: a slice of it, run between the passes of what is measured:
+    `LoopsThrough`.)"""
     import time
 
     started = time.process_time()
     counts: dict[int, float] = {}
     rows: list[tuple[int, float]] = []
     total = 0.0
-    for i in range(1_000_000):
+    for i in range(steps):
         key = i & 4095
         counts[key] = counts.get(key, 0.0) + i * 0.5
         rows.append((key, total))
@@ -82,3 +87,76 @@ def load_average() -> str:
     """`load 1.23 / 2.00 / 3.10 on 2 CPUs`: the 1-, 5- and 15-minute load averages."""
     one, five, fifteen = os.getloadavg()
     return f"load {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+# --- the reference loop run through what is measured -------------------------------------
+
+LOOP_SLICES = 10  # a slice is a tenth of the reference loop
+SLICE_EVERY_CPU_S = 0.5  # of the measured work's CPU between two slices
+
+
+class LoopsThrough:
+    """The reference loop run in slices (a tenth each) between the virtual clock's steps
+    of a simulation, every SLICE_EVERY_CPU_S of its CPU, in its own process: the loop
+    then meets the host in the same phases as the simulation does.
+
+    This host's CPU speed flips between phases within seconds (a whole loop took 0.29 s
+    in one, 0.60 s in another), and loops run before and after a 20-s simulation met
+    other phases than it did: the same code measured 43 to 75 loops from one run to
+    the next that way, 49-50 and 55 (cv 0.1) in two runs each this way. The slices'
+    CPU is taken out of the measured CPU (`work_cpu_s`)."""
+
+    def __init__(self) -> None:
+        self.slices_s: list[float] = []
+        self._saved = None
+
+    def __enter__(self) -> "LoopsThrough":
+        import time
+
+        from controller.clock import SimClock
+
+        real_advance_to = SimClock.advance_to
+        slices = self.slices_s
+        last = [time.process_time()]
+
+        def advance_to(clock: SimClock, when: float) -> None:
+            real_advance_to(clock, when)
+            if time.process_time() - last[0] >= SLICE_EVERY_CPU_S:
+                slices.append(reference_loop(REFERENCE_LOOP_STEPS // LOOP_SLICES))
+                last[0] = time.process_time()
+
+        self._saved = real_advance_to
+        SimClock.advance_to = advance_to  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from controller.clock import SimClock
+
+        SimClock.advance_to = self._saved  # type: ignore[method-assign]
+
+    @property
+    def loops_s(self) -> list[float]:
+        """Each slice as the whole loop it is a tenth of."""
+        return [s * LOOP_SLICES for s in self.slices_s]
+
+    def work_cpu_s(self, cpu_s: float) -> float:
+        """The measured CPU without the slices'."""
+        return cpu_s - sum(self.slices_s)
+
+
+def in_loops_through(work_cpu_s: float, loops_s: list[float], target_dev_s: float) -> str:
+    """`12.3 s CPU = 49.2 reference loops run through it (...)`: the verdict against
+    the target, with the loop's CPU measured in slices through the work (LoopsThrough)."""
+    import statistics
+
+    if not loops_s:
+        return f"{work_cpu_s:.1f} s CPU (too short for a slice of the reference loop)"
+    loop_s = statistics.mean(loops_s)
+    ratio, limit = work_cpu_s / loop_s, target_dev_s / REFERENCE_LOOP_DEV_S
+    verdict = "ok" if ratio <= limit else "OVER TARGET"
+    return (
+        f"{work_cpu_s:.1f} s CPU = {ratio:.1f} reference loops run through it (a loop "
+        f"{loop_s:.3f} s CPU, the mean of {len(loops_s)} tenths of one between its steps, "
+        f"{min(loops_s):.3f}-{max(loops_s):.3f} s; target <= {limit:.0f} loops = "
+        f"{target_dev_s:g} s on the development machine: {verdict})"
+    )
