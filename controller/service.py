@@ -202,6 +202,7 @@ async def _serve_until_stopped(controller: Controller, stop: asyncio.Event) -> T
 def _import_the_daemon() -> ModuleType:
     """The modules of the running daemon: numpy, scipy, the scheduler, the store, the API."""
     importlib.import_module("controller.api.app")
+    importlib.import_module("scipy.special")  # the deadline policy's, imported where used
     return importlib.import_module("controller.daemon")
 
 
