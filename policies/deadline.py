@@ -671,7 +671,7 @@ def _margin_h(inputs: DeadlineInputs, var_h2: float) -> float:
     beyond the next): a late attempt only leaves its slot less of them, so the delay
     is the spread of their sum over K slots, z_c·sqrt(Σσ²)/K."""
     K = slot_count(inputs)
-    return float(_ndtri(inputs.confidence)) * math.sqrt(max(var_h2, 0.0)) / K
+    return _ndtri(inputs.confidence) * math.sqrt(max(var_h2, 0.0)) / K
 
 
 def _last_round_fits(

@@ -343,6 +343,7 @@ class NoPreemption(LifetimeModel):
 
     L: float | None = None
     name = "none"
+    draws = False  # its lifetimes take no random draw
 
     def _cdf_c(self, t):
         return np.zeros_like(_arr(t))
@@ -352,8 +353,6 @@ class NoPreemption(LifetimeModel):
 
     def expected_lifetime_h(self) -> float:
         return math.inf
-
-    draws = False  # its lifetimes take no random draw
 
     def sample_h(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, math.inf)
