@@ -125,6 +125,29 @@ def text_of(browser: Any, element_id: str) -> str:
     return browser.find_element(By.ID, element_id).text
 
 
+def click_shown(browser: Any, by: str, value: str) -> None:
+    """Click an element of a page that re-renders it (a table's rows, on each refresh),
+    as a user clicks what is shown: one found just before a refresh is gone by the
+    click (StaleElementReferenceException), and the one shown then is clicked."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def click() -> bool:
+        try:
+            browser.find_element(by, value).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_until(click, 10, 0.05, f"a click on {value}")
+
+
+def open_job(browser: Any, job_id: str) -> None:
+    """Click a job's row on the bag page (its log and attempts open)."""
+    from selenium.webdriver.common.by import By
+
+    click_shown(browser, By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button")
+
+
 def bag_spec(account: str, command: str, n: int, **extra: Any) -> dict[str, Any]:
     return {
         "name": f"web-{account}",
@@ -185,7 +208,7 @@ def test_progress_advances_on_the_page_without_a_reload_and_a_job_log_opens(page
     assert page.execute_script("return window.notReloaded === true;")
     screenshot(page, "bags")
 
-    page.find_element(By.LINK_TEXT, bag["id"]).click()
+    click_shown(page, By.LINK_TEXT, bag["id"])  # the bags page refreshes its rows
     wait_until(lambda: text_of(page, "bag-id") == bag["id"], 10, what="the bag page")
     page.execute_script("window.notReloaded = true;")
     seen: list[float] = []
@@ -206,7 +229,7 @@ def test_progress_advances_on_the_page_without_a_reload_and_a_job_log_opens(page
     screenshot(page, "bag-finished")
 
     job_id = f"{bag['id']}-3"
-    page.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button").click()
+    open_job(page, job_id)
     wait_until(lambda: "hello 3 line 3" in text_of(page, "log"), 15, what="the job's log")
     assert text_of(page, "job-id") == job_id
     assert page.find_elements(By.CSS_SELECTOR, "#attempts tbody tr")
@@ -227,7 +250,7 @@ def test_a_running_jobs_log_is_followed(page, daemon):
         10,
         what="the job's row",
     )
-    page.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button").click()
+    open_job(page, job_id)
     page.execute_script("window.notReloaded = true;")
     seen: list[str] = []
 
@@ -1224,7 +1247,7 @@ def test_a_searched_jobs_row_follows_its_state(page, daemon):
         )
 
     wait_until(lambda: row_state() in ("queued", "running"), 15, what="the searched job")
-    page.find_element(By.CSS_SELECTOR, f"tr[data-job='{job_id}'] button").click()
+    open_job(page, job_id)
     wait_until(lambda: client.job(job_id)["state"] == "succeeded", 30, what="the job to end")
     # Within two refreshes (and a request's time): not the ten seconds of a search's pace.
     wait_until(lambda: row_state() == "succeeded", 6, 0.1, "the row to say succeeded")
