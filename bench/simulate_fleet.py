@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from targets import (
+    LOOP_SLICES,
     LoopsThrough,
     against,
     in_loops_through,
@@ -124,14 +125,15 @@ def time_cli(cv: float) -> tuple[float, float, list[float]]:
 
 def simulate_once(cv: float) -> tuple[float, float, list[float], object]:
     """Wall and CPU seconds of one simulation in this process (the reference loop's
-    slices run through it taken out), the loop's CPU seconds as measured through it,
-    and its result: its database not kept, as `spotbag simulate` without --keep (a kept
-    one also gets the indexes the run did without, ~0.5 s)."""
+    slices run through it taken out), those slices' CPU seconds, and its result: its
+    database not kept, as `spotbag simulate` without --keep (a kept one also gets the
+    indexes the run did without, ~0.5 s)."""
     with LoopsThrough() as loops:
         started, cpu_started = time.perf_counter(), time.process_time()
         result = asyncio.run(simulate(bag(cv), CONFIG, seed=1))
         wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-    return wall_s - sum(loops.slices_s), loops.work_cpu_s(cpu_s), loops.loops_s, result
+    taken = sum(loops.slices_s)
+    return wall_s - taken, cpu_s - taken, loops.slices_s, result
 
 
 def main() -> None:
@@ -146,11 +148,11 @@ def main() -> None:
     for cv in (0.0, 0.1):
         times, ratios, through = [], [], []
         for _ in range(args.repeat):
-            wall_s, cpu_s, loops_s, result = simulate_once(cv)
+            wall_s, cpu_s, slices_s, result = simulate_once(cv)
             times.append(wall_s)
             after = reference_loops(LOOPS_AROUND)
             ratios.append((cpu_s, before + after))
-            through.append((cpu_s, loops_s))
+            through.append((cpu_s, slices_s))
             before = after
         runs = ", ".join(f"{t:.1f}" for t in times)
         print(
@@ -158,14 +160,17 @@ def main() -> None:
             f"{statistics.median(times):.1f} s wall (runs: {runs} s), {result.ticks:,} scheduler "
             f"passes {against(statistics.median(times), 30, 's')}"
         )
+
         # The run whose ratio is the median: its CPU against the loop run through it,
         # and against the loops around it.
-        cpu_s, loops_s = sorted(through, key=lambda r: r[0] / statistics.mean(r[1]))[
-            len(through) // 2
-        ]
-        each = ", ".join(f"{c:.1f} s = {c / statistics.mean(a):.1f}" for c, a in through)
+        def loops_through(run: tuple[float, list[float]]) -> float:
+            cpu_s, slices_s = run
+            return cpu_s / (statistics.mean(slices_s) * LOOP_SLICES)
+
+        cpu_s, slices_s = sorted(through, key=loops_through)[len(through) // 2]
+        each = ", ".join(f"{c:.1f} s = {loops_through((c, s)):.1f}" for c, s in through)
         print(
-            f"  its CPU: median run {in_loops_through(cpu_s, loops_s, 15.0)} "
+            f"  its CPU: median run {in_loops_through(cpu_s, slices_s, 15.0)} "
             f"(runs: {each} loops); {load_average()}"
         )
         cpu_s, around = sorted(ratios, key=lambda r: r[0] / statistics.mean(r[1]))[len(ratios) // 2]
@@ -178,14 +183,13 @@ def main() -> None:
         print()
     cli_s, cli_cpu_s, slices_s = time_cli(0.0)
     around = before + reference_loops(LOOPS_AROUND)
-    loops = LoopsThrough()
-    loops.slices_s = slices_s
+    taken = sum(slices_s)
     print(
         f"the `spotbag simulate` command (new process, runtime cv 0.0): "
-        f"{cli_s - sum(slices_s):.1f} s wall {against(cli_s - sum(slices_s), 30, 's')}; "
-        f"{in_loops_through(loops.work_cpu_s(cli_cpu_s), loops.loops_s, 15.0)}; "
+        f"{cli_s - taken:.1f} s wall {against(cli_s - taken, 30, 's')}; "
+        f"{in_loops_through(cli_cpu_s - taken, slices_s, 15.0)}; "
         f"{load_average()}\n  against the loops before and after it: "
-        f"{in_reference_loops(loops.work_cpu_s(cli_cpu_s), around, 15.0)}"
+        f"{in_reference_loops(cli_cpu_s - taken, around, 15.0)}"
     )
 
 

@@ -3,6 +3,7 @@
 measured (a figure from a busy host reads differently)."""
 
 import os
+from typing import Any
 
 
 def against(value: float, limit: float, unit: str, *, at_least: bool = False) -> str:
@@ -103,12 +104,12 @@ class LoopsThrough:
     This host's CPU speed flips between phases within seconds (a whole loop took 0.29 s
     in one, 0.60 s in another), and loops run before and after a 20-s simulation met
     other phases than it did: the same code measured 43 to 75 loops from one run to
-    the next that way, 49-50 and 55 (cv 0.1) in two runs each this way. The slices'
-    CPU is taken out of the measured CPU (`work_cpu_s`)."""
+    the next that way, within a few loops this way (bench/README.md). The slices' CPU
+    is taken out of the measured CPU."""
 
     def __init__(self) -> None:
-        self.slices_s: list[float] = []
-        self._saved = None
+        self.slices_s: list[float] = []  # CPU seconds of each slice
+        self._saved: Any = None  # SimClock.advance_to, put back on exit
 
     def __enter__(self) -> "LoopsThrough":
         import time
@@ -134,21 +135,14 @@ class LoopsThrough:
 
         SimClock.advance_to = self._saved  # type: ignore[method-assign]
 
-    @property
-    def loops_s(self) -> list[float]:
-        """Each slice as the whole loop it is a tenth of."""
-        return [s * LOOP_SLICES for s in self.slices_s]
 
-    def work_cpu_s(self, cpu_s: float) -> float:
-        """The measured CPU without the slices'."""
-        return cpu_s - sum(self.slices_s)
-
-
-def in_loops_through(work_cpu_s: float, loops_s: list[float], target_dev_s: float) -> str:
+def in_loops_through(work_cpu_s: float, slices_s: list[float], target_dev_s: float) -> str:
     """`12.3 s CPU = 49.2 reference loops run through it (...)`: the verdict against
-    the target, with the loop's CPU measured in slices through the work (LoopsThrough)."""
+    the target, for work of `work_cpu_s` (the loop's slices `slices_s` run through it,
+    LoopsThrough, already taken out)."""
     import statistics
 
+    loops_s = [s * LOOP_SLICES for s in slices_s]  # each slice as the whole loop
     if not loops_s:
         return f"{work_cpu_s:.1f} s CPU (too short for a slice of the reference loop)"
     loop_s = statistics.mean(loops_s)
